@@ -1,0 +1,22 @@
+// Scalar math helpers (accurate versions: these feed a recurrence over thousands of steps).
+#pragma once
+
+#include <cuda_runtime.h>
+
+namespace replayssm {
+
+// softplus with the usual threshold: x > 20 returns x.
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ float silu_gate(float z) { return z / (1.f + expf(-z)); }
+
+// Sum over an aligned group of `kLanes` consecutive lanes (power of two <= 32); every lane
+// of the group gets the total.
+template <int kLanes>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int off = kLanes / 2; off >= 1; off /= 2) v += __shfl_xor_sync(0xffffffffu, v, off);
+  return v;
+}
+
+}  // namespace replayssm

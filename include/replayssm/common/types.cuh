@@ -1,0 +1,87 @@
+// Element types, conversions and 16-byte vector IO shared by every kernel.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace replayssm {
+
+// Runtime dtype codes for small per-head/per-row scalar arguments (mirrored in Python).
+enum DTypeCode : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+
+__device__ __forceinline__ float to_float(float v) { return v; }
+__device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
+
+template <typename T>
+__device__ __forceinline__ T from_float(float v);
+template <>
+__device__ __forceinline__ float from_float<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+template <>
+__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+
+// Number of T elements in one 16-byte access.
+template <typename T>
+struct Vec16 {
+  static constexpr int kElems = 16 / sizeof(T);
+};
+
+// Unpack a raw 16-byte word of T elements to floats.
+template <typename T>
+__device__ __forceinline__ void unpack16(const uint4& raw, float (&out)[Vec16<T>::kElems]) {
+  const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < Vec16<T>::kElems; ++i) out[i] = to_float(e[i]);
+}
+
+template <typename T>
+__device__ __forceinline__ uint4 pack16(const float (&in)[Vec16<T>::kElems]) {
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < Vec16<T>::kElems; ++i) e[i] = from_float<T>(in[i]);
+  return raw;
+}
+
+// Streaming 16-byte global load (read once: do not keep in L1).
+__device__ __forceinline__ uint4 load_stream16(const void* p) {
+  uint4 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+               : "l"(p));
+  return r;
+}
+
+// Streaming 16-byte global store (evict-first: written once per window).
+__device__ __forceinline__ void store_stream16(void* p, const uint4& v) {
+  asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+               : "memory");
+}
+
+// A small strided scalar operand whose dtype is chosen at run time (A, D, dt, dt_bias, ...).
+// ptr == nullptr means "absent"; element (i0, i1) lives at ptr + i0 * stride0 + i1 * stride1.
+struct ScalarArg {
+  const void* ptr;
+  int64_t stride0;
+  int64_t stride1;
+  int32_t dtype;  // DTypeCode
+  int32_t reserved;
+};
+
+__device__ __forceinline__ float load_scalar(const ScalarArg& a, int64_t i0, int64_t i1 = 0,
+                                             float absent = 0.f) {
+  if (a.ptr == nullptr) return absent;
+  const int64_t off = i0 * a.stride0 + i1 * a.stride1;
+  switch (a.dtype) {
+    case kBFloat16: return to_float(static_cast<const __nv_bfloat16*>(a.ptr)[off]);
+    case kFloat16: return to_float(static_cast<const __half*>(a.ptr)[off]);
+    default: return static_cast<const float*>(a.ptr)[off];
+  }
+}
+
+}  // namespace replayssm

@@ -1,0 +1,79 @@
+// Host-side launchers for the Mamba-2 decode kernels: grid shape and the runtime tiling choice.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "conventional_decode.cuh"
+#include "replay_decode.cuh"
+
+namespace replayssm {
+namespace mamba2 {
+
+// Calls f(std::integral_constant<int, ROWS>) for the rows-per-CTA value in p (16, 32 or 64).
+template <int P, typename F>
+cudaError_t dispatch_rows(int rows, F&& f) {
+  switch (rows) {
+    case 16:
+      return f(std::integral_constant<int, 16>{});
+    case 32:
+      if constexpr (P % 32 == 0) return f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      if constexpr (P % 64 == 0) return f(std::integral_constant<int, 64>{});
+      break;
+    default:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename Kernel>
+cudaError_t launch_grid(Kernel kernel, const DecodeParams& p, int rows, int P, cudaStream_t stream) {
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.nheads * (P / rows);
+  if (ctas == 0) return cudaSuccess;
+  if (ctas > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), 128, 0, stream>>>(p);
+  return cudaGetLastError();
+}
+
+// One op = one kernel family; `launch` and `prepare` are what the module entry exports.
+template <typename TS, typename TI, int P, int N, int L>
+struct ReplayDecode {
+  using Params = DecodeParams;
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
+      return launch_grid(replay_decode_kernel<TS, TI, P, N, L, decltype(rows)::value>, p, rows, P, stream);
+    });
+  }
+  static cudaError_t prepare() {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, replay_decode_kernel<TS, TI, P, N, L, 16>);
+    if constexpr (P % 32 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, replay_decode_kernel<TS, TI, P, N, L, 32>);
+    if constexpr (P % 64 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, replay_decode_kernel<TS, TI, P, N, L, 64>);
+    return e;
+  }
+};
+
+template <typename TS, typename TI, int P, int N>
+struct ConventionalDecode {
+  using Params = DecodeParams;
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
+      return launch_grid(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>, p, rows, P, stream);
+    });
+  }
+  static cudaError_t prepare() {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, P, N, 16>);
+    if constexpr (P % 32 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, P, N, 32>);
+    if constexpr (P % 64 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, P, N, 64>);
+    return e;
+  }
+};
+
+}  // namespace mamba2
+}  // namespace replayssm

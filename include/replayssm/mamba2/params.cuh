@@ -1,0 +1,76 @@
+// Parameters of the Mamba-2 decode kernels: raw pointers and element strides only.
+// Mirrored field by field in replayssm/ops/mamba2_params.py; the module checks sizeof at load.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/slots.cuh"
+#include "../common/types.cuh"
+
+namespace replayssm {
+namespace mamba2 {
+
+// Checkpoint (replay) or live state (conventional): [num_slots, H, P, N], P and N contiguous.
+struct StatePool {
+  void* state;
+  int64_t stride_slot;
+  int64_t stride_head;
+};
+
+// Ring of the inputs since the checkpoint, capacity R = L + max_draft records per slot.
+struct Ring {
+  void* x;      // [slots, H, R, P]  io dtype, R and P contiguous
+  int64_t x_stride_slot;
+  int64_t x_stride_head;
+  void* B;      // [slots, G, R, N]  io dtype, R and N contiguous
+  int64_t B_stride_slot;
+  int64_t B_stride_group;
+  float* dt;    // [slots, H, R]     fp32, processed dt (after bias and softplus)
+  int64_t dt_stride_slot;
+  int64_t dt_stride_head;
+  int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
+  int32_t* len;    // [slots] committed records since the checkpoint
+  int32_t* done;   // [slots] CTA arrival counter for the in-kernel cursor update (0 between launches)
+  int32_t capacity;
+  int32_t reserved;
+};
+
+// One decode token per batch row.
+struct StepInputs {
+  const void* x;  // [batch, H, P] io dtype, P contiguous
+  int64_t x_stride_batch;
+  int64_t x_stride_head;
+  const void* z;  // [batch, H, P] io dtype or nullptr
+  int64_t z_stride_batch;
+  int64_t z_stride_head;
+  const void* B;  // [batch, G, N] io dtype, N contiguous
+  int64_t B_stride_batch;
+  int64_t B_stride_group;
+  const void* C;  // [batch, G, N] io dtype, N contiguous
+  int64_t C_stride_batch;
+  int64_t C_stride_group;
+  void* out;      // [batch, H, P] io dtype, P contiguous
+  int64_t out_stride_batch;
+  int64_t out_stride_head;
+  ScalarArg dt;       // (batch, head)
+  ScalarArg A;        // (head) fp32 usually
+  ScalarArg D;        // (head) optional
+  ScalarArg dt_bias;  // (head) optional
+};
+
+struct DecodeParams {
+  StatePool pool;
+  Ring ring;  // unused by the conventional kernel
+  StepInputs in;
+  SlotArg slots;
+  int32_t* error_flag;  // [1], OR of ErrorBits
+  int32_t batch;
+  int32_t nheads;
+  int32_t ngroups;
+  int32_t dt_softplus;
+  int32_t rows_per_cta;  // runtime tiling choice: 16, 32 or 64 (must divide P)
+  int32_t reserved;
+};
+
+}  // namespace mamba2
+}  // namespace replayssm

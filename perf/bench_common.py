@@ -1,0 +1,85 @@
+"""Timing, metadata and result-file helpers shared by the benchmark scripts (GPU only)."""
+
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+import torch
+
+
+def git_commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
+                              cwd=Path(__file__).parent, check=True).stdout.strip()
+    except Exception:
+        return os.environ.get("REPLAYSSM_COMMIT", "unknown")
+
+
+def meta(command: str | None = None) -> dict:
+    props = torch.cuda.get_device_properties(0)
+    try:
+        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                capture_output=True, text=True).stdout.strip().splitlines()[0]
+    except Exception:
+        driver = "unknown"
+    return {
+        "commit": os.environ.get("REPLAYSSM_COMMIT") or git_commit(),
+        "gpu": props.name,
+        "sms": props.multi_processor_count,
+        "driver": driver,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "date": datetime.date.today().isoformat(),
+        "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
+    }
+
+
+def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 50, warmup: int = 5) -> float:
+    """Median wall time of one replay in microseconds (CUDA events around each replay)."""
+    for _ in range(warmup):
+        graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        graph.replay()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b) * 1e3)
+    return statistics.median(times)
+
+
+def capture(fn) -> torch.cuda.CUDAGraph:
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.stream(s):
+        with torch.cuda.graph(g, stream=s):
+            fn()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    return g
+
+
+def copy_bandwidth_TBps(nbytes: int = 2 << 30) -> float:
+    """Device-to-device copy, counting bytes read + written."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    b = torch.empty_like(a)
+    g = capture(lambda: b.copy_(a))
+    us = time_graph(g, reps=20)
+    return 2 * nbytes / (us * 1e-6) / 1e12
+
+
+def write_results(name: str, meta_: dict, rows: list[dict], out_dir: str | None = None) -> Path:
+    d = Path(out_dir or Path(__file__).parent / "results")
+    d.mkdir(parents=True, exist_ok=True)
+    path = d / f"{name}.json"
+    path.write_text(json.dumps({"meta": meta_, "rows": rows}, indent=1))
+    return path

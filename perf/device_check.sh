@@ -1,0 +1,21 @@
+#!/usr/bin/env bash
+# One device call: GPU test suite + benchmarks, everything written under $OUT.
+#   bash perf/device_check.sh [tests|bench|all] [extra bench args...]
+set -uo pipefail
+what=${1:-all}; shift || true
+OUT=${OUT:-/tmp/replayssm_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export PYTHONUNBUFFERED=1
+export REPLAYSSM_CACHE_DIR=${REPLAYSSM_CACHE_DIR:-/tmp/replayssm_cache}
+export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+rc=0
+if [[ $what == tests || $what == all ]]; then
+  python3 -m pytest -m gpu tests/gpu -x -q -rs --durations=15 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  rc=${PIPESTATUS[0]}
+fi
+if [[ $what == bench || $what == all ]]; then
+  python3 perf/bench_decode.py --family mamba2 --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+fi
+exit $rc

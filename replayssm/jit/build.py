@@ -1,0 +1,279 @@
+"""Render -> fingerprint -> (AOT | cache | compile under a file lock) -> load.
+
+Layout of a module directory (same for the JIT cache and AOT output)::
+
+    <root>/<name>/<name>.cu      rendered source (for reading and debugging)
+    <root>/<name>/<name>.so      the module: extern "C" entries, no torch/Python symbols
+    <root>/<name>/meta.json      written last: name, source_hash, fingerprint, nvcc, archs
+
+A module is served only when ``meta.json`` matches what the current sources, flags and
+compiler would produce, so an edited header is never served stale.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import fcntl
+import json
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+import threading
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+from .._version import __version__
+from . import env
+from .errors import CompileError, MissingModuleError, ToolchainError
+from .loader import Module, load_module
+from .spec import Specialization, fingerprint, header_digest, render, source_hash
+
+log = logging.getLogger("replayssm.jit")
+
+META = "meta.json"
+
+
+def compile_flags(archs: tuple[str, ...]) -> list[str]:
+    """nvcc flags (no paths): what the fingerprint covers besides sources."""
+    return [
+        "-std=c++17",
+        "-O3",
+        "-DNDEBUG",
+        "--expt-relaxed-constexpr",
+        "-lineinfo",
+        "-Xcompiler=-fPIC,-fvisibility=hidden",
+        "-shared",
+        "-cudart=static",
+        *env.gencode_flags(archs),
+    ]
+
+
+@dataclasses.dataclass
+class BuildPlan:
+    spec: Specialization
+    archs: tuple[str, ...]
+    source: str
+    flags: list[str]
+    src_hash: str
+
+    @property
+    def name(self) -> str:
+        return self.spec.name
+
+    def fingerprint(self, compiler: str) -> str:
+        return fingerprint(self.src_hash, compiler)
+
+
+def plan(spec: Specialization, archs: tuple[str, ...] | None = None, headers: str | None = None) -> BuildPlan:
+    archs = tuple(sorted(archs if archs is not None else env.target_archs()))
+    if not archs:
+        raise ToolchainError(
+            "replayssm: no CUDA arch to build for: no GPU is visible and REPLAYSSM_CUDA_ARCH_LIST "
+            "is not set (e.g. REPLAYSSM_CUDA_ARCH_LIST=9.0a)"
+        )
+    source = render(spec)
+    flags = compile_flags(archs)
+    return BuildPlan(spec, archs, source, flags, source_hash(source, flags, headers or header_digest()))
+
+
+# ----------------------------------------------------------------------------------------
+# Module directories
+# ----------------------------------------------------------------------------------------
+
+def _read_meta(mod_dir: Path) -> dict | None:
+    try:
+        return json.loads((mod_dir / META).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _matches(mod_dir: Path, name: str, src_hash: str, fp: str | None) -> bool:
+    meta = _read_meta(mod_dir)
+    if not meta or meta.get("name") != name or meta.get("source_hash") != src_hash:
+        return False
+    if fp is not None and meta.get("fingerprint") != fp:
+        return False
+    return (mod_dir / f"{name}.so").is_file()
+
+
+def _atomic_write(path: Path, text: str) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def publish(build_dir: Path, root: Path, bp: BuildPlan, compiler: str) -> Path:
+    """Move a finished build into ``root/<name>/``; meta.json is written last (commit point)."""
+    mod_dir = root / bp.name
+    mod_dir.mkdir(parents=True, exist_ok=True)
+    (mod_dir / META).unlink(missing_ok=True)  # readers treat the module as absent from here
+    os.replace(build_dir / f"{bp.name}.so", mod_dir / f"{bp.name}.so")
+    _atomic_write(mod_dir / f"{bp.name}.cu", bp.source)
+    meta = {
+        "name": bp.name,
+        "version": __version__,
+        "archs": list(bp.archs),
+        "source_hash": bp.src_hash,
+        "fingerprint": bp.fingerprint(compiler),
+        "nvcc": compiler,
+        "flags": bp.flags,
+        "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    _atomic_write(mod_dir / META, json.dumps(meta, indent=1))
+    return mod_dir
+
+
+# ----------------------------------------------------------------------------------------
+# ninja
+# ----------------------------------------------------------------------------------------
+
+def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
+    """One build.ninja with one nvcc edge per module; sources are written beside it."""
+    lines = [
+        "ninja_required_version = 1.3",
+        f"nvcc = {nvcc}",
+        f"incdir = {env.include_dir()}",
+        "rule nvcc",
+        "  command = $nvcc $flags -I$incdir -o $out $in",
+        "  description = nvcc $out",
+        "",
+    ]
+    for bp in plans:
+        src = build_dir / f"{bp.name}.cu"
+        src.write_text(bp.source)
+        lines.append(f"build {bp.name}.so: nvcc {src.name}")
+        lines.append(f"  flags = {' '.join(bp.flags)}")
+    path = build_dir / "build.ninja"
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+def run_ninja(build_dir: Path, jobs: int, what: str) -> None:
+    ninja = env.find_ninja()
+    if ninja is None:
+        raise ToolchainError("replayssm: ninja not found (pip install ninja)")
+    cmd = [ninja, "-C", str(build_dir), f"-j{jobs}"]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        raise CompileError(what, " ".join(cmd), (proc.stdout + proc.stderr).strip())
+
+
+def require_nvcc() -> tuple[Path, str]:
+    nvcc = env.find_nvcc()
+    if nvcc is None:
+        raise ToolchainError(
+            "replayssm: nvcc not found (looked in $CUDA_HOME/bin, /usr/local/cuda/bin and PATH); "
+            "install the CUDA toolkit or use prebuilt modules (REPLAYSSM_AOT_DIR)"
+        )
+    return nvcc, env.nvcc_version(str(nvcc))
+
+
+def compile_into(root: Path, plans: list[BuildPlan], jobs: int | None = None) -> list[Path]:
+    """Compile ``plans`` in one ninja run and publish them under ``root``. Used by JIT and AOT."""
+    nvcc, compiler = require_nvcc()
+    root.mkdir(parents=True, exist_ok=True)
+    tmp_root = root / ".tmp"
+    tmp_root.mkdir(exist_ok=True)
+    build_dir = Path(tempfile.mkdtemp(dir=tmp_root, prefix=f"{os.getpid()}-"))
+    what = plans[0].name if len(plans) == 1 else f"{len(plans)} modules"
+    try:
+        write_ninja(build_dir, plans, nvcc)
+        run_ninja(build_dir, jobs or env.settings().max_jobs, what)
+        return [publish(build_dir, root, bp, compiler) for bp in plans]
+    finally:
+        shutil.rmtree(build_dir, ignore_errors=True)
+
+
+@contextmanager
+def file_lock(path: Path):
+    """Cross-process exclusive lock (flock: released by the kernel if the holder dies)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+") as f:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+
+
+# ----------------------------------------------------------------------------------------
+# The JIT entry point
+# ----------------------------------------------------------------------------------------
+
+_loaded: dict[str, Module] = {}
+_loaded_lock = threading.Lock()
+_compile_slots: threading.BoundedSemaphore | None = None
+
+
+def _slots() -> threading.BoundedSemaphore:
+    global _compile_slots
+    if _compile_slots is None:
+        _compile_slots = threading.BoundedSemaphore(env.settings().max_jobs)
+    return _compile_slots
+
+
+def find_prebuilt(bp: BuildPlan) -> Path | None:
+    """An AOT module whose sources and flags match (compiler version is not required)."""
+    for root in env.settings().aot_dirs + _packaged_aot_dirs(bp.archs):
+        mod_dir = root / bp.name
+        if _matches(mod_dir, bp.name, bp.src_hash, None):
+            return mod_dir
+    return None
+
+
+def _packaged_aot_dirs(archs: tuple[str, ...]) -> tuple[Path, ...]:
+    d = env.PACKAGE_DIR / "data" / "aot" / env.arch_tag(archs)
+    return (d,) if d.is_dir() else ()
+
+
+def cached_module_dir(bp: BuildPlan, check_compiler: bool = True) -> Path | None:
+    mod_dir = env.cache_dir(bp.archs) / bp.name
+    fp = None
+    if check_compiler:
+        nvcc = env.find_nvcc()
+        fp = bp.fingerprint(env.nvcc_version(str(nvcc))) if nvcc else None
+    return mod_dir if _matches(mod_dir, bp.name, bp.src_hash, fp) else None
+
+
+def build(spec: Specialization, archs: tuple[str, ...] | None = None) -> Path:
+    """Make sure a current module exists for ``spec``; return its directory. Compiles if needed."""
+    bp = plan(spec, archs)
+    found = find_prebuilt(bp) or cached_module_dir(bp)
+    if found:
+        return found
+    s = env.settings()
+    if s.disable_jit:
+        searched = [str(p) for p in s.aot_dirs] + [str(env.cache_dir(bp.archs))]
+        raise MissingModuleError(bp.name, searched)
+    root = env.cache_dir(bp.archs)
+    with file_lock(root / ".locks" / f"{bp.name}.lock"):
+        found = cached_module_dir(bp)  # second check: another process may have built it
+        if found:
+            return found
+        with _slots():
+            log.info("replayssm: compiling %s for %s", bp.name, ",".join(f"sm_{a}" for a in bp.archs))
+            t0 = time.perf_counter()
+            try:
+                (mod_dir,) = compile_into(root, [bp], jobs=1)
+            except Exception:
+                log.info("replayssm: compiling %s failed after %.1f s", bp.name, time.perf_counter() - t0)
+                raise
+            log.info("replayssm: compiled %s in %.1f s", bp.name, time.perf_counter() - t0)
+    return mod_dir
+
+
+def get_module(spec: Specialization) -> Module:
+    """Build (or find) and load the module of ``spec``; cached per process."""
+    name = spec.name
+    with _loaded_lock:
+        mod = _loaded.get(name)
+    if mod is not None:
+        return mod
+    mod_dir = build(spec)
+    mod = load_module(mod_dir / f"{name}.so", name)
+    with _loaded_lock:
+        return _loaded.setdefault(name, mod)

@@ -1,0 +1,73 @@
+"""One generator per op: the Specialization that JIT, AOT and the tests' pre-warm all build.
+
+Each generator validates its arguments against what the kernels support, so an unsupported
+configuration fails here with a clear message instead of as a template error in nvcc.
+"""
+
+from __future__ import annotations
+
+from ..jit.spec import Specialization, dtype_code
+
+MAMBA2_P = (64, 80, 128)
+MAMBA2_N = (64, 128, 256)
+WINDOWS = (8, 16, 32)
+MAMBA2_OPS = ("replay_decode", "conventional_decode")
+
+
+def _check_choice(arg: str, value, allowed) -> None:
+    if value not in allowed:
+        raise ValueError(f"{arg}: expected one of {list(allowed)}, got {value!r}")
+
+
+def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None) -> Specialization:
+    """Specialization of a Mamba-2 decode module.
+
+    op: 'replay_decode' (needs L) or 'conventional_decode'; P in MAMBA2_P; N in MAMBA2_N;
+    state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS.
+    """
+    _check_choice("op", op, MAMBA2_OPS)
+    _check_choice("P (head dim)", P, MAMBA2_P)
+    _check_choice("N (state dim)", N, MAMBA2_N)
+    if op == "replay_decode":
+        _check_choice("L (window)", L, WINDOWS)
+    else:
+        L = None
+    return Specialization(
+        family="mamba2",
+        op=op,
+        template="mamba2_decode.cu.jinja",
+        dims=(("P", P), ("N", N)),
+        state_dtype=dtype_code(state_dtype),
+        io_dtype=dtype_code(io_dtype),
+        L=L,
+        T=1,
+    )
+
+
+# Model shapes of benchmarks.md: (P, N) per Mamba-2 model family.
+MAMBA2_MODEL_SHAPES = {
+    "nemotron-h-8b / nemotron-3-super / nemotron-3-nano": (64, 128),
+    "nemotron-h-47b/56b": (64, 256),
+    "nemotron-nano-9b-v2": (80, 128),
+}
+
+
+def aot_specializations() -> list[Specialization]:
+    """The declared AOT set: model shapes x {fp32, bf16 state} x bf16 io, L=16, both ops."""
+    specs = []
+    for P, N in MAMBA2_MODEL_SHAPES.values():
+        for state in ("float32", "bfloat16"):
+            specs.append(mamba2_decode_spec("replay_decode", P, N, state, "bfloat16", L=16))
+            specs.append(mamba2_decode_spec("conventional_decode", P, N, state, "bfloat16"))
+    return specs
+
+
+def compile_check_specializations() -> list[Specialization]:
+    """Representative set CI compiles for sm_90a: every dtype and dim appears at least once."""
+    return [
+        mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16),
+        mamba2_decode_spec("conventional_decode", 64, 128, "float32", "bfloat16"),
+        mamba2_decode_spec("replay_decode", 80, 256, "bfloat16", "float16", L=32),
+        mamba2_decode_spec("replay_decode", 128, 64, "float16", "float32", L=8),
+        mamba2_decode_spec("conventional_decode", 80, 64, "bfloat16", "float32"),
+    ]

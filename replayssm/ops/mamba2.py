@@ -1,0 +1,158 @@
+"""Mamba-2 decode ops: validation, params filling and launch of the compiled modules.
+
+Shapes (H heads, P head dim, N state dim, G groups, R ring capacity, batch rows):
+    state / checkpoint  [num_slots, H, P, N]  state dtype, P and N contiguous, slot stride free
+    x, z, out           [batch, H, P]         io dtype, P contiguous
+    dt                  [batch, H] (or [batch, H, P] expanded with stride 0)
+    A                   [H] fp32 (or [H, P, N] expanded with stride 0)
+    B, C                [batch, G, N]         io dtype, N contiguous
+    D, dt_bias          [H] (or [H, P] expanded with stride 0), optional
+    slot_indices        [batch] int32/int64; ``pad_slot_id`` rows are skipped (output zeros)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from ..jit import get_module
+from .abi import ScalarArg, SlotArg, c_ptr, current_stream, i32, i64, ptr, scalar_arg
+from .generators import mamba2_decode_spec
+from .validate import FLOAT_DTYPES, check_aligned, check_tensor, per_head_stride
+
+ROWS_CHOICES = (16, 32, 64)
+
+
+class StatePool(ctypes.Structure):
+    _fields_ = [("state", c_ptr), ("stride_slot", i64), ("stride_head", i64)]
+
+
+class Ring(ctypes.Structure):
+    _fields_ = [
+        ("x", c_ptr), ("x_stride_slot", i64), ("x_stride_head", i64),
+        ("B", c_ptr), ("B_stride_slot", i64), ("B_stride_group", i64),
+        ("dt", c_ptr), ("dt_stride_slot", i64), ("dt_stride_head", i64),
+        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr),
+        ("capacity", i32), ("reserved", i32),
+    ]
+
+
+class StepInputs(ctypes.Structure):
+    _fields_ = [
+        ("x", c_ptr), ("x_stride_batch", i64), ("x_stride_head", i64),
+        ("z", c_ptr), ("z_stride_batch", i64), ("z_stride_head", i64),
+        ("B", c_ptr), ("B_stride_batch", i64), ("B_stride_group", i64),
+        ("C", c_ptr), ("C_stride_batch", i64), ("C_stride_group", i64),
+        ("out", c_ptr), ("out_stride_batch", i64), ("out_stride_head", i64),
+        ("dt", ScalarArg), ("A", ScalarArg), ("D", ScalarArg), ("dt_bias", ScalarArg),
+    ]
+
+
+class DecodeParams(ctypes.Structure):
+    _fields_ = [
+        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
+        ("error_flag", c_ptr),
+        ("batch", i32), ("nheads", i32), ("ngroups", i32), ("dt_softplus", i32),
+        ("rows_per_cta", i32), ("reserved", i32),
+    ]
+
+
+@dataclass(frozen=True)
+class Mamba2Dims:
+    nheads: int
+    head_dim: int
+    state_dim: int
+    ngroups: int
+
+    def validate(self) -> None:
+        from .generators import MAMBA2_N, MAMBA2_P
+
+        for arg, v in (("nheads", self.nheads), ("ngroups", self.ngroups)):
+            if not isinstance(v, int) or v < 1:
+                raise ValueError(f"{arg}: expected a positive int, got {v!r}")
+        if self.nheads % self.ngroups:
+            raise ValueError(f"nheads % ngroups: expected 0, got nheads={self.nheads}, ngroups={self.ngroups}")
+        if self.head_dim not in MAMBA2_P:
+            raise ValueError(f"head_dim (P): expected one of {list(MAMBA2_P)}, got {self.head_dim}")
+        if self.state_dim not in MAMBA2_N:
+            raise ValueError(f"state_dim (N): expected one of {list(MAMBA2_N)}, got {self.state_dim}")
+
+
+def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=None) -> torch.Tensor:
+    check_tensor(name, t, shape=(num_slots, dims.nheads, dims.head_dim, dims.state_dim), dtype=dtype,
+                 device=device, inner_contiguous=2)
+    check_aligned(name, t, 16 // t.element_size(), (0, 1))
+    return t
+
+
+def sm_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
+def default_rows_per_cta(P: int, batch: int, nheads: int, sms: int) -> int:
+    """Smallest tile that still gives every SM several CTAs: small batches split P finely."""
+    for rows in (64, 32):
+        if P % rows == 0 and batch * nheads * (P // rows) >= 16 * sms:
+            return rows
+    return 16
+
+
+def check_rows_per_cta(rows: int, P: int) -> int:
+    if rows not in ROWS_CHOICES or P % rows:
+        valid = [r for r in ROWS_CHOICES if P % r == 0]
+        raise ValueError(f"rows_per_cta: expected one of {valid} for head_dim {P}, got {rows!r}")
+    return rows
+
+
+def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, D=None, z=None,
+                dt_bias=None, out=None) -> tuple[StepInputs, torch.Tensor]:
+    """Validate one decode token per row and fill the StepInputs struct. Returns (struct, out)."""
+    H, P, N, G = dims.nheads, dims.head_dim, dims.state_dim, dims.ngroups
+    check_tensor("x", x, shape=(batch, H, P), dtype=io_dtype, device=device, inner_contiguous=1)
+    check_tensor("z", z, shape=(batch, H, P), dtype=io_dtype, device=device, inner_contiguous=1, optional=True)
+    check_tensor("B", B, shape=(batch, G, N), dtype=io_dtype, device=device, inner_contiguous=1)
+    check_tensor("C", C, shape=(batch, G, N), dtype=io_dtype, device=device, inner_contiguous=1)
+    check_tensor("dt", dt, dtype=FLOAT_DTYPES, device=device)
+    check_tensor("A", A, dtype=FLOAT_DTYPES, device=device)
+    check_tensor("D", D, dtype=FLOAT_DTYPES, device=device, optional=True)
+    check_tensor("dt_bias", dt_bias, dtype=FLOAT_DTYPES, device=device, optional=True)
+    dt_h = per_head_stride("dt", dt, H, lead=(batch,))
+    A_h = per_head_stride("A", A, H)
+    if out is None:
+        out = torch.empty((batch, H, P), dtype=io_dtype, device=device)
+    else:
+        check_tensor("out", out, shape=(batch, H, P), dtype=io_dtype, device=device, inner_contiguous=1)
+    s = StepInputs()
+    s.x, s.x_stride_batch, s.x_stride_head = x.data_ptr(), x.stride(0), x.stride(1)
+    if z is not None:
+        s.z, s.z_stride_batch, s.z_stride_head = z.data_ptr(), z.stride(0), z.stride(1)
+    s.B, s.B_stride_batch, s.B_stride_group = B.data_ptr(), B.stride(0), B.stride(1)
+    s.C, s.C_stride_batch, s.C_stride_group = C.data_ptr(), C.stride(0), C.stride(1)
+    s.out, s.out_stride_batch, s.out_stride_head = out.data_ptr(), out.stride(0), out.stride(1)
+    s.dt = scalar_arg(dt, dt.stride(0), dt_h)
+    s.A = scalar_arg(A, A_h)
+    s.D = scalar_arg(D, per_head_stride("D", D, H) if D is not None else 0)
+    s.dt_bias = scalar_arg(dt_bias, per_head_stride("dt_bias", dt_bias, H) if dt_bias is not None else 0)
+    return s, out
+
+
+def slot_arg(slot_indices: torch.Tensor, pad_slot_id: int, num_slots: int) -> SlotArg:
+    return SlotArg(slot_indices.data_ptr(), pad_slot_id, num_slots, int(slot_indices.dtype == torch.int64), 0)
+
+
+def launch(module, params: DecodeParams, device: torch.device) -> None:
+    module.check_params(0, DecodeParams)
+    module.launch(0, params, current_stream(device))
+
+
+def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None):
+    """Build or load the module and put its kernels on the current device (outside capture)."""
+    mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L))
+    mod.check_params(0, DecodeParams)
+    mod.prepare()
+    return mod
+
+
+__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "ptr"]

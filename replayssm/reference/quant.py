@@ -1,0 +1,152 @@
+"""Emulation of the low-precision read copy ``S_lp`` of a checkpoint (design.md §1.6).
+
+Both formats quantise along the last (contiguous) dimension of the state:
+
+* Mamba-2 state ``[..., H, P, N]``: one row = one ``(h, p)``, quantised over ``N``.
+* GDN/KDA state ``[..., HV, V, K]``: one row = one ``(hv, v)``, quantised over ``K``.
+
+**fp8 e4m3 ('float8_e4m3fn')** — one fp32 scale per row, ``scale = amax(|row|) / 448``;
+``code = e4m3(row / scale)`` (round to nearest even, saturated to ±448); ``deq = code * scale``.
+A row of zeros gets scale 0 and dequantises to zeros.
+
+**NVFP4 ('nvfp4')** — two-level scaling, with the usual per-tensor fp32 global scale replaced by
+one fp32 scale **per row** (documented deviation from the tensor-wide NVFP4 recipe; it keeps every
+row independent, which is what a kernel that owns a row block needs):
+
+* ``row_scale = amax(|row|) / (448 * 6)`` (fp32),
+* per block of 16 consecutive values: ``block_scale = e4m3(amax(|block|) / (6 * row_scale))``,
+* ``code = e2m1(value / (block_scale * row_scale))`` with e2m1 magnitudes
+  ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}`` (round to nearest, ties to even mantissa, saturate at 6),
+* ``deq = code * (block_scale * row_scale)``.
+
+All arithmetic of the quantisers is fp32 (as a kernel reading an fp32 ``S_hp`` would do); the
+fake-quant helpers return the dequantised tensor in the dtype and shape of their input.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ._checks import float_tensor
+
+E4M3_MAX = 448.0
+E2M1_MAX = 6.0
+E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
+NVFP4_BLOCK = 16
+READ_FORMATS = (None, "float8_e4m3fn", "nvfp4")
+
+# Midpoints between consecutive e2m1 magnitudes, and whether a tie at that midpoint rounds up
+# (to the neighbour with an even mantissa bit).
+_E2M1_MIDPOINTS = (0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0)
+_E2M1_TIE_UP = (False, True, False, True, False, True, False)
+
+
+def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
+    """Round to the nearest e2m1 value (ties to even), saturating at ±6.
+
+    y: any shape, floating dtype. Returns a tensor of the same shape and dtype holding values of
+    ``±{0, 0.5, 1, 1.5, 2, 3, 4, 6}`` (NaN stays NaN).
+    """
+    float_tensor("round_to_e2m1", "y", y)
+    mag = y.abs()
+    grid = torch.tensor(E2M1_VALUES, dtype=y.dtype)
+    idx = torch.zeros(y.shape, dtype=torch.int64)
+    for mid, up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_UP):
+        idx += ((mag >= mid) if up else (mag > mid)).to(torch.int64)
+    out = grid[idx] * torch.sign(y)
+    return torch.where(torch.isnan(y), y, out)
+
+
+def quantize_fp8_e4m3_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Quantise each row (last dim) of ``x`` to fp8 e4m3 with one fp32 scale.
+
+    x: [..., D] floating. Returns ``(codes [..., D] torch.float8_e4m3fn, scale [..., 1] float32)``
+    with ``x ≈ codes.float() * scale``.
+    """
+    float_tensor("quantize_fp8_e4m3_rows", "x", x)
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(dim=-1, keepdim=True) / E4M3_MAX
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    codes = (xf / safe).clamp(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
+    return codes, scale
+
+
+def dequantize_fp8_e4m3_rows(codes: torch.Tensor, scale: torch.Tensor,
+                             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_fp8_e4m3_rows`: codes [..., D] e4m3, scale [..., 1] fp32 ->
+    [..., D] in ``dtype`` (product taken in fp32)."""
+    return (codes.to(torch.float32) * scale.to(torch.float32)).to(dtype)
+
+
+def fake_quant_fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Quantise→dequantise ``x`` [..., D] with per-row fp8 e4m3; same shape and dtype as ``x``."""
+    codes, scale = quantize_fp8_e4m3_rows(x)
+    return dequantize_fp8_e4m3_rows(codes, scale, x.dtype)
+
+
+def quantize_nvfp4(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Quantise ``x`` [..., D] (D a multiple of 16) to NVFP4 with per-row fp32 scales.
+
+    Returns ``(codes, block_scale, row_scale)``:
+      codes       [..., D]      float32 holding e2m1 values (unpacked, one per element)
+      block_scale [..., D//16]  torch.float8_e4m3fn
+      row_scale   [..., 1]      float32
+    with ``x ≈ codes * (block_scale.float()[..., block] * row_scale)``.
+    """
+    float_tensor("quantize_nvfp4", "x", x)
+    D = x.shape[-1] if x.dim() else 0
+    if x.dim() == 0 or D % NVFP4_BLOCK != 0:
+        raise ValueError(
+            f"quantize_nvfp4: argument 'x' must have a last dimension that is a multiple of "
+            f"{NVFP4_BLOCK}, got shape {tuple(x.shape)}"
+        )
+    xf = x.to(torch.float32)
+    row_scale = xf.abs().amax(dim=-1, keepdim=True) / (E4M3_MAX * E2M1_MAX)
+    safe_row = torch.where(row_scale > 0, row_scale, torch.ones_like(row_scale))
+    xb = xf.reshape(*x.shape[:-1], D // NVFP4_BLOCK, NVFP4_BLOCK)
+    bamax = xb.abs().amax(dim=-1)
+    block_scale = (bamax / (E2M1_MAX * safe_row)).clamp(max=E4M3_MAX).to(torch.float8_e4m3fn)
+    combined = _nvfp4_combined_scale(block_scale, row_scale)
+    safe = torch.where(combined > 0, combined, torch.ones_like(combined))
+    codes = round_to_e2m1((xb / safe).clamp(-E2M1_MAX, E2M1_MAX))
+    codes = torch.where(combined > 0, codes, torch.zeros_like(codes))
+    return codes.reshape(x.shape), block_scale, row_scale
+
+
+def _nvfp4_combined_scale(block_scale: torch.Tensor, row_scale: torch.Tensor) -> torch.Tensor:
+    """[..., nb] e4m3 and [..., 1] fp32 -> [..., nb, 1] fp32 product of the two scales."""
+    return (block_scale.to(torch.float32) * row_scale.to(torch.float32)).unsqueeze(-1)
+
+
+def dequantize_nvfp4(codes: torch.Tensor, block_scale: torch.Tensor, row_scale: torch.Tensor,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Inverse of :func:`quantize_nvfp4`; returns [..., D] in ``dtype``."""
+    D = codes.shape[-1]
+    cb = codes.to(torch.float32).reshape(*codes.shape[:-1], D // NVFP4_BLOCK, NVFP4_BLOCK)
+    return (cb * _nvfp4_combined_scale(block_scale, row_scale)).reshape(codes.shape).to(dtype)
+
+
+def fake_quant_nvfp4(x: torch.Tensor) -> torch.Tensor:
+    """Quantise→dequantise ``x`` [..., D] (D % 16 == 0) with NVFP4; same shape and dtype."""
+    return dequantize_nvfp4(*quantize_nvfp4(x), dtype=x.dtype)
+
+
+def check_read_format(where: str, read_format: Optional[str]) -> Optional[str]:
+    """Validate a ``read_format`` argument (one of :data:`READ_FORMATS`)."""
+    if read_format not in READ_FORMATS:
+        raise ValueError(
+            f"{where}: argument 'read_format' must be one of {READ_FORMATS}, got {read_format!r}"
+        )
+    return read_format
+
+
+def fake_quant(x: torch.Tensor, read_format: Optional[str]) -> torch.Tensor:
+    """Quantise→dequantise ``x`` [..., D] in ``read_format``; ``None`` returns a copy of ``x``."""
+    check_read_format("fake_quant", read_format)
+    if read_format is None:
+        return x.clone()
+    if read_format == "float8_e4m3fn":
+        return fake_quant_fp8_e4m3(x)
+    return fake_quant_nvfp4(x)

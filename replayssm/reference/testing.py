@@ -1,0 +1,154 @@
+"""Test support: reproducible seeds, realistic random inputs, a conventional slot pool, and
+relative-error checks. Used by the CPU tests; GPU tests can use it to build inputs and oracles.
+
+Inputs come in two dicts: ``layer`` (per-layer parameters, fixed for a run) and ``tok``
+(per-token tensors with leading ``[batch]`` or ``[batch, T]`` dims), so that
+``ref.step(slots, **tok, **layer)`` and ``mamba2_step(S, **tok, **layer)`` both work.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Callable, Dict, Optional, Sequence, Tuple
+
+import torch
+
+Tensors = Dict[str, torch.Tensor]
+
+SEED_ENV = "REPLAYSSM_TEST_SEED"
+
+
+def new_seed() -> int:
+    """A fresh random seed, or the value of $REPLAYSSM_TEST_SEED to reproduce a failure."""
+    env = os.environ.get(SEED_ENV)
+    if env:
+        return int(env)
+    return int.from_bytes(os.urandom(6), "little")
+
+
+def generator(seed: int) -> torch.Generator:
+    g = torch.Generator()
+    g.manual_seed(seed)
+    return g
+
+
+def _uniform(gen, shape, lo, hi, dtype):
+    return lo + (hi - lo) * torch.rand(shape, generator=gen, dtype=dtype)
+
+
+def _inv_softplus_dt(gen, shape, dtype, lo=1e-3, hi=1e-1):
+    """dt_bias as in Mamba's init: softplus(dt_bias) log-uniform in [lo, hi]."""
+    dt = torch.exp(_uniform(gen, shape, math.log(lo), math.log(hi), dtype))
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+# ------------------------------------------------------------------------------ Mamba-2 inputs
+def mamba2_layer(gen, H: int, dtype=torch.float64) -> Tensors:
+    """A [H] in [-16, -1]; D [H] ~ N(0,1); dt_bias [H] with softplus(dt_bias) in [1e-3, 1e-1]."""
+    return dict(A=-_uniform(gen, (H,), 1.0, 16.0, dtype), D=torch.randn(H, generator=gen, dtype=dtype),
+                dt_bias=_inv_softplus_dt(gen, (H,), dtype))
+
+
+def mamba2_tokens(gen, lead: Sequence[int], H: int, P: int, N: int, G: int, dtype=torch.float64,
+                  gate: bool = True) -> Tensors:
+    """x [*lead, H, P], dt [*lead, H] (raw, ~0.5·N(0,1), pre bias/softplus), B, C [*lead, G, N],
+    z [*lead, H, P] (when ``gate``)."""
+    lead = tuple(lead)
+    r = lambda *s: torch.randn(lead + s, generator=gen, dtype=dtype)
+    tok = dict(x=r(H, P), dt=0.5 * r(H), B=r(G, N), C=r(G, N))
+    if gate:
+        tok["z"] = r(H, P)
+    return tok
+
+
+# ------------------------------------------------------------------------------ GDN / KDA inputs
+def delta_layer(gen, HV: int, K: int, per_channel: bool, dtype=torch.float64) -> Tensors:
+    """A_log [HV] = log U[1, 16]; dt_bias [HV] (KDA [HV, K]) with softplus in [1e-3, 1e-1]."""
+    shape = (HV, K) if per_channel else (HV,)
+    return dict(A_log=torch.log(_uniform(gen, (HV,), 1.0, 16.0, dtype)),
+                dt_bias=_inv_softplus_dt(gen, shape, dtype))
+
+
+def delta_tokens(gen, lead: Sequence[int], HV: int, HK: int, K: int, V: int, per_channel: bool,
+                 dtype=torch.float64) -> Tensors:
+    """q, k [*lead, HK, K]; v [*lead, HV, V]; a [*lead, HV] (KDA [*lead, HV, K]); b [*lead, HV];
+    all ~ N(0, 1) (beta = sigmoid(b), decay from A_log/a/dt_bias)."""
+    lead = tuple(lead)
+    r = lambda *s: torch.randn(lead + s, generator=gen, dtype=dtype)
+    return dict(q=r(HK, K), k=r(HK, K), v=r(HV, V), a=r(HV, K) if per_channel else r(HV), b=r(HV))
+
+
+def token_slice(tok: Tensors, row: int, t: Optional[int] = None) -> Tensors:
+    """Row ``row`` (and draft ``t`` when given) of every per-token tensor, keeping a batch dim of 1."""
+    if t is None:
+        return {k: v[row:row + 1] for k, v in tok.items()}
+    return {k: v[row:row + 1, t] for k, v in tok.items()}
+
+
+def random_slots(gen, num_slots: int, max_batch: int, pad_prob: float = 0.2) -> list:
+    """A random batch: a random-size subset of slots in random order, with -1 pad rows mixed in."""
+    n = int(torch.randint(1, max_batch + 1, (1,), generator=gen))
+    perm = torch.randperm(num_slots, generator=gen)[:n].tolist()
+    out = []
+    for s in perm:
+        if float(torch.rand((), generator=gen)) < pad_prob:
+            out.append(-1)
+        out.append(s)
+    return out
+
+
+# ------------------------------------------------------------------------------ conventional pool
+class ConventionalPool:
+    """Per-slot states advanced by a conventional step function (the oracle of the replay pools).
+
+    step_fn: ``mamba2_step`` / ``gdn_step`` / ``kda_step``; state [num_slots, *state_shape].
+    """
+
+    def __init__(self, step_fn: Callable, num_slots: int, state_shape: Sequence[int],
+                 dtype=torch.float64):
+        self.step_fn = step_fn
+        self.state = torch.zeros(num_slots, *state_shape, dtype=dtype)
+
+    def step(self, slots: Sequence[int], tok: Tensors, layer: Tensors, **flags) -> torch.Tensor:
+        """Advance the real rows' slots by one token; returns outputs [batch, ...] (0 for pads)."""
+        rows = [r for r, s in enumerate(slots) if s >= 0]
+        idx = torch.tensor([slots[r] for r in rows], dtype=torch.int64)
+        sub = {k: v[rows] for k, v in tok.items()}
+        y, S_new = self.step_fn(self.state[idx], **sub, **layer, **flags)
+        self.state[idx] = S_new
+        out = torch.zeros((len(slots),) + tuple(y.shape[1:]), dtype=y.dtype)
+        out[rows] = y
+        return out
+
+    def run_path(self, slot: int, tok: Tensors, row: int, path: Sequence[int], layer: Tensors,
+                 **flags) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Run drafts ``path`` (indices into dim 1 of ``tok``'s row ``row``) from the slot's state
+        without changing it; returns (outputs [len(path), ...], final state)."""
+        S = self.state[slot:slot + 1]
+        ys = []
+        for t in path:
+            y, S = self.step_fn(S, **token_slice(tok, row, t), **layer, **flags)
+            ys.append(y[0])
+        return torch.stack(ys), S[0]
+
+
+# ------------------------------------------------------------------------------ comparisons
+def max_rel_err(actual: torch.Tensor, expected: torch.Tensor, row_dims: int = 1) -> float:
+    """max over rows (the first ``row_dims`` dims) of ``max|a - e| / max|e|`` (floor 1e-300)."""
+    a = actual.to(torch.float64).reshape(*actual.shape[:row_dims], -1)
+    e = expected.to(torch.float64).reshape(*expected.shape[:row_dims], -1)
+    err = (a - e).abs().amax(dim=-1)
+    scale = e.abs().amax(dim=-1).clamp_min(1e-300)
+    return float((err / scale).max()) if err.numel() else 0.0
+
+
+def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what: str, seed: int,
+                 row_dims: int = 1) -> float:
+    """Assert both finite and ``max_rel_err <= rtol``; the message carries ``what`` and the seed."""
+    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)} (seed={seed})"
+    assert bool(torch.isfinite(actual).all()), f"{what}: non-finite values in result (seed={seed})"
+    assert bool(torch.isfinite(expected).all()), f"{what}: non-finite values in oracle (seed={seed})"
+    err = max_rel_err(actual, expected, row_dims)
+    assert err <= rtol, f"{what}: max relative error {err:.3e} > {rtol:.1e} (seed={seed}, {SEED_ENV}={seed} to rerun)"
+    return err

@@ -1,0 +1,300 @@
+"""Mamba-2 decode kernels (replay and conventional) against the float64 reference recurrence.
+
+Every check draws fresh random inputs, poisons outputs with NaN before each launch, checks every
+element was written (pad rows must be zeros), and compares with replayssm.reference.mamba2_step
+run in float64 on the same (io-dtype-rounded) inputs.
+
+Tolerances (relative L2 error over a step's batch; state after the run):
+    fp32 state + fp32 io:  outputs 2e-5, state 2e-5
+    fp32 state + bf16 io:  outputs 6e-3 (bf16 output rounding, 2^-9), state 2e-5
+    fp32 state + fp16 io:  outputs 1e-3, state 2e-5
+    bf16 state:            outputs 3e-2, state 3e-2 (checkpoint rounded to 2^-9)
+    fp16 state:            outputs 4e-3, state 4e-3
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm.reference import mamba2_step
+
+from .mamba2_inputs import layer_weights, per_head, rel_err, step_inputs
+
+pytestmark = pytest.mark.gpu
+
+F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
+BASE = dict(H=8, P=64, N=128, G=2, state=F32, io=BF16, L=16)
+# Base case plus one changed factor per row (each row is one compiled specialization per algorithm).
+CONFIGS = [
+    BASE,
+    {**BASE, "io": F16},
+    {**BASE, "io": F32},
+    {**BASE, "state": BF16},
+    {**BASE, "state": F16},
+    {**BASE, "P": 80},
+    {**BASE, "P": 128},
+    {**BASE, "N": 64},
+    {**BASE, "N": 256},
+    {**BASE, "L": 8},
+    {**BASE, "L": 32},
+]
+CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "P80", "P128", "N64", "N256", "L8", "L32"]
+
+
+def tolerances(cfg) -> tuple[float, float]:
+    if cfg["state"] == BF16:
+        return 3e-2, 3e-2
+    if cfg["state"] == F16:
+        return 4e-3, 4e-3
+    return {F32: 2e-5, BF16: 6e-3, F16: 1e-3}[cfg["io"]], 2e-5
+
+
+def make(cfg, algorithm, num_slots, max_batch, **kw):
+    from replayssm import Mamba2DecodeWrapper
+
+    w = Mamba2DecodeWrapper(cfg["H"], cfg["P"], cfg["N"], cfg["G"], window=cfg["L"], state_dtype=cfg["state"],
+                            io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
+    return w, w.create_cache(num_slots)
+
+
+def snapshot(cache, slots):
+    s = torch.as_tensor(slots, device=cache.device)
+    return [t[s].clone() for t in (cache.checkpoint, cache.x_ring, cache.B_ring, cache.dt_ring,
+                                   cache.ring_start, cache.ring_len, cache.ring_done)]
+
+
+def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False, with_z=True,
+                 rows_per_cta=None, churn=True):
+    """Continuous batching over a pool: random slot permutations, pad rows, sequences reset or
+    loaded mid-window. Returns the worst output error, the state error and the cache."""
+    dev = torch.device("cuda")
+    H, P, N, G = cfg["H"], cfg["P"], cfg["N"], cfg["G"]
+    w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta)
+    A, D, dt_bias = layer_weights(H, gen, dev, expanded=expanded, P=P, N=N)
+    unused = list(range(num_slots - 2, num_slots))  # never named by any row
+    active = list(range(num_slots - 2))
+    cache.reset(active)
+    before = snapshot(cache, unused)
+    S_ref = torch.zeros(num_slots, H, P, N, dtype=torch.float64, device=dev)
+    out_tol, state_tol = tolerances(cfg)
+    worst = 0.0
+    for step in range(steps):
+        if churn and step % 7 == 3:  # a sequence ends and a new one starts mid-window
+            s = int(torch.randint(0, len(active), (1,), generator=gen, device=dev))
+            if step % 2:
+                cache.reset([active[s]])
+                S_ref[active[s]] = 0
+            else:
+                S0 = torch.randn(1, H, P, N, device=dev, generator=gen) * 0.1
+                cache.load_state([active[s]], S0)
+                S_ref[active[s]] = S0.to(cfg["state"]).double()
+        perm = torch.randperm(len(active), generator=gen, device=dev)[:batch]
+        slots = torch.tensor(active, device=dev)[perm]
+        pad = torch.rand(batch, generator=gen, device=dev) < 0.15
+        slots = torch.where(pad, torch.full_like(slots, -1), slots).to(torch.int32)
+        x, dt, B, C, z = step_inputs(batch, H, P, N, G, cfg["io"], gen, dev, with_z=with_z, expanded_dt=expanded)
+        out = torch.full((batch, H, P), float("nan"), dtype=cfg["io"], device=dev)
+        w.plan(slots)
+        w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
+        torch.cuda.synchronize()
+        assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite outputs"
+        assert (out[pad] == 0).all(), f"step {step}: pad rows must be zero"
+        v = ~pad
+        sv = slots[v].long()
+        y_ref, S_new = mamba2_step(S_ref[sv], x[v].double(), per_head(dt)[v].double(), per_head(A).double(),
+                                   B[v].double(), C[v].double(), D=per_head(D).double(),
+                                   z=None if z is None else z[v].double(), dt_bias=per_head(dt_bias).double(),
+                                   dt_softplus=True)
+        S_ref[sv] = S_new
+        if v.any():
+            e = rel_err(out[v], y_ref)
+            worst = max(worst, e)
+            assert e <= out_tol, f"step {step}: output rel err {e:.3e} > {out_tol:.1e} ({cfg}, {algorithm})"
+    assert cache.check_errors() == 0
+    got = cache.materialize(active, A=A)
+    state_err = rel_err(got, S_ref[active])
+    assert state_err <= state_tol, f"state rel err {state_err:.3e} > {state_tol:.1e} ({cfg}, {algorithm})"
+    for a, b in zip(before, snapshot(cache, unused)):
+        assert torch.equal(a, b), "an unused pool slot was written"
+    return worst, state_err, cache
+
+
+@pytest.mark.parametrize("algorithm", ["replay", "conventional"])
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+class TestMamba2DecodeConfigs:
+    def test_matches_reference(self, cfg, algorithm):
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        run_sequence(cfg, algorithm, steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=gen)
+
+
+@pytest.mark.parametrize("algorithm", ["replay", "conventional"])
+class TestMamba2DecodeFeatures:
+    """One feature changed at a time on the base configuration."""
+
+    def gen(self):
+        g = torch.Generator(device="cuda")
+        g.seed()
+        return g
+
+    def test_stride0_expanded_weights_and_dt(self, algorithm):
+        run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen(), expanded=True)
+
+    def test_without_z(self, algorithm):
+        run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen(), with_z=False)
+
+    def test_one_group(self, algorithm):
+        run_sequence({**BASE, "G": 1}, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen())
+
+    def test_heads_equal_groups(self, algorithm):
+        run_sequence({**BASE, "G": 8}, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen())
+
+    @pytest.mark.parametrize("rows", [16, 32, 64])
+    def test_every_tiling(self, algorithm, rows):
+        run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=rows)
+
+    def test_large_batch_model_shape(self, algorithm):
+        cfg = {**BASE, "H": 128, "G": 8}
+        run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=self.gen(), churn=False)
+
+
+class TestMamba2Fidelity:
+    def test_fp32_checkpoint_4096_steps(self):
+        """Nemotron shape, 16 sequences, 4,096 steps: replayed state within 2e-5 of float64."""
+        cfg = {**BASE, "H": 128, "G": 8}
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        dev = torch.device("cuda")
+        H, P, N, G = 128, 64, 128, 8
+        w, cache = make(cfg, "replay", 16, 16)
+        A, D, dt_bias = layer_weights(H, gen, dev)
+        slots = torch.arange(16, device=dev, dtype=torch.int32)
+        cache.reset(slots)
+        w.plan(slots)
+        S_ref = torch.zeros(16, H, P, N, dtype=torch.float64, device=dev)
+        worst = 0.0
+        for step in range(4096):
+            x, dt, B, C, z = step_inputs(16, H, P, N, G, BF16, gen, dev)
+            y = w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+            y_ref, S_ref = mamba2_step(S_ref, x.double(), dt.double(), A.double(), B.double(), C.double(),
+                                       D=D.double(), z=z.double(), dt_bias=dt_bias.double(), dt_softplus=True)
+            if step % 256 == 255:
+                worst = max(worst, rel_err(y, y_ref))
+        err = rel_err(cache.materialize(slots), S_ref)
+        ckpt_err = None
+        assert worst <= 6e-3, f"output rel err {worst:.3e}"
+        assert err <= 2e-5, f"state rel err after 4096 steps {err:.3e} > 2e-5"
+        print(f"fidelity: state rel err {err:.3e}, output rel err {worst:.3e}", ckpt_err)
+
+
+class TestMamba2Graphs:
+    @pytest.mark.parametrize("algorithm", ["replay", "conventional"])
+    def test_cuda_graph_capture_and_replay(self, algorithm):
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        dev = torch.device("cuda")
+        cfg = BASE
+        H, P, N, G = cfg["H"], cfg["P"], cfg["N"], cfg["G"]
+        w, cache = make(cfg, algorithm, 8, 4)
+        A, D, dt_bias = layer_weights(H, gen, dev)
+        slots = torch.tensor([3, 0, -1, 5], device=dev, dtype=torch.int32)
+        cache.reset([0, 3, 5])
+        w.plan(slots)
+        static = step_inputs(4, H, P, N, G, cfg["io"], gen, dev)
+        out = torch.empty(4, H, P, dtype=cfg["io"], device=dev)
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        graph = torch.cuda.CUDAGraph()
+        # warm-up in eager mode is not needed: plan() loaded the module; capture directly
+        with torch.cuda.stream(s):
+            snap = snapshot(cache, [0, 3, 5])
+            with torch.cuda.graph(graph, stream=s):
+                x, dt, B, C, z = static
+                w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
+        torch.cuda.current_stream().wait_stream(s)
+        # capture must not have executed the step: restore the pre-capture snapshot defensively
+        for t, v in zip((cache.checkpoint, cache.x_ring, cache.B_ring, cache.dt_ring, cache.ring_start,
+                         cache.ring_len, cache.ring_done), snap):
+            t[torch.tensor([0, 3, 5], device=dev)] = v
+        S_ref = torch.zeros(8, H, P, N, dtype=torch.float64, device=dev)
+        sv = torch.tensor([3, 0, 5], device=dev)
+        rows = torch.tensor([0, 1, 3], device=dev)
+        for step in range(2 * cfg["L"] + 3):
+            fresh = step_inputs(4, H, P, N, G, cfg["io"], gen, dev)
+            for dst, src in zip(static, fresh):
+                dst.copy_(src)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            x, dt, B, C, z = static
+            y_ref, S_new = mamba2_step(S_ref[sv], x[rows].double(), dt[rows].double(), A.double(),
+                                       B[rows].double(), C[rows].double(), D=D.double(), z=z[rows].double(),
+                                       dt_bias=dt_bias.double(), dt_softplus=True)
+            S_ref[sv] = S_new
+            assert torch.isfinite(out).all() and (out[2] == 0).all()
+            assert rel_err(out[rows], y_ref) <= 6e-3
+        assert rel_err(cache.materialize([3, 0, 5], A=A), S_ref[sv]) <= 2e-5
+
+
+class TestMamba2BadSlots:
+    @pytest.mark.parametrize("algorithm", ["replay", "conventional"])
+    def test_out_of_range_slot_is_skipped_and_flagged(self, algorithm):
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        dev = torch.device("cuda")
+        H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
+        w, cache = make(BASE, algorithm, 4, 3)
+        cache.reset([0, 1, 2, 3])
+        A, D, dt_bias = layer_weights(H, gen, dev)
+        before = snapshot(cache, [0, 1, 2, 3])
+        w.plan(torch.tensor([1, 4, 1000], device=dev, dtype=torch.int64))
+        x, dt, B, C, z = step_inputs(3, H, P, N, G, BF16, gen, dev)
+        out = torch.full((3, H, P), float("nan"), dtype=BF16, device=dev)
+        w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
+        torch.cuda.synchronize()
+        assert (out[1:] == 0).all() and torch.isfinite(out[0]).all()
+        assert cache.check_errors() & 1
+        after = snapshot(cache, [0, 2, 3])
+        for a, b in zip([t[[0, 2, 3]] for t in before], after):
+            assert torch.equal(a, b), "a slot not named by a valid row was written"
+
+    def test_debug_mode_raises(self):
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        dev = torch.device("cuda")
+        H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
+        w, cache = make(BASE, "replay", 4, 2, debug=True)
+        A, D, dt_bias = layer_weights(H, gen, dev)
+        with pytest.raises(ValueError, match="appears twice"):
+            w.plan(torch.tensor([1, 1], device=dev))
+        w.plan(torch.tensor([1, 7], device=dev))
+        x, dt, B, C, z = step_inputs(2, H, P, N, G, BF16, gen, dev)
+        with pytest.raises(RuntimeError, match="out of range"):
+            w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+
+
+class TestMamba2LargePool:
+    def test_64bit_offsets(self):
+        """A pool of more than 2^31 elements: the last slot is read and written correctly."""
+        dev = torch.device("cuda")
+        cfg = {**BASE, "H": 128, "G": 8, "state": BF16}
+        per_slot = 128 * 64 * 128
+        num_slots = (2**31) // per_slot + 4  # > 2^31 elements
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        w, cache = make(cfg, "replay", num_slots, 1)
+        last = num_slots - 1
+        cache.reset([last])
+        A, D, dt_bias = layer_weights(128, gen, dev)
+        w.plan(torch.tensor([last], device=dev, dtype=torch.int64))
+        S_ref = torch.zeros(1, 128, 64, 128, dtype=torch.float64, device=dev)
+        for _ in range(cfg["L"] + 2):
+            x, dt, B, C, z = step_inputs(1, 128, 64, 128, 8, BF16, gen, dev)
+            y = w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+            y_ref, S_ref = mamba2_step(S_ref, x.double(), dt.double(), A.double(), B.double(), C.double(),
+                                       D=D.double(), z=z.double(), dt_bias=dt_bias.double(), dt_softplus=True)
+            assert rel_err(y, y_ref) <= 3e-2
+        assert rel_err(cache.materialize([last], A=A), S_ref) <= 3e-2
+        del cache
+        torch.cuda.empty_cache()
