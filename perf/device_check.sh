@@ -12,7 +12,7 @@ export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short=12 HEAD 2>/d
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -m gpu tests/gpu -x -q -rs --durations=15 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  python3 -m pytest -m gpu tests/gpu -q -rs --durations=15 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
