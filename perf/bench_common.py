@@ -73,7 +73,7 @@ def copy_bandwidth_TBps(nbytes: int = 2 << 30) -> float:
     a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     b = torch.empty_like(a)
     g = capture(lambda: b.copy_(a))
-    us = time_graph(g, reps=20)
+    us = time_graph(g, reps=30, warmup=30)  # long warm-up: clocks ramp from idle
     return 2 * nbytes / (us * 1e-6) / 1e12
 
 

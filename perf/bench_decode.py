@@ -189,7 +189,9 @@ def run_mamba2(args):
                           f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
                           f"({row['fraction_of_floor']:.2f}) {row['bandwidth_TBps']:.2f} TB/s", flush=True)
                     torch.cuda.empty_cache()
-    return rows_out, {"copy_bandwidth_TBps": bw}
+    bw_end = copy_bandwidth_TBps()
+    print(f"copy bandwidth at the end {bw_end:.2f} TB/s")
+    return rows_out, {"copy_bandwidth_TBps": bw, "copy_bandwidth_end_TBps": bw_end}
 
 
 def main():

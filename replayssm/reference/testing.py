@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
@@ -124,13 +125,82 @@ class ConventionalPool:
     def run_path(self, slot: int, tok: Tensors, row: int, path: Sequence[int], layer: Tensors,
                  **flags) -> Tuple[torch.Tensor, torch.Tensor]:
         """Run drafts ``path`` (indices into dim 1 of ``tok``'s row ``row``) from the slot's state
-        without changing it; returns (outputs [len(path), ...], final state)."""
+        without changing it; returns (outputs [len(path), ...], states after each [len(path), ...])."""
         S = self.state[slot:slot + 1]
-        ys = []
+        ys, states = [], []
         for t in path:
             y, S = self.step_fn(S, **token_slice(tok, row, t), **layer, **flags)
             ys.append(y[0])
-        return torch.stack(ys), S[0]
+            states.append(S[0])
+        return torch.stack(ys), torch.stack(states)
+
+    def run_tree(self, slot: int, tok: Tensors, row: int, parents: Sequence[int], layer: Tensors,
+                 **flags) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Run every node of a draft tree from the slot's state (node i continues from its parent's
+        state; parent -1 = the slot's state) without changing it; returns (outputs [T, ...],
+        states [T, ...]), node i's entries being those of its root-to-node path."""
+        ys, states = [], []
+        for t, p in enumerate(parents):
+            S = self.state[slot:slot + 1] if p < 0 else states[p][None]
+            y, S = self.step_fn(S, **token_slice(tok, row, t), **layer, **flags)
+            ys.append(y[0])
+            states.append(S[0])
+        return torch.stack(ys), torch.stack(states)
+
+
+# ------------------------------------------------------------------------------ family adapters
+@dataclass
+class Family:
+    """Everything a scenario needs to drive one model family generically.
+
+    ``ref_cls(num_slots, *dims, L, max_draft, dtype, read_format)`` builds the replay pool,
+    ``conv_step`` is the conventional step, ``layer(gen)`` / ``tokens(gen, lead)`` draw inputs,
+    ``state_shape`` / ``out_shape`` are per-sequence shapes, ``last_dim`` the quantised dim.
+    """
+
+    name: str
+    ref_cls: type
+    conv_step: Callable
+    dims: Tuple[int, ...]
+    state_shape: Tuple[int, ...]
+    out_shape: Tuple[int, ...]
+    layer_fn: Callable
+    tokens_fn: Callable
+
+    def make_ref(self, num_slots: int, L: int, max_draft: int = 1, dtype=torch.float64,
+                 read_format: Optional[str] = None):
+        return self.ref_cls(num_slots, *self.dims, L, max_draft=max_draft, dtype=dtype,
+                            read_format=read_format)
+
+    def conventional(self, num_slots: int, dtype=torch.float64) -> ConventionalPool:
+        return ConventionalPool(self.conv_step, num_slots, self.state_shape, dtype)
+
+    def layer(self, gen, dtype=torch.float64) -> Tensors:
+        return self.layer_fn(gen, dtype)
+
+    def tokens(self, gen, lead: Sequence[int], dtype=torch.float64) -> Tensors:
+        return self.tokens_fn(gen, tuple(lead), dtype)
+
+    def random_state(self, gen, batch: int, dtype=torch.float64) -> torch.Tensor:
+        """A random (prefill-like) state [batch, *state_shape] ~ N(0, 1)."""
+        return torch.randn((batch,) + self.state_shape, generator=gen, dtype=dtype)
+
+
+def mamba2_family(H: int = 4, P: int = 8, N: int = 16, G: int = 2) -> Family:
+    from .mamba2 import Mamba2ReplayRef, mamba2_step
+    return Family("mamba2", Mamba2ReplayRef, mamba2_step, (H, P, N, G), (H, P, N), (H, P),
+                  lambda gen, dt: mamba2_layer(gen, H, dt),
+                  lambda gen, lead, dt: mamba2_tokens(gen, lead, H, P, N, G, dt))
+
+
+def delta_family(kind: str, HV: int = 4, HK: int = 2, K: int = 16, V: int = 16) -> Family:
+    """kind: 'gdn' or 'kda'."""
+    from .delta import GDNReplayRef, KDAReplayRef, gdn_step, kda_step
+    pc = kind == "kda"
+    cls, fn = (KDAReplayRef, kda_step) if pc else (GDNReplayRef, gdn_step)
+    return Family(kind, cls, fn, (HV, HK, K, V), (HV, V, K), (HV, V),
+                  lambda gen, dt: delta_layer(gen, HV, K, pc, dt),
+                  lambda gen, lead, dt: delta_tokens(gen, lead, HV, HK, K, V, pc, dt))
 
 
 # ------------------------------------------------------------------------------ comparisons

@@ -56,7 +56,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ float C_s[N];
   __shared__ float Bcur_s[N];
   __shared__ __align__(16) TI Bring_s[L][N];
-  __shared__ float x_s[L + 1][ROWS];  // row m holds the current x
+  __shared__ float x_s[L + 1][ROWS + 1];  // row m holds the current x (+1: no bank conflicts)
   __shared__ float d_s[L + 1];        // delta_j, j <= m
   __shared__ float w_s[L + 1];        // replay weight of record j (see header)
   __shared__ float bc_s[L + 1];       // B_j . C
@@ -88,6 +88,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   if (tid < m) d_s[tid] = dtring[(start + tid) % R];
   if (tid == kThreads - 1) d_s[m] = step_delta(p, c);
   __syncthreads();
+
+  // Every thread of this CTA has read the cursors by now: count this CTA in. The last CTA of
+  // the slot to arrive moves the cursors at the end (the others hold them in registers).
+  int arrived = 0;
+  if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
 
   // 3. Decay weights (one thread per record) and B_j . C (one warp per record).
   const float A = load_scalar(p.in.A, c.h);
@@ -207,28 +212,24 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     }
   }
 
-  // 5. Append this step's record at (start + m) % R and move the cursors.
+  // 5. Append this step's record at (start + m) % R (from shared memory: exact copies of the
+  //    io-dtype inputs) and, in the last CTA of the slot, move the cursors.
   const int pos = (start + m) % R;
   TI* xr_out = static_cast<TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head +
                static_cast<int64_t>(pos) * P + c.p0;
-  for (int r = tid; r < ROWS; r += kThreads) xr_out[r] = xp[r];
+  for (int r = tid; r < ROWS; r += kThreads) xr_out[r] = from_float<TI>(x_s[m][r]);
   if (c.chunk == 0) {
     if (tid == 0) p.ring.dt[slot * p.ring.dt_stride_slot + c.h * p.ring.dt_stride_head + pos] = d_s[m];
     if (c.h % (p.nheads / p.ngroups) == 0) {
       TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
                  static_cast<int64_t>(pos) * N;
-      for (int n = tid; n < N; n += kThreads) Bout[n] = Bp[n];
+      for (int n = tid; n < N; n += kThreads) Bout[n] = from_float<TI>(Bcur_s[n]);
     }
   }
-  __syncthreads();
-  if (tid == 0) {
-    __threadfence();
-    const int total = p.nheads * kChunks;
-    if (atomicAdd(&p.ring.done[slot], 1) == total - 1) {
-      p.ring.start[slot] = flush ? pos : start;
-      p.ring.len[slot] = flush ? 1 : m + 1;
-      p.ring.done[slot] = 0;
-    }
+  if (tid == 0 && arrived == p.nheads * kChunks - 1) {
+    p.ring.start[slot] = flush ? pos : start;
+    p.ring.len[slot] = flush ? 1 : m + 1;
+    p.ring.done[slot] = 0;
   }
 }
 
