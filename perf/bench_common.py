@@ -77,6 +77,15 @@ def copy_bandwidth_TBps(nbytes: int = 2 << 30) -> float:
     return 2 * nbytes / (us * 1e-6) / 1e12
 
 
+def read_bandwidth_TBps(nbytes: int = 4 << 30) -> float:
+    """Read-only reduction over a buffer far larger than L2 (bytes read / time)."""
+    a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
+    out = torch.empty((), dtype=torch.float32, device="cuda")
+    g = capture(lambda: torch.sum(a, out=out))
+    us = time_graph(g, reps=30, warmup=30)
+    return nbytes / (us * 1e-6) / 1e12
+
+
 def write_results(name: str, meta_: dict, rows: list[dict], out_dir: str | None = None) -> Path:
     d = Path(out_dir or Path(__file__).parent / "results")
     d.mkdir(parents=True, exist_ok=True)

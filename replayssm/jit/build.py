@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import shutil
 import subprocess
 import tempfile
@@ -99,11 +100,23 @@ def _matches(mod_dir: Path, name: str, src_hash: str, fp: str | None) -> bool:
     return (mod_dir / f"{name}.so").is_file()
 
 
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def _atomic_write(path: Path, text: str) -> None:
+    """Write via a temp file + rename, so readers see the old file or the whole new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; a shared cache/AOT dir needs 0644
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def publish(build_dir: Path, root: Path, bp: BuildPlan, compiler: str) -> Path:
@@ -131,12 +144,17 @@ def publish(build_dir: Path, root: Path, bp: BuildPlan, compiler: str) -> Path:
 # ninja
 # ----------------------------------------------------------------------------------------
 
+def _ninja_value(text: str) -> str:
+    """A shell-quoted, ninja-escaped variable value (paths may hold spaces or '$')."""
+    return shlex.quote(text).replace("$", "$$")
+
+
 def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
     """One build.ninja with one nvcc edge per module; sources are written beside it."""
     lines = [
         "ninja_required_version = 1.3",
-        f"nvcc = {nvcc}",
-        f"incdir = {env.include_dir()}",
+        f"nvcc = {_ninja_value(str(nvcc))}",
+        f"incdir = {_ninja_value(str(env.include_dir()))}",
         "rule nvcc",
         "  command = $nvcc $flags -I$incdir -o $out $in",
         "  description = nvcc $out",
@@ -146,7 +164,7 @@ def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
         src = build_dir / f"{bp.name}.cu"
         src.write_text(bp.source)
         lines.append(f"build {bp.name}.so: nvcc {src.name}")
-        lines.append(f"  flags = {' '.join(bp.flags)}")
+        lines.append(f"  flags = {' '.join(_ninja_value(f) for f in bp.flags)}")
     path = build_dir / "build.ninja"
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -186,13 +204,17 @@ def compile_into(root: Path, plans: list[BuildPlan], jobs: int | None = None) ->
         return [publish(build_dir, root, bp, compiler) for bp in plans]
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
+        try:
+            tmp_root.rmdir()  # only when empty: another process may be building beside us
+        except OSError:
+            pass
 
 
 @contextmanager
 def file_lock(path: Path):
     """Cross-process exclusive lock (flock: released by the kernel if the holder dies)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a+") as f:
+    with open(path, "a") as f:
         fcntl.flock(f.fileno(), fcntl.LOCK_EX)
         try:
             yield
@@ -209,24 +231,49 @@ _loaded_lock = threading.Lock()
 _compile_slots: threading.BoundedSemaphore | None = None
 
 
+_slots_size = 0
+
+
 def _slots() -> threading.BoundedSemaphore:
-    global _compile_slots
-    if _compile_slots is None:
-        _compile_slots = threading.BoundedSemaphore(env.settings().max_jobs)
-    return _compile_slots
+    """In-process bound on concurrent compiles (threads); follows ``configure(max_jobs=...)``."""
+    global _compile_slots, _slots_size
+    with _loaded_lock:
+        jobs = env.settings().max_jobs
+        if _compile_slots is None or _slots_size != jobs:
+            _compile_slots, _slots_size = threading.BoundedSemaphore(jobs), jobs
+        return _compile_slots
+
+
+def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
+    """Directories that may hold prebuilt modules for ``archs``, in search order.
+
+    Each REPLAYSSM_AOT_DIR entry is accepted both as the ``--out`` DIR of ``python -m
+    replayssm.aot`` (modules under ``DIR/<archs>/``) and as that ``DIR/<archs>`` folder itself;
+    then the wheel's ``replayssm/data/aot/<archs>/``."""
+    tag = env.arch_tag(archs)
+    roots: list[Path] = []
+    for d in env.settings().aot_dirs:
+        roots += [d, d / tag]
+    roots += list(_packaged_aot_dirs(archs))
+    return roots
 
 
 def find_prebuilt(bp: BuildPlan) -> Path | None:
     """An AOT module whose sources and flags match (compiler version is not required)."""
-    for root in env.settings().aot_dirs + _packaged_aot_dirs(bp.archs):
+    for root in prebuilt_roots(bp.archs):
         mod_dir = root / bp.name
         if _matches(mod_dir, bp.name, bp.src_hash, None):
             return mod_dir
     return None
 
 
+def packaged_aot_root() -> Path:
+    """Where an AOT wheel carries its modules: ``replayssm/data/aot/`` (then ``<archs>/<name>/``)."""
+    return env.PACKAGE_DIR / "data" / "aot"
+
+
 def _packaged_aot_dirs(archs: tuple[str, ...]) -> tuple[Path, ...]:
-    d = env.PACKAGE_DIR / "data" / "aot" / env.arch_tag(archs)
+    d = packaged_aot_root() / env.arch_tag(archs)
     return (d,) if d.is_dir() else ()
 
 
@@ -247,7 +294,7 @@ def build(spec: Specialization, archs: tuple[str, ...] | None = None) -> Path:
         return found
     s = env.settings()
     if s.disable_jit:
-        searched = [str(p) for p in s.aot_dirs] + [str(env.cache_dir(bp.archs))]
+        searched = [str(p) for p in prebuilt_roots(bp.archs)] + [str(env.cache_dir(bp.archs))]
         raise MissingModuleError(bp.name, searched)
     root = env.cache_dir(bp.archs)
     with file_lock(root / ".locks" / f"{bp.name}.lock"):

@@ -12,7 +12,9 @@ REPLAYSSM_CUDA_ARCH_LIST   archs to build, e.g. ``"9.0a"`` or ``"8.0 9.0a"`` (de
 REPLAYSSM_DISABLE_JIT      ``1`` forbids compiling: a missing module raises
                            :class:`~replayssm.jit.errors.MissingModuleError`
 REPLAYSSM_MAX_JOBS         bound on parallel nvcc jobs (default: cores, at most 1 per 3 GiB RAM)
-REPLAYSSM_AOT_DIR          extra directory of prebuilt modules (searched before the cache)
+REPLAYSSM_AOT_DIR          extra directories of prebuilt modules (``os.pathsep``-separated),
+                           searched before the cache; each is either the ``--out`` DIR of
+                           ``python -m replayssm.aot`` or its ``<DIR>/<archs>`` subfolder
 CUDA_HOME                  CUDA toolkit root used to find nvcc
 =========================  ==============================================================
 """
@@ -73,16 +75,23 @@ def _parse_arch_list(text: str) -> tuple[str, ...]:
     return archs
 
 
+def _parse_jobs(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError(f"REPLAYSSM_MAX_JOBS: expected a positive integer, got {text!r}") from None
+
+
 def _settings_from_env() -> Settings:
     env = os.environ
     root = Path(env.get("REPLAYSSM_CACHE_DIR") or Path.home() / ".cache" / "replayssm")
     archs = _parse_arch_list(env["REPLAYSSM_CUDA_ARCH_LIST"]) if env.get("REPLAYSSM_CUDA_ARCH_LIST") else None
-    jobs = int(env["REPLAYSSM_MAX_JOBS"]) if env.get("REPLAYSSM_MAX_JOBS") else _default_max_jobs()
+    jobs = _parse_jobs(env["REPLAYSSM_MAX_JOBS"]) if env.get("REPLAYSSM_MAX_JOBS") else _default_max_jobs()
     aot = tuple(Path(p) for p in env.get("REPLAYSSM_AOT_DIR", "").split(os.pathsep) if p)
     return Settings(
         cache_root=root.expanduser(),
         arch_list=archs,
-        disable_jit=env.get("REPLAYSSM_DISABLE_JIT", "0") not in ("", "0", "false", "False"),
+        disable_jit=env.get("REPLAYSSM_DISABLE_JIT", "0").strip().lower() not in ("", "0", "false", "no", "off"),
         max_jobs=max(1, jobs),
         aot_dirs=aot,
     )
@@ -108,6 +117,12 @@ def configure(**changes) -> Settings:
         changes["arch_list"] = tuple(normalize_arch(a) for a in changes["arch_list"])
     if "cache_root" in changes:
         changes["cache_root"] = Path(changes["cache_root"]).expanduser()
+    if "aot_dirs" in changes:
+        dirs = changes["aot_dirs"]
+        dirs = [dirs] if isinstance(dirs, (str, os.PathLike)) else (dirs or ())
+        changes["aot_dirs"] = tuple(Path(d).expanduser() for d in dirs)
+    if "max_jobs" in changes:
+        changes["max_jobs"] = max(1, int(changes["max_jobs"]))
     with _lock:
         _settings = dataclasses.replace(cur, **changes)
         return _settings

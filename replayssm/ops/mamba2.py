@@ -118,6 +118,8 @@ def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, 
     check_tensor("A", A, dtype=FLOAT_DTYPES, device=device)
     check_tensor("D", D, dtype=FLOAT_DTYPES, device=device, optional=True)
     check_tensor("dt_bias", dt_bias, dtype=FLOAT_DTYPES, device=device, optional=True)
+    for name, t in (("B", B), ("C", C)):  # read with 16-byte vectors
+        check_aligned(name, t, 16 // t.element_size(), (0, 1))
     dt_h = per_head_stride("dt", dt, H, lead=(batch,))
     A_h = per_head_stride("A", A, H)
     if out is None:

@@ -69,24 +69,67 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
   const float* dtring = p.ring.dt + slot * p.ring.dt_stride_slot + c.h * p.ring.dt_stride_head;
 
-  for (int n = tid; n < N; n += kThreads) {
-    C_s[n] = to_float(Cp[n]);
-    Bcur_s[n] = to_float(Bp[n]);
+  // All staging loads are issued before any shared-memory store (fixed, unrolled trip counts
+  // with predicates), so a CTA pays one memory round trip here, not one per loop iteration.
+  constexpr int kBVec = Vec16<TI>::kElems;                     // io elements per 16 bytes
+  constexpr int kNV = N / kBVec;                               // vectors per B/C row
+  constexpr int kXV = ROWS / kBVec > 0 ? ROWS / kBVec : 1;     // vectors per x-row chunk
+  constexpr int kRingB = (L * kNV + kThreads - 1) / kThreads;  // B-ring vectors per thread
+  constexpr int kRingX = (L * kXV + kThreads - 1) / kThreads;  // x-ring vectors per thread
+  constexpr int kCur = (2 * kNV + kThreads - 1) / kThreads;    // current B and C vectors per thread
+  static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
+
+  uint4 vb[kRingB], vx[kRingX], vc[kCur];
+#pragma unroll
+  for (int k = 0; k < kRingB; ++k) {
+    const int i = tid + k * kThreads, j = i / kNV, q = i % kNV;
+    if (j < m) vb[k] = *reinterpret_cast<const uint4*>(Bring + static_cast<int64_t>((start + j) % R) * N + q * kBVec);
   }
-  constexpr int kBVec = Vec16<TI>::kElems;
-  for (int i = tid; i < m * (N / kBVec); i += kThreads) {
-    const int j = i / (N / kBVec), q = i % (N / kBVec);
-    const int row = (start + j) % R;
-    *reinterpret_cast<uint4*>(&Bring_s[j][q * kBVec]) =
-        *reinterpret_cast<const uint4*>(Bring + static_cast<int64_t>(row) * N + q * kBVec);
+#pragma unroll
+  for (int k = 0; k < kRingX; ++k) {
+    const int i = tid + k * kThreads, j = i / kXV, q = i % kXV;
+    if (j < m) vx[k] = *reinterpret_cast<const uint4*>(xring + static_cast<int64_t>((start + j) % R) * P + q * kBVec);
   }
-  for (int i = tid; i < m * ROWS; i += kThreads) {
-    const int j = i / ROWS, r = i % ROWS;
-    x_s[j][r] = to_float(xring[static_cast<int64_t>((start + j) % R) * P + r]);
+#pragma unroll
+  for (int k = 0; k < kCur; ++k) {
+    const int i = tid + k * kThreads;
+    if (i < kNV) vc[k] = *reinterpret_cast<const uint4*>(Cp + i * kBVec);
+    else if (i < 2 * kNV) vc[k] = *reinterpret_cast<const uint4*>(Bp + (i - kNV) * kBVec);
   }
-  for (int r = tid; r < ROWS; r += kThreads) x_s[m][r] = to_float(xp[r]);
-  if (tid < m) d_s[tid] = dtring[(start + tid) % R];
-  if (tid == kThreads - 1) d_s[m] = step_delta(p, c);
+  float dring = 0.f, xcur = 0.f, dcur = 0.f;
+  if (tid < m) dring = dtring[(start + tid) % R];
+  if (tid < ROWS) xcur = to_float(xp[tid]);
+  if (tid == kThreads - 1) dcur = step_delta(p, c);
+
+#pragma unroll
+  for (int k = 0; k < kRingB; ++k) {
+    const int i = tid + k * kThreads, j = i / kNV, q = i % kNV;
+    if (j < m) *reinterpret_cast<uint4*>(&Bring_s[j][q * kBVec]) = vb[k];
+  }
+#pragma unroll
+  for (int k = 0; k < kRingX; ++k) {
+    const int i = tid + k * kThreads, j = i / kXV, q = i % kXV;
+    if (j < m) {
+      float f[kBVec];
+      unpack16<TI>(vx[k], f);
+#pragma unroll
+      for (int e = 0; e < kBVec; ++e) x_s[j][q * kBVec + e] = f[e];
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kCur; ++k) {
+    const int i = tid + k * kThreads;
+    if (i < 2 * kNV) {
+      float f[kBVec];
+      unpack16<TI>(vc[k], f);
+      float* dst = i < kNV ? &C_s[i * kBVec] : &Bcur_s[(i - kNV) * kBVec];
+#pragma unroll
+      for (int e = 0; e < kBVec; ++e) dst[e] = f[e];
+    }
+  }
+  if (tid < m) d_s[tid] = dring;
+  if (tid < ROWS) x_s[m][tid] = xcur;
+  if (tid == kThreads - 1) d_s[m] = dcur;
   __syncthreads();
 
   // Every thread of this CTA has read the cursors by now: count this CTA in. The last CTA of
