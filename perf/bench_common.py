@@ -81,7 +81,7 @@ def read_bandwidth_TBps(nbytes: int = 4 << 30) -> float:
     """Read-only reduction over a buffer far larger than L2 (bytes read / time)."""
     a = torch.empty(nbytes // 4, dtype=torch.float32, device="cuda").uniform_()
     out = torch.empty((), dtype=torch.float32, device="cuda")
-    g = capture(lambda: torch.sum(a, out=out))
+    g = capture(lambda: torch.sum(a, dim=0, out=out))
     us = time_graph(g, reps=30, warmup=30)
     return nbytes / (us * 1e-6) / 1e12
 

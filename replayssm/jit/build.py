@@ -106,6 +106,12 @@ def _umask() -> int:
     return mask
 
 
+def module_is_current(mod_dir: Path, bp: BuildPlan, compiler: str | None = None) -> bool:
+    """``mod_dir`` holds ``bp``'s module built from the same sources and flags (and, when
+    ``compiler`` is given, by that compiler version)."""
+    return _matches(mod_dir, bp.name, bp.src_hash, bp.fingerprint(compiler) if compiler else None)
+
+
 def _atomic_write(path: Path, text: str) -> None:
     """Write via a temp file + rename, so readers see the old file or the whole new one."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
