@@ -31,6 +31,18 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   if (!resolve_slot<TI, ROWS>(p, c, &slot)) return;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
+           static_cast<int64_t>(c.p0) * N;
+
+  // 1. Put the whole checkpoint tile in flight before anything else (it depends on the slot
+  //    only, not on the cursors).
+  uint4 raw[Tile::kPasses][Tile::kVpl];
+#pragma unroll
+  for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+    for (int v = 0; v < Tile::kVpl; ++v)
+      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
+
   const int R = p.ring.capacity;
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
@@ -40,17 +52,6 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     return;
   }
   const bool flush = m + 1 > L;
-
-  TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
-           static_cast<int64_t>(c.p0) * N;
-
-  // 1. Put the whole checkpoint tile in flight before anything else.
-  uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
 
   // 2. Stage the ring and this step's inputs in shared memory.
   __shared__ float C_s[N];
