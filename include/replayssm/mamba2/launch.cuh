@@ -28,30 +28,43 @@ cudaError_t dispatch_rows(int rows, F&& f) {
 }
 
 template <typename Kernel>
-cudaError_t launch_grid(Kernel kernel, const DecodeParams& p, int rows, int P, cudaStream_t stream) {
+cudaError_t launch_grid(Kernel kernel, const DecodeParams& p, int rows, int P, cudaStream_t stream,
+                        size_t smem_bytes = 0) {
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.nheads * (P / rows);
   if (ctas == 0) return cudaSuccess;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), 128, 0, stream>>>(p);
+  kernel<<<static_cast<unsigned>(ctas), 128, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
+
+// Largest ring capacity a replay module supports: L + 16 drafts.
+template <int L>
+constexpr int kMaxRingCapacity = L + 16;
 
 // One op = one kernel family; `launch` and `prepare` are what the module entry exports.
 template <typename TS, typename TI, int P, int N, int L>
 struct ReplayDecode {
   using Params = DecodeParams;
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
-      return launch_grid(replay_decode_kernel<TS, TI, P, N, L, decltype(rows)::value>, p, rows, P, stream);
+      constexpr int kRows = decltype(rows)::value;
+      return launch_grid(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, rows, P, stream,
+                         ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity));
     });
   }
+  template <int ROWS>
+  static cudaError_t prepare_rows() {
+    const int smem = static_cast<int>(ReplayRingSmem<TI, N, ROWS>::bytes(kMaxRingCapacity<L>));
+    return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, ROWS>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
   static cudaError_t prepare() {
-    cudaFuncAttributes a;
-    cudaError_t e = cudaFuncGetAttributes(&a, replay_decode_kernel<TS, TI, P, N, L, 16>);
+    cudaError_t e = prepare_rows<16>();
     if constexpr (P % 32 == 0)
-      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, replay_decode_kernel<TS, TI, P, N, L, 32>);
+      if (e == cudaSuccess) e = prepare_rows<32>();
     if constexpr (P % 64 == 0)
-      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, replay_decode_kernel<TS, TI, P, N, L, 64>);
+      if (e == cudaSuccess) e = prepare_rows<64>();
     return e;
   }
 };
