@@ -1,9 +1,10 @@
 // How a CTA's threads cover a [ROWS x N] tile of a row-major state (N contiguous).
 //
 // Each row is read with 16-byte vectors. A row is owned by an aligned group of kLanes lanes
-// (32 when the row has at least 32 vectors); a lane holds kVpl vectors of each row it covers.
-// A warp covers kRowsPerPass rows per pass, so one pass of a warp reads one contiguous span of
-// kRowsPerPass * N elements: fully coalesced. Every thread holds the same columns in every
+// (at most kMaxLanes = 8, so one load instruction covers whole 128-byte lines of several rows);
+// a lane holds kVpl vectors of each row it covers. Few lanes per row keep the per-row reduction
+// short (log2(kLanes) shuffles over kVpl * kVec elements): these kernels are issue-bound long
+// before they are bandwidth-bound if every row is spread over a whole warp. Every thread holds the same columns in every
 // pass, so per-column operands (C, B, ...) are loaded once per thread.
 #pragma once
 
@@ -15,7 +16,8 @@ template <typename TS, int N, int ROWS, int NWARPS>
 struct StateTile {
   static constexpr int kVec = Vec16<TS>::kElems;
   static constexpr int kVecsPerRow = N / kVec;
-  static constexpr int kLanes = kVecsPerRow < 32 ? kVecsPerRow : 32;
+  static constexpr int kMaxLanes = 8;
+  static constexpr int kLanes = kVecsPerRow < kMaxLanes ? kVecsPerRow : kMaxLanes;
   static constexpr int kVpl = kVecsPerRow / kLanes;
   static constexpr int kRowsPerPass = 32 / kLanes;
   static constexpr int kRowsPerWarp = ROWS / NWARPS;

@@ -136,17 +136,24 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   int arrived = 0;
   if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
 
-  // 2. Decay weights (one thread per record) and B_j . C (one warp per record).
-  auto phys = [&](int j) { return (start + j) % R; };
-  auto delta_at = [&](int j) { return j == m ? dcur_s : dring_s[phys(j)]; };
+  // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
+  //    warp per record). Ring positions wrap with one compare: start < R and j < R.
+  auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
   const float A = load_scalar(p.in.A, c.h);
-  if (tid <= m) {
-    const int j = tid;
+  if (warp == 0) {
     const int last = flush ? m - 1 : m;  // records folded (flush) or replayed (non-flush): 0..last
-    float tail = 0.f;                     // sum_{j<i<=last} delta_i
-    for (int i = last; i > j; --i) tail += delta_at(i);
-    w_s[j] = delta_at(j) * expf(A * tail);
-    if (j == 0) ck_s = expf(A * (tail + (last >= 0 ? delta_at(0) : 0.f)));
+    const int j = lane;
+    const float dj = j > last ? 0.f : (j == m ? dcur_s : dring_s[phys(j)]);
+    float incl = dj;                     // inclusive suffix sum: sum_{j<=i<=last} delta_i
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const float o = __shfl_down_sync(0xffffffffu, incl, off);
+      if (lane + off < 32) incl += o;
+    }
+    float excl = __shfl_down_sync(0xffffffffu, incl, 1);  // sum_{j<i<=last} delta_i
+    if (lane == 31) excl = 0.f;
+    if (j <= last) w_s[j] = dj * expf(A * excl);
+    if (j == 0) ck_s = expf(A * incl);
   }
   for (int j = warp; j <= m; j += kThreads / 32) {
     float acc = 0.f;
