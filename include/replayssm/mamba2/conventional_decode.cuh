@@ -9,8 +9,8 @@ namespace replayssm {
 namespace mamba2 {
 
 template <typename TS, typename TI, int P, int N, int ROWS>
-__global__ void __launch_bounds__(ROWS * 4) conventional_decode_kernel(const DecodeParams p) {
-  using Tile = StateTile<TS, N, ROWS, ROWS / 8>;  // 8 rows per warp
+__global__ void __launch_bounds__(128) conventional_decode_kernel(const DecodeParams p) {
+  using Tile = StateTile<TS, N, ROWS, 4>;
   constexpr int kV = Tile::kVec;
 
   const CtaCoords c = cta_coords<P, ROWS>(p);

@@ -33,7 +33,7 @@ cudaError_t launch_grid(Kernel kernel, const DecodeParams& p, int rows, int P, c
   const int64_t ctas = static_cast<int64_t>(p.batch) * p.nheads * (P / rows);
   if (ctas == 0) return cudaSuccess;
   if (ctas > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), rows * 4, smem_bytes, stream>>>(p);  // 8 rows per warp
+  kernel<<<static_cast<unsigned>(ctas), 128, smem_bytes, stream>>>(p);
   return cudaGetLastError();
 }
 

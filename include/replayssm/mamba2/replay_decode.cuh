@@ -35,8 +35,8 @@ struct ReplayRingSmem {
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
-__global__ void __launch_bounds__(ROWS * 4) replay_decode_kernel(const DecodeParams p) {
-  using Tile = StateTile<TS, N, ROWS, ROWS / 8>;  // 8 rows per warp
+__global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
+  using Tile = StateTile<TS, N, ROWS, 4>;
   using Smem = ReplayRingSmem<TI, N, ROWS>;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -200,40 +200,43 @@ __global__ void __launch_bounds__(ROWS * 4) replay_decode_kernel(const DecodePar
       ypre[s] = ck * group_sum<Tile::kLanes>(dot);
     }
   } else {
-    // Fold the m committed records into the checkpoint tile, write it, then read it out; one
-    // pass of rows at a time keeps the register footprint of the flush near the non-flush one.
+    // Fold the m committed records into the checkpoint tile, write it, then read it out.
     const float ck = ck_s;
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        unpack16<TS>(raw[s][v], sv[s][v]);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
+      }
+    for (int j = 0; j < m; ++j) {
+      const TI* Bj_s = Bring_s + phys(j) * N;
+      const TI* xj_s = xring_s + phys(j) * ROWS;
+      float Bj[Tile::kVpl][kV];
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) Bj[v][e] = to_float(Bj_s[Tile::col(lane, v) + e]);
+      const float wj = w_s[j];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const float xw = wj * to_float(xj_s[Tile::row(warp, lane, s)]);
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
+      }
+    }
     const float decay_cur = expf(A * dcur_s);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
-      float sv[Tile::kVpl][kV];
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<TS>(raw[s][v], sv[v]);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) sv[v][e] *= ck;
-      }
-      for (int j = 0; j < m; ++j) {
-        const TI* Bj_s = Bring_s + phys(j) * N;
-        const float xw = w_s[j] * to_float(xring_s[phys(j) * ROWS + r]);
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          float Bj[kV];
-          if constexpr (sizeof(TI) * kV == 16) {
-            unpack16<TI>(*reinterpret_cast<const uint4*>(Bj_s + Tile::col(lane, v)), Bj);
-          } else {
-#pragma unroll
-            for (int e = 0; e < kV; ++e) Bj[e] = to_float(Bj_s[Tile::col(lane, v) + e]);
-          }
-#pragma unroll
-          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(xw, Bj[e], sv[v][e]);
-        }
-      }
       float dot = 0.f;
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[v]);
+        const uint4 packed = pack16<TS>(sv[s][v]);
         store_stream16(st + r * N + Tile::col(lane, v), packed);
         float q[kV];  // read out what was stored, so outputs match the stored checkpoint
         unpack16<TS>(packed, q);
