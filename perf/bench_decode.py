@@ -72,7 +72,7 @@ def bench_mamba2_pool(args, shape, batch, algorithm, rows, gen, reps):
     state_bytes = H * P * N * sdt.itemsize
     num_slots = max(2 * batch, math.ceil(4 * 60e6 / state_bytes), 16)
     w = Mamba2DecodeWrapper(H, P, N, G, window=L, state_dtype=sdt, io_dtype=io, max_batch=batch,
-                            algorithm=algorithm, rows_per_cta=rows, persistent=args.persistent)
+                            algorithm=algorithm, rows_per_cta=rows)
     cache = w.create_cache(num_slots)
     cache.checkpoint.normal_(generator=gen)
     slots = torch.randperm(num_slots, device="cuda", generator=gen)[:batch].to(torch.int32)
@@ -113,7 +113,7 @@ def bench_mamba2_layers(args, shape, batch, algorithm, rows, gen, reps, layers=1
     H, P, N, G = shape["H"], shape["P"], shape["N"], shape["G"]
     L, sdt, io = args.window, args.state_dtype, args.io_dtype
     w = Mamba2DecodeWrapper(H, P, N, G, window=L, state_dtype=sdt, io_dtype=io, max_batch=batch,
-                            algorithm=algorithm, rows_per_cta=rows, persistent=args.persistent)
+                            algorithm=algorithm, rows_per_cta=rows)
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
         c.checkpoint.normal_(generator=gen)
@@ -180,7 +180,7 @@ def run_mamba2(args):
                            "state_dtype": str(args.state_dtype).removeprefix("torch."),
                            "io_dtype": str(args.io_dtype).removeprefix("torch."),
                            "read_dtype": str(args.state_dtype).removeprefix("torch."),
-                           "rows_per_cta": rows, "persistent": args.persistent, "bytes_per_step": nbytes, "floor_us": floor,
+                           "rows_per_cta": rows, "bytes_per_step": nbytes, "floor_us": floor,
                            **r}
                     row["bandwidth_TBps"] = nbytes / (r["us_per_step"] * 1e-6) / 1e12
                     row["fraction_of_floor"] = floor / r["us_per_step"]
@@ -206,15 +206,12 @@ def main():
     ap.add_argument("--io-dtype", default="bfloat16")
     ap.add_argument("--rows", nargs="*", type=int, default=None, help="rows-per-CTA tilings to sweep")
     ap.add_argument("--reps", type=int, default=50)
-    ap.add_argument("--persistent", choices=["auto", "on", "off"], default="auto",
-                    help="replay kernel: persistent pipelined grid (auto: large batches)")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
     args.state_dtype = getattr(torch, args.state_dtype)
     args.io_dtype = getattr(torch, args.io_dtype)
-    args.persistent = {"auto": None, "on": True, "off": False}[args.persistent]
     rows, extra = run_mamba2(args)
     m = meta()
     m.update(extra)

@@ -18,7 +18,7 @@ import torch
 from .cache import Mamba2Cache
 from .ops import mamba2 as m2
 from .ops.generators import MAMBA2_N, MAMBA2_P, WINDOWS
-from .ops.validate import check_slot_indices, is_vector_aligned
+from .ops.validate import check_slot_indices
 
 ALGORITHMS = ("replay", "conventional")
 
@@ -53,8 +53,7 @@ class Mamba2DecodeWrapper:
     def __init__(self, nheads: int, head_dim: int, state_dim: int, ngroups: int, *, window: int = 16,
                  state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int,
                  algorithm: str = "replay", dt_softplus: bool = True, pad_slot_id: int = -1,
-                 rows_per_cta: int | None = None, persistent: bool | None = None, device=None,
-                 debug: bool = False):
+                 rows_per_cta: int | None = None, device=None, debug: bool = False):
         ok, why = supported("mamba2", nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups,
                             window=window, state_dtype=state_dtype, io_dtype=io_dtype)
         if not ok:
@@ -72,7 +71,6 @@ class Mamba2DecodeWrapper:
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self.debug = debug
         self._rows_override = rows_per_cta
-        self._persistent_override = persistent
         self._slots = torch.full((max_batch,), pad_slot_id, dtype=torch.int64, device=self.device)
         self._batch: int | None = None
         self._module = None
@@ -117,11 +115,8 @@ class Mamba2DecodeWrapper:
                 raise ValueError("slot_indices: a slot appears twice in one batch")
         self._slots[:batch].copy_(slot_indices, non_blocking=True)
         self._batch = batch
-        sms = m2.sm_count(self.device)
-        self._rows = self._rows_override or m2.default_rows_per_cta(self.dims.head_dim, batch, self.dims.nheads, sms)
-        tiles = batch * self.dims.nheads * (self.dims.head_dim // self._rows)
-        self._persistent = (self._persistent_override if self._persistent_override is not None
-                            else tiles >= 8 * sms)
+        self._rows = self._rows_override or m2.default_rows_per_cta(
+            self.dims.head_dim, batch, self.dims.nheads, m2.sm_count(self.device))
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
         """One decode step for the planned rows. Launch only: capturable in a CUDA graph.
@@ -143,9 +138,6 @@ class Mamba2DecodeWrapper:
         p.error_flag = cache.error_flag.data_ptr()
         p.batch, p.nheads, p.ngroups = batch, self.dims.nheads, self.dims.ngroups
         p.dt_softplus, p.rows_per_cta = int(self.dt_softplus), self._rows
-        # the pipelined kernel copies x and z with 16-byte vectors
-        p.persistent = int(self.algorithm == "replay" and self._persistent
-                           and is_vector_aligned(x, (0, 1)) and is_vector_aligned(z, (0, 1)))
         m2.launch(self._module, p, self.device)
         cache.A = A
         if self.debug:

@@ -55,7 +55,7 @@ class DecodeParams(ctypes.Structure):
         ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
         ("error_flag", c_ptr),
         ("batch", i32), ("nheads", i32), ("ngroups", i32), ("dt_softplus", i32),
-        ("rows_per_cta", i32), ("persistent", i32),
+        ("rows_per_cta", i32), ("reserved", i32),
     ]
 
 

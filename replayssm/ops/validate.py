@@ -59,14 +59,6 @@ def check_aligned(name: str, t: torch.Tensor, elem_multiple: int, stride_dims: S
             )
 
 
-def is_vector_aligned(t, stride_dims: Sequence[int]) -> bool:
-    """True when ``t`` can be read with 16-byte vectors along its last dim (None counts as True)."""
-    if t is None:
-        return True
-    mult = 16 // t.element_size()
-    return t.data_ptr() % 16 == 0 and all(t.stride(d) % mult == 0 for d in stride_dims)
-
-
 def per_head_stride(name: str, t: torch.Tensor, nheads: int, lead: Sequence[int] = ()) -> int:
     """Accept a per-head tensor [*lead, H] or a stride-0 expansion [*lead, H, ...] (every dim after
     H with stride 0, as engines pass A [H, P, N], dt [batch, H, P], D/dt_bias [H, P]). Returns

@@ -51,13 +51,8 @@ def tolerances(cfg) -> tuple[float, float]:
 
 
 def make(cfg, algorithm, num_slots, max_batch, **kw):
-    """algorithm: 'replay', 'replay_persistent' (forces the pipelined kernel) or 'conventional'."""
     from replayssm import Mamba2DecodeWrapper
 
-    if algorithm == "replay_persistent":
-        algorithm, kw = "replay", {**kw, "persistent": True}
-    elif algorithm == "replay":
-        kw = {"persistent": False, **kw}
     w = Mamba2DecodeWrapper(cfg["H"], cfg["P"], cfg["N"], cfg["G"], window=cfg["L"], state_dtype=cfg["state"],
                             io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
     return w, w.create_cache(num_slots)
@@ -125,7 +120,7 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False
     return worst, state_err, cache
 
 
-ALGORITHMS = ["replay", "replay_persistent", "conventional"]
+ALGORITHMS = ["replay", "conventional"]
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)

@@ -5,7 +5,6 @@
 
 #include "conventional_decode.cuh"
 #include "replay_decode.cuh"
-#include "replay_decode_persistent.cuh"
 
 namespace replayssm {
 namespace mamba2 {
@@ -43,68 +42,22 @@ template <int L>
 constexpr int kMaxRingCapacity = L + 16;
 
 // One op = one kernel family; `launch` and `prepare` are what the module entry exports.
-// Shared memory a CTA may opt into on the current device.
-inline int max_dynamic_smem() {
-  int dev = 0, bytes = 0;
-  if (cudaGetDevice(&dev) != cudaSuccess) return 48 * 1024;
-  if (cudaDeviceGetAttribute(&bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev) != cudaSuccess) return 48 * 1024;
-  return bytes;
-}
-
 template <typename TS, typename TI, int P, int N, int L>
 struct ReplayDecode {
   using Params = DecodeParams;
-
-  template <int ROWS>
-  static size_t persistent_smem(int R) {
-    return kPersistentStages * PersistentStage<TS, TI, N, ROWS>::bytes(R);
-  }
-
-  template <int ROWS>
-  static cudaError_t launch_persistent(const Params& p, cudaStream_t stream, bool* launched) {
-    *launched = false;
-    const size_t smem = persistent_smem<ROWS>(p.ring.capacity);
-    if (smem > static_cast<size_t>(max_dynamic_smem())) return cudaSuccess;  // does not fit: one tile per CTA
-    auto kernel = replay_decode_persistent_kernel<TS, TI, P, N, L, ROWS>;
-    int per_sm = 0, dev = 0, sms = 0;
-    cudaError_t e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, 128, smem);
-    if (e == cudaSuccess) e = cudaGetDevice(&dev);
-    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-    if (e != cudaSuccess) return e;
-    if (per_sm < 1) return cudaSuccess;
-    const int64_t tiles = static_cast<int64_t>(p.batch) * p.nheads * (P / ROWS);
-    const int64_t ctas = tiles < static_cast<int64_t>(per_sm) * sms ? tiles : static_cast<int64_t>(per_sm) * sms;
-    if (ctas > 0) kernel<<<static_cast<unsigned>(ctas), 128, smem, stream>>>(p);
-    *launched = true;
-    return cudaGetLastError();
-  }
-
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      if (p.persistent) {
-        bool launched = false;
-        const cudaError_t e = launch_persistent<kRows>(p, stream, &launched);
-        if (e != cudaSuccess || launched) return e;
-      }
       return launch_grid(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, rows, P, stream,
                          ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity));
     });
   }
-
   template <int ROWS>
   static cudaError_t prepare_rows() {
     const int smem = static_cast<int>(ReplayRingSmem<TI, N, ROWS>::bytes(kMaxRingCapacity<L>));
-    cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, ROWS>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-    const int limit = max_dynamic_smem();
-    const size_t want = persistent_smem<ROWS>(kMaxRingCapacity<L>);
-    const int pers = static_cast<int>(want < static_cast<size_t>(limit) ? want : static_cast<size_t>(limit));
-    if (e == cudaSuccess)
-      e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, P, N, L, ROWS>,
-                               cudaFuncAttributeMaxDynamicSharedMemorySize, pers);
-    return e;
+    return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, ROWS>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   static cudaError_t prepare() {
     cudaError_t e = prepare_rows<16>();

@@ -69,7 +69,7 @@ struct DecodeParams {
   int32_t ngroups;
   int32_t dt_softplus;
   int32_t rows_per_cta;  // runtime tiling choice: 16, 32 or 64 (must divide P)
-  int32_t persistent;    // replay: 1 = persistent pipelined kernel when its stages fit (x, z 16-byte aligned)
+  int32_t reserved;
 };
 
 }  // namespace mamba2

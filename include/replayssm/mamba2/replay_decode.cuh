@@ -12,8 +12,7 @@
 // since the checkpoint) never overlap the row written, so the CTAs of one slot need no
 // synchronisation; the last CTA of a slot to arrive moves its cursors (arrival counter).
 //
-// This kernel runs one tile per CTA (best for small batches); replay_decode_persistent.cuh
-// pipelines many tiles per CTA. Both share replay_tile_compute.
+// One tile (ROWS rows of one head) per CTA; the per-tile work is replay_tile_compute.
 #pragma once
 
 #include "../common/cp_async.cuh"
@@ -26,8 +25,16 @@ namespace mamba2 {
 // the whole ring (all R records: the addresses depend on the slot only) and this step's
 // inputs go to shared memory with async copies. The cursors come back in the same round trip
 // and only select which ring records count.
+// CTAs per SM the register budget aims at: the state tile's registers plus ~32 for the rest.
+template <typename TS, int N, int ROWS>
+constexpr int replay_min_blocks() {
+  constexpr int payload = ROWS * N * static_cast<int>(sizeof(TS)) / (128 * 4);
+  constexpr int blocks = 512 / (payload + 32);
+  return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
+}
+
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
-__global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(128, replay_min_blocks<TS, N, ROWS>()) replay_decode_kernel(const DecodeParams p) {
   constexpr int kWarps = 4;
   using Tile = StateTile<TS, N, ROWS, kWarps>;
   using Smem = ReplayRingSmem<TI, N, ROWS>;
@@ -61,6 +68,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ __align__(16) TI Bcur_s[N];
   __shared__ __align__(16) TI xcur_s[ROWS];
   __shared__ ReplayScratch<L, ROWS> sc;
+  __shared__ __align__(16) float C_f[N];
   {
     const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
     const TI* xring = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
@@ -109,7 +117,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   t.z = p.in.z == nullptr ? nullptr
                           : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
   t.dcur = dcur;
-  replay_tile_compute<TS, TI, P, N, L, ROWS, kWarps>(p, t, sc, [&](int s, int v) { return raw[s][v]; });
+  replay_tile_compute<TS, TI, P, N, L, ROWS, kWarps>(p, t, sc, C_f, [&](int s, int v) { return raw[s][v]; });
 }
 
 }  // namespace mamba2

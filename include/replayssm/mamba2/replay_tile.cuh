@@ -1,5 +1,4 @@
-// The per-tile work of the ReplaySSM Mamba-2 decode step, shared by the one-tile-per-CTA kernel
-// (replay_decode.cuh) and the persistent pipelined kernel (replay_decode_persistent.cuh).
+// The per-tile work of the ReplaySSM Mamba-2 decode step (replay_decode.cuh stages the data).
 //
 // A tile is ROWS rows of one head's checkpoint for one batch row. Before calling
 // replay_tile_compute the caller has staged, in shared memory and visible to the CTA (after a
@@ -29,6 +28,7 @@ struct ReplayScratch {
   float w[L + 1];     // replay weight of record j
   float bc[L + 1];    // B_j . C (j = m: the current B)
   float rsum[ROWS];   // ring part of each row's output
+  float ypre[ROWS];   // checkpoint part of each row's output
   float ck;           // factor on S_c (non-flush) or on the folded S' (flush)
 };
 
@@ -51,7 +51,8 @@ struct ReplayTileArgs {
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, int NWARPS, typename StateVec>
 __device__ __forceinline__ void replay_tile_compute(const DecodeParams& p, const ReplayTileArgs<TS, TI>& t,
-                                                    ReplayScratch<L, ROWS>& sc, StateVec state_vec) {
+                                                    ReplayScratch<L, ROWS>& sc, float* C_f,
+                                                    StateVec state_vec) {
   using Tile = StateTile<TS, N, ROWS, NWARPS>;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -66,8 +67,9 @@ __device__ __forceinline__ void replay_tile_compute(const DecodeParams& p, const
   int arrived = 0;
   if (tid == 0) arrived = atomicAdd(&p.ring.done[t.slot], 1);
 
-  // 1. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
+  // 1. C to fp32 (used after the next barrier), decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
   //    warp per record). Ring positions wrap with one compare: start < R and j < R.
+  for (int n = tid; n < N; n += kThreads) C_f[n] = to_float(t.C[n]);
   auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
   const float A = load_scalar(p.in.A, c.h);
   if (warp == 0) {
@@ -104,13 +106,21 @@ __device__ __forceinline__ void replay_tile_compute(const DecodeParams& p, const
     sc.rsum[r] = fmaf(t.dcur * sc.bc[m], to_float(t.xcur[r]), acc);
   }
 
-  float Cv[Tile::kVpl][kV];
+  // C as fp32 from shared memory (read per use: registers are kept for the state tile).
+  auto c4 = [&](int v, int e4) { return *reinterpret_cast<const float4*>(C_f + Tile::col(lane, v) + 4 * e4); };
+  static_assert(kV % 4 == 0, "state vectors hold a multiple of 4 elements");
+  auto dot_vec = [&](const float (&sv)[kV], int v, float acc) {
 #pragma unroll
-  for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-    for (int e = 0; e < kV; ++e) Cv[v][e] = to_float(t.C[Tile::col(lane, v) + e]);
+    for (int e4 = 0; e4 < kV / 4; ++e4) {
+      const float4 cc = c4(v, e4);
+      acc = fmaf(sv[4 * e4 + 0], cc.x, acc);
+      acc = fmaf(sv[4 * e4 + 1], cc.y, acc);
+      acc = fmaf(sv[4 * e4 + 2], cc.z, acc);
+      acc = fmaf(sv[4 * e4 + 3], cc.w, acc);
+    }
+    return acc;
+  };
 
-  float ypre[Tile::kPasses];
   const float ck = sc.ck;
   if (!flush) {
 #pragma unroll
@@ -120,70 +130,54 @@ __device__ __forceinline__ void replay_tile_compute(const DecodeParams& p, const
       for (int v = 0; v < Tile::kVpl; ++v) {
         float sv[kV];
         unpack16<TS>(state_vec(s, v), sv);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+        dot = dot_vec(sv, v, dot);
       }
-      ypre[s] = ck * group_sum<Tile::kLanes>(dot);
+      dot = group_sum<Tile::kLanes>(dot);
+      if (Tile::row_leader(lane)) sc.ypre[Tile::row(warp, lane, s)] = ck * dot;
     }
   } else {
-    // Fold the m committed records into the checkpoint tile, write it, then read it out.
-    float sv[Tile::kPasses][Tile::kVpl][kV];
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<TS>(state_vec(s, v), sv[s][v]);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
-      }
-    for (int j = 0; j < m; ++j) {
-      const TI* Bj_s = t.Bring + phys(j) * N;
-      const TI* xj_s = t.xring + phys(j) * ROWS;
-      float Bj[Tile::kVpl][kV];
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-        for (int e = 0; e < kV; ++e) Bj[v][e] = to_float(Bj_s[Tile::col(lane, v) + e]);
-      const float wj = sc.w[j];
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        const float xw = wj * to_float(xj_s[Tile::row(warp, lane, s)]);
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
-      }
-    }
+    // Fold the m committed records into the checkpoint tile, write it, then read it out; one
+    // pass of rows at a time, so the flush needs few registers beyond the tile itself.
     const float decay_cur = expf(A * t.dcur);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
+      float sv[Tile::kVpl][kV];
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        unpack16<TS>(state_vec(s, v), sv[v]);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sv[v][e] *= ck;
+      }
+      for (int j = 0; j < m; ++j) {
+        const TI* Bj = t.Bring + phys(j) * N;
+        const float xw = sc.w[j] * to_float(t.xring[phys(j) * ROWS + r]);
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(xw, to_float(Bj[Tile::col(lane, v) + e]), sv[v][e]);
+      }
       float dot = 0.f;
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[s][v]);
+        const uint4 packed = pack16<TS>(sv[v]);
         store_stream16(t.state + r * N + Tile::col(lane, v), packed);
         float q[kV];  // read out what was stored, so outputs match the stored checkpoint
         unpack16<TS>(packed, q);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v][e], dot);
+        dot = dot_vec(q, v, dot);
       }
-      ypre[s] = decay_cur * group_sum<Tile::kLanes>(dot);
+      dot = group_sum<Tile::kLanes>(dot);
+      if (Tile::row_leader(lane)) sc.ypre[r] = decay_cur * dot;
     }
   }
   __syncthreads();
 
-  // 3. Epilogue: ring part, D skip, z gate, output.
-  const float Dh = load_scalar(p.in.D, c.h);
-  TI* out = out_rows<TI, ROWS>(p, c);
-  if (Tile::row_leader(lane)) {
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
-      float y = fmaf(Dh, to_float(t.xcur[r]), ypre[s] + sc.rsum[r]);
-      if (t.z != nullptr) y *= silu_gate(to_float(t.z[r]));
-      out[r] = from_float<TI>(y);
-    }
+  // 3. Epilogue (thread per row): checkpoint part + ring part, D skip, z gate, output.
+  if (tid < ROWS) {
+    const int r = tid;
+    float y = fmaf(load_scalar(p.in.D, c.h), to_float(t.xcur[r]), sc.ypre[r] + sc.rsum[r]);
+    if (t.z != nullptr) y *= silu_gate(to_float(t.z[r]));
+    out_rows<TI, ROWS>(p, c)[r] = from_float<TI>(y);
   }
 
   // 4. Append this step's record at (start + m) % R (exact copies of the io-dtype inputs) and,
