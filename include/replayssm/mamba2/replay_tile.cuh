@@ -136,31 +136,42 @@ __device__ __forceinline__ void replay_tile_compute(const DecodeParams& p, const
       if (Tile::row_leader(lane)) sc.ypre[Tile::row(warp, lane, s)] = ck * dot;
     }
   } else {
-    // Fold the m committed records into the checkpoint tile, write it, then read it out; one
-    // pass of rows at a time, so the flush needs few registers beyond the tile itself.
+    // Fold the m committed records into the checkpoint tile (records outer, so each B_j is read
+    // from shared memory once per thread), write it, then read it out.
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        unpack16<TS>(state_vec(s, v), sv[s][v]);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
+      }
+    for (int j = 0; j < m; ++j) {
+      const TI* Bj_s = t.Bring + phys(j) * N;
+      const TI* xj_s = t.xring + phys(j) * ROWS;
+      const float wj = sc.w[j];
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        float Bj[kV];
+#pragma unroll
+        for (int e = 0; e < kV; ++e) Bj[e] = to_float(Bj_s[Tile::col(lane, v) + e]);
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          const float xw = wj * to_float(xj_s[Tile::row(warp, lane, s)]);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[e], sv[s][v][e]);
+        }
+      }
+    }
     const float decay_cur = expf(A * t.dcur);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
-      float sv[Tile::kVpl][kV];
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<TS>(state_vec(s, v), sv[v]);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) sv[v][e] *= ck;
-      }
-      for (int j = 0; j < m; ++j) {
-        const TI* Bj = t.Bring + phys(j) * N;
-        const float xw = sc.w[j] * to_float(t.xring[phys(j) * ROWS + r]);
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(xw, to_float(Bj[Tile::col(lane, v) + e]), sv[v][e]);
-      }
       float dot = 0.f;
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[v]);
+        const uint4 packed = pack16<TS>(sv[s][v]);
         store_stream16(t.state + r * N + Tile::col(lane, v), packed);
         float q[kV];  // read out what was stored, so outputs match the stored checkpoint
         unpack16<TS>(packed, q);
