@@ -12,36 +12,39 @@
 // since the checkpoint) never overlap the row written, so the CTAs of one slot need no
 // synchronisation; the last CTA of a slot to arrive moves its cursors (arrival counter).
 //
-// One tile (ROWS rows of one head) per CTA; the per-tile work is replay_tile_compute.
+// Latency: the state tile and the whole ring (all R records: their addresses depend on the slot
+// only) are requested together, right after the slot index arrives; the cursors come back in
+// the same round trip and only select which ring records count.
 #pragma once
 
 #include "../common/cp_async.cuh"
-#include "replay_tile.cuh"
+#include "../common/state_tile.cuh"
+#include "cta.cuh"
 
 namespace replayssm {
 namespace mamba2 {
 
-// One round trip for everything that depends on the slot: the state tile goes to registers;
-// the whole ring (all R records: the addresses depend on the slot only) and this step's
-// inputs go to shared memory with async copies. The cursors come back in the same round trip
-// and only select which ring records count.
-// CTAs per SM the register budget aims at: the state tile's registers plus ~32 for the rest.
-template <typename TS, int N, int ROWS>
-constexpr int replay_min_blocks() {
-  constexpr int payload = ROWS * N * static_cast<int>(sizeof(TS)) / (128 * 4);
-  constexpr int blocks = 512 / (payload + 32);
-  return blocks < 1 ? 1 : (blocks > 8 ? 8 : blocks);
-}
+// Dynamic shared memory of one CTA for ring capacity R: B ring [R][N], x ring [R][ROWS] (io
+// dtype, physical record order) and the dt ring [R] (fp32).
+template <typename TI, int N, int ROWS>
+struct ReplayRingSmem {
+  __host__ __device__ static constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
+  __host__ __device__ static size_t B_bytes(int R) { return align16(static_cast<size_t>(R) * N * sizeof(TI)); }
+  __host__ __device__ static size_t x_bytes(int R) { return align16(static_cast<size_t>(R) * ROWS * sizeof(TI)); }
+  __host__ __device__ static size_t bytes(int R) { return B_bytes(R) + x_bytes(R) + align16(R * sizeof(float)); }
+};
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
-__global__ void __launch_bounds__(128, replay_min_blocks<TS, N, ROWS>()) replay_decode_kernel(const DecodeParams p) {
-  constexpr int kWarps = 4;
-  using Tile = StateTile<TS, N, ROWS, kWarps>;
+__global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
+  using Tile = StateTile<TS, N, ROWS, 4>;
   using Smem = ReplayRingSmem<TI, N, ROWS>;
+  constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
+  constexpr int kChunks = P / ROWS;
   constexpr int kBVec = Vec16<TI>::kElems;  // io elements per 16 bytes
   constexpr int kNV = N / kBVec;            // 16-byte vectors per B/C row
   constexpr int kXV = ROWS / kBVec;         // 16-byte vectors per x-row chunk
+  constexpr int kCur = (2 * kNV + kThreads - 1) / kThreads;
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
 
   const CtaCoords c = cta_coords<P, ROWS>(p);
@@ -53,6 +56,8 @@ __global__ void __launch_bounds__(128, replay_min_blocks<TS, N, ROWS>()) replay_
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
            static_cast<int64_t>(c.p0) * N;
 
+  // 1. One round trip for everything that depends on the slot: checkpoint tile (registers),
+  //    whole ring (async copies into shared memory), cursors.
   uint4 raw[Tile::kPasses][Tile::kVpl];
 #pragma unroll
   for (int s = 0; s < Tile::kPasses; ++s)
@@ -61,14 +66,9 @@ __global__ void __launch_bounds__(128, replay_min_blocks<TS, N, ROWS>()) replay_
       raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
-  TI* Bring_s = reinterpret_cast<TI*>(ring_smem);
-  TI* xring_s = reinterpret_cast<TI*>(ring_smem + Smem::B_bytes(R));
-  float* dring_s = reinterpret_cast<float*>(ring_smem + Smem::B_bytes(R) + Smem::x_bytes(R));
-  __shared__ __align__(16) TI C_s[N];
-  __shared__ __align__(16) TI Bcur_s[N];
-  __shared__ __align__(16) TI xcur_s[ROWS];
-  __shared__ ReplayScratch<L, ROWS> sc;
-  __shared__ __align__(16) float C_f[N];
+  TI* Bring_s = reinterpret_cast<TI*>(ring_smem);                               // [R][N]
+  TI* xring_s = reinterpret_cast<TI*>(ring_smem + Smem::B_bytes(R));           // [R][ROWS]
+  float* dring_s = reinterpret_cast<float*>(ring_smem + Smem::B_bytes(R) + Smem::x_bytes(R));  // [R]
   {
     const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
     const TI* xring = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
@@ -79,18 +79,33 @@ __global__ void __launch_bounds__(128, replay_min_blocks<TS, N, ROWS>()) replay_
       cp_async16(xring_s + j * ROWS + q * kBVec, xring + static_cast<int64_t>(j) * P + q * kBVec);
     }
     for (int i = tid; i < R; i += kThreads) cp_async4(dring_s + i, dtring + i);
-    const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
-    const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
-    for (int i = tid; i < 2 * kNV; i += kThreads) {
-      if (i < kNV) cp_async16(C_s + i * kBVec, Cp + i * kBVec);
-      else cp_async16(Bcur_s + (i - kNV) * kBVec, Bp + (i - kNV) * kBVec);
-    }
   }
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
+
+  // This step's inputs (independent of the slot).
+  __shared__ float C_s[N];
+  __shared__ float Bcur_s[N];
+  __shared__ float xcur_s[ROWS];
+  __shared__ float w_s[L + 1];     // replay weight of record j (see header)
+  __shared__ float bc_s[L + 1];    // B_j . C (j = m: the current B)
+  __shared__ float rsum_s[ROWS];   // ring part of each row's output
+  __shared__ float ck_s;           // factor on S_c (non-flush) or on the folded S' (flush)
+  __shared__ float dcur_s;         // this step's delta
+
+  const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
+  const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
   const TI* xp = static_cast<const TI*>(p.in.x) + c.b * p.in.x_stride_batch + c.h * p.in.x_stride_head + c.p0;
-  if (tid < ROWS) xcur_s[tid] = xp[tid];  // x may be only element-aligned: plain loads
-  const float dcur = step_delta(p, c);
+  uint4 vc[kCur];
+#pragma unroll
+  for (int k = 0; k < kCur; ++k) {
+    const int i = tid + k * kThreads;
+    if (i < kNV) vc[k] = *reinterpret_cast<const uint4*>(Cp + i * kBVec);
+    else if (i < 2 * kNV) vc[k] = *reinterpret_cast<const uint4*>(Bp + (i - kNV) * kBVec);
+  }
+  float xcur = 0.f, dcur = 0.f;
+  if (tid < ROWS) xcur = to_float(xp[tid]);
+  if (tid == kThreads - 1) dcur = step_delta(p, c);
 
   if (m < 0 || m > L || start < 0 || start >= R) {
     if (tid == 0) raise_error(p.error_flag, kErrCorruptCursor);
@@ -98,26 +113,176 @@ __global__ void __launch_bounds__(128, replay_min_blocks<TS, N, ROWS>()) replay_
     zero_rows<TI, ROWS>(p, c);
     return;
   }
+  const bool flush = m + 1 > L;
+
+#pragma unroll
+  for (int k = 0; k < kCur; ++k) {
+    const int i = tid + k * kThreads;
+    if (i < 2 * kNV) {
+      float f[kBVec];
+      unpack16<TI>(vc[k], f);
+      float* dst = i < kNV ? &C_s[i * kBVec] : &Bcur_s[(i - kNV) * kBVec];
+#pragma unroll
+      for (int e = 0; e < kBVec; ++e) dst[e] = f[e];
+    }
+  }
+  if (tid < ROWS) xcur_s[tid] = xcur;
+  if (tid == kThreads - 1) dcur_s = dcur;
   cp_async_wait_all();
   __syncthreads();
 
-  ReplayTileArgs<TS, TI> t;
-  t.c = c;
-  t.slot = slot;
-  t.state = st;
-  t.start = start;
-  t.m = m;
-  t.R = R;
-  t.Bring = Bring_s;
-  t.xring = xring_s;
-  t.dring = dring_s;
-  t.C = C_s;
-  t.Bcur = Bcur_s;
-  t.xcur = xcur_s;
-  t.z = p.in.z == nullptr ? nullptr
-                          : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
-  t.dcur = dcur;
-  replay_tile_compute<TS, TI, P, N, L, ROWS, kWarps>(p, t, sc, C_f, [&](int s, int v) { return raw[s][v]; });
+  // Every thread of this CTA has read the cursors by now: count this CTA in. The last CTA of
+  // the slot to arrive moves the cursors at the end (the others hold them in registers).
+  int arrived = 0;
+  if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
+
+  // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
+  //    warp per record). Ring positions wrap with one compare: start < R and j < R.
+  auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+  const float A = load_scalar(p.in.A, c.h);
+  if (warp == 0) {
+    const int last = flush ? m - 1 : m;  // records folded (flush) or replayed (non-flush): 0..last
+    const int j = lane;
+    const float dj = j > last ? 0.f : (j == m ? dcur_s : dring_s[phys(j)]);
+    float incl = dj;                     // inclusive suffix sum: sum_{j<=i<=last} delta_i
+#pragma unroll
+    for (int off = 1; off < 32; off *= 2) {
+      const float o = __shfl_down_sync(0xffffffffu, incl, off);
+      if (lane + off < 32) incl += o;
+    }
+    float excl = __shfl_down_sync(0xffffffffu, incl, 1);  // sum_{j<i<=last} delta_i
+    if (lane == 31) excl = 0.f;
+    if (j <= last) w_s[j] = dj * expf(A * excl);
+    if (j == 0) ck_s = expf(A * incl);
+  }
+  for (int j = warp; j <= m; j += kThreads / 32) {
+    float acc = 0.f;
+    if (j == m) {
+      for (int n = lane; n < N; n += 32) acc = fmaf(Bcur_s[n], C_s[n], acc);
+    } else {
+      const TI* Bj = Bring_s + phys(j) * N;
+      for (int n = lane; n < N; n += 32) acc = fmaf(to_float(Bj[n]), C_s[n], acc);
+    }
+    acc = group_sum<32>(acc);
+    if (lane == 0) bc_s[j] = acc;
+  }
+  __syncthreads();
+
+  // 3. Ring part of each row's output (thread per row), and the checkpoint part (registers).
+  if (tid < ROWS) {
+    const int r = tid;
+    float acc = 0.f;
+    if (!flush) {
+      for (int j = 0; j < m; ++j) acc = fmaf(w_s[j] * bc_s[j], to_float(xring_s[phys(j) * ROWS + r]), acc);
+    }
+    rsum_s[r] = fmaf(dcur_s * bc_s[m], xcur_s[r], acc);
+  }
+
+  float Cv[Tile::kVpl][kV];
+#pragma unroll
+  for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+    for (int e = 0; e < kV; ++e) Cv[v][e] = C_s[Tile::col(lane, v) + e];
+
+  float ypre[Tile::kPasses];
+  if (!flush) {
+    const float ck = ck_s;
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      float dot = 0.f;
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        float sv[kV];
+        unpack16<TS>(raw[s][v], sv);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+      }
+      ypre[s] = ck * group_sum<Tile::kLanes>(dot);
+    }
+  } else {
+    // Fold the m committed records into the checkpoint tile, write it, then read it out.
+    const float ck = ck_s;
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        unpack16<TS>(raw[s][v], sv[s][v]);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
+      }
+    for (int j = 0; j < m; ++j) {
+      const TI* Bj_s = Bring_s + phys(j) * N;
+      const TI* xj_s = xring_s + phys(j) * ROWS;
+      float Bj[Tile::kVpl][kV];
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) Bj[v][e] = to_float(Bj_s[Tile::col(lane, v) + e]);
+      const float wj = w_s[j];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const float xw = wj * to_float(xj_s[Tile::row(warp, lane, s)]);
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
+      }
+    }
+    const float decay_cur = expf(A * dcur_s);
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+      float dot = 0.f;
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        const uint4 packed = pack16<TS>(sv[s][v]);
+        store_stream16(st + r * N + Tile::col(lane, v), packed);
+        float q[kV];  // read out what was stored, so outputs match the stored checkpoint
+        unpack16<TS>(packed, q);
+#pragma unroll
+        for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v][e], dot);
+      }
+      ypre[s] = decay_cur * group_sum<Tile::kLanes>(dot);
+    }
+  }
+  __syncthreads();
+
+  // 4. Epilogue: ring part, D skip, z gate, output.
+  const float Dh = load_scalar(p.in.D, c.h);
+  TI* out = out_rows<TI, ROWS>(p, c);
+  const TI* zp = p.in.z == nullptr ? nullptr
+                                   : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch +
+                                         c.h * p.in.z_stride_head + c.p0;
+  if (Tile::row_leader(lane)) {
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+      float y = fmaf(Dh, xcur_s[r], ypre[s] + rsum_s[r]);
+      if (zp != nullptr) y *= silu_gate(to_float(zp[r]));
+      out[r] = from_float<TI>(y);
+    }
+  }
+
+  // 5. Append this step's record at (start + m) % R (exact copies of the io-dtype inputs) and,
+  //    in the last CTA of the slot to arrive, move the cursors.
+  const int pos = phys(m);
+  TI* xr_out = static_cast<TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head +
+               static_cast<int64_t>(pos) * P + c.p0;
+  if (tid < ROWS) xr_out[tid] = from_float<TI>(xcur_s[tid]);
+  if (c.chunk == 0) {
+    if (tid == 0) p.ring.dt[slot * p.ring.dt_stride_slot + c.h * p.ring.dt_stride_head + pos] = dcur_s;
+    if (c.h % (p.nheads / p.ngroups) == 0) {
+      TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
+                 static_cast<int64_t>(pos) * N;
+      for (int n = tid; n < N; n += kThreads) Bout[n] = from_float<TI>(Bcur_s[n]);
+    }
+  }
+  if (tid == 0 && arrived == p.nheads * kChunks - 1) {
+    p.ring.start[slot] = flush ? pos : start;
+    p.ring.len[slot] = flush ? 1 : m + 1;
+    p.ring.done[slot] = 0;
+  }
 }
 
 }  // namespace mamba2
