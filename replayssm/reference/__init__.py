@@ -4,7 +4,10 @@
 * :mod:`.delta`  — :func:`gdn_step`, :func:`kda_step` and :class:`GDNReplayRef`, :class:`KDAReplayRef`.
 * :mod:`.quant`  — fp8 e4m3 / NVFP4 emulation of the low-precision checkpoint read copy.
 * :mod:`.pool`   — slot / ring / cursor bookkeeping shared by the replay pools.
-* :mod:`.testing` — realistic random inputs and comparison helpers for tests (import explicitly).
+* :mod:`.testing` — seeds, realistic random inputs, a conventional slot pool (the oracle) and
+  relative-error checks (import explicitly; not re-exported).
+* :mod:`.scenarios` — randomised drivers (decode, spec, tree, wrap-around, low precision) that
+  check any pool with this API against the oracle (import explicitly; not re-exported).
 """
 
 from .delta import GDNReplayRef, KDAReplayRef, gdn_gate, gdn_step, kda_gate, kda_step

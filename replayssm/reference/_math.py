@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import functools
+from typing import Sequence, Tuple
+
 import torch
 
 SOFTPLUS_THRESHOLD = 20.0
@@ -23,34 +26,44 @@ def group_index(n_heads: int, n_groups: int) -> torch.Tensor:
     return torch.arange(n_heads) // (n_heads // n_groups)
 
 
-def ancestor_mask(parents: torch.Tensor) -> torch.Tensor:
+def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
     """bool [T, T] with ``[i, j]`` true iff draft j is draft i or one of its ancestors.
 
-    parents: int64 [T], ``parents[0] == -1`` and ``-1 <= parents[i] < i`` (already validated).
-    A chain (``parents[i] == i - 1``) gives the lower-triangular causal mask.
+    parents: T ints (list, tuple or int tensor), ``parents[0] == -1`` and
+    ``-1 <= parents[i] < i`` (already validated). A chain gives the causal (lower-triangular) mask.
     """
-    T = parents.numel()
+    return _ancestor_mask(tuple(int(p) for p in parents)).clone()
+
+
+@functools.lru_cache(maxsize=4096)
+def _ancestor_mask(parents: Tuple[int, ...]) -> torch.Tensor:
+    T = len(parents)
     vis = torch.eye(T, dtype=torch.bool)
-    for i in range(T):
-        p = int(parents[i])
+    for i, p in enumerate(parents):
         if p >= 0:
             vis[i] |= vis[p]
     return vis
 
 
-def window_visibility(m: int, draft_vis: torch.Tensor) -> torch.Tensor:
+def window_visibility(m: int, parents: Sequence[int]) -> torch.Tensor:
     """bool [m+T, m+T]: which records each record's prefix contains (itself included).
 
-    The first m records are the committed chain (causal among themselves); every draft sees all m
-    committed records plus the drafts that ``draft_vis`` [T, T] marks (its ancestors and itself).
-    Row r summed against per-record log-decays gives the cumulative decay ``c_r`` up to record r.
+    The first m records are the committed chain (causal among themselves); each of the T drafts
+    (tree given by ``parents``, see :func:`ancestor_mask`) sees all m committed records plus its
+    ancestors and itself. Row r summed against per-record log-decays gives the cumulative decay
+    ``c_r`` up to record r. (Cached; the returned tensor must not be modified.)
     """
-    T = draft_vis.shape[0]
+    return _window_visibility(int(m), tuple(int(p) for p in parents))
+
+
+@functools.lru_cache(maxsize=4096)
+def _window_visibility(m: int, parents: Tuple[int, ...]) -> torch.Tensor:
+    T = len(parents)
     n = m + T
     M = torch.zeros(n, n, dtype=torch.bool)
     M[:m, :m] = torch.ones(m, m, dtype=torch.bool).tril()
     M[m:, :m] = True
-    M[m:, m:] = draft_vis
+    M[m:, m:] = _ancestor_mask(parents)
     return M
 
 

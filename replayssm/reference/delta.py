@@ -25,12 +25,12 @@ All computation is in the state dtype; inputs are upcast to it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
 from ._checks import optional_shaped, positive_int, shaped, slot_list
-from ._math import chain_parents, ancestor_mask, group_index, l2norm, softplus, window_visibility
+from ._math import chain_parents, group_index, l2norm, softplus, window_visibility
 from .pool import ReplayPool, prefix, verify_T
 
 
@@ -155,21 +155,21 @@ def delta_fold(S: torch.Tensor, g3: torch.Tensor, u: torch.Tensor, kh: torch.Ten
 
 
 def delta_replay_outputs(S_c: torch.Tensor, g3: torch.Tensor, kh: torch.Tensor, u_prior: torch.Tensor,
-                         v: torch.Tensor, beta: torch.Tensor, m: int, draft_vis: torch.Tensor,
+                         v: torch.Tensor, beta: torch.Tensor, m: int, parents: Sequence[int],
                          qh: Optional[torch.Tensor] = None):
     """Output-only evaluation of T drafts after m committed records (no state is formed).
 
     S_c [HV, V, K] checkpoint as read (hp or lp copy);
     g3 [n, HV, Kg], kh [n, HV, K]: the m committed records then the T drafts (n = m + T);
     u_prior [m, HV, V] committed corrections; v [T, HV, V], beta [T, HV] of the drafts;
-    draft_vis bool [T, T] ancestor mask; qh [T, HV, K] scaled queries or None.
+    parents: T ints, the draft tree (``[-1, 0, 1, ...]`` for a chain); qh [T, HV, K] scaled
+    queries or None.
     Returns ``(u [T, HV, V], o [T, HV, V] or None)``: the drafts' corrections, computed in
     index order (a draft's parent is always earlier), and their outputs.
     """
-    T = draft_vis.shape[0]
-    n = m + T
-    M = window_visibility(m, draft_vis)                            # [n, n]
-    cum = torch.einsum("ij,jhk->ihk", M.to(g3.dtype), g3)          # [n, HV, Kg]
+    T = len(parents)
+    M = window_visibility(m, parents)                              # [n, n]
+    cum = (M.to(g3.dtype) @ g3.flatten(1)).view(g3.shape)          # [n, HV, Kg]: c_r per record
     u_all = torch.cat([u_prior, torch.zeros((T,) + tuple(u_prior.shape[1:]), dtype=u_prior.dtype)])
     zero = torch.zeros((), dtype=g3.dtype)
     outs = []
@@ -179,13 +179,15 @@ def delta_replay_outputs(S_c: torch.Tensor, g3: torch.Tensor, kh: torch.Tensor, 
         decay = torch.where(M[r][:, None, None], torch.exp(ci - cum), zero)
         kd = decay * kh                                            # [n, HV, K] keys as seen by r
         e = torch.exp(ci)                                          # [HV, Kg]
-        coef = (kd[:r] * kh[r]).sum(-1)                            # [r, HV]
-        Sk = torch.einsum("hvk,hk->hv", S_c, e * kh[r]) + torch.einsum("jh,jhv->hv", coef, u_all[:r])
+        # One read of S_c serves both the correction (e ⊙ k̂_r) and the output (e ⊙ q̂_r).
+        w = torch.stack([e * kh[r]] + ([e * qh[i]] if qh is not None else []), dim=-1)  # [HV, K, 1|2]
+        Sw = S_c @ w                                               # [HV, V, 1|2]
+        coef = (kd[:r] * kh[r]).sum(-1)                            # [r, HV]: (decayed k̂_j) · k̂_r
+        Sk = Sw[..., 0] + (coef[..., None] * u_all[:r]).sum(0)     # S̃_r k̂_r, [HV, V]
         u_all[r] = beta[i][:, None] * (v[i] - Sk)
         if qh is not None:
-            cq = (kd[: r + 1] * qh[i]).sum(-1)                     # [r+1, HV]
-            outs.append(torch.einsum("hvk,hk->hv", S_c, e * qh[i])
-                        + torch.einsum("jh,jhv->hv", cq, u_all[: r + 1]))
+            cq = (kd[: r + 1] * qh[i]).sum(-1)                     # [r+1, HV]: (decayed k̂_j) · q̂_r
+            outs.append(Sw[..., 1] + (cq[..., None] * u_all[: r + 1]).sum(0))
     return u_all[m:], (torch.stack(outs) if qh is not None else None)
 
 
@@ -222,16 +224,16 @@ class _DeltaReplayRef(ReplayPool):
         m = recs["u"].shape[0]
         empty = recs["u"][:0]
         u, _ = delta_replay_outputs(S_hp, self._g3(recs["g"]), recs["k"][:, self._hk], empty,
-                                    recs["v"], recs["beta"], 0, ancestor_mask(chain_parents(m)))
+                                    recs["v"], recs["beta"], 0, chain_parents(m).tolist())
         return dict(recs, u=u)
 
     # -------------------------------------------------------------- decode API
     def _run(self, sl, T, parents, t):
-        def row_fn(r, s, S_read, com, vis):
+        def row_fn(r, s, S_read, com, row_parents):
             m = com["u"].shape[0]
             g3 = self._g3(torch.cat([com["g"], t["g"][r]]))
             kh = torch.cat([com["k"], t["k"][r]])[:, self._hk]
-            u, o = delta_replay_outputs(S_read, g3, kh, com["u"], t["v"][r], t["beta"][r], m, vis,
+            u, o = delta_replay_outputs(S_read, g3, kh, com["u"], t["v"][r], t["beta"][r], m, row_parents,
                                         t["q"][r][:, self._hk])
             recs = {"g": t["g"][r], "u": u, "k": t["k"][r], "v": t["v"][r], "beta": t["beta"][r]}
             return o, recs

@@ -18,7 +18,7 @@ All computation is in the state dtype; inputs are upcast to it.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import torch
 
@@ -107,23 +107,24 @@ def mamba2_fold(S: torch.Tensor, A: torch.Tensor, x: torch.Tensor, delta: torch.
 
 
 def mamba2_replay_outputs(S_c: torch.Tensor, A: torch.Tensor, x: torch.Tensor, delta: torch.Tensor,
-                          Bh: torch.Tensor, Cq: torch.Tensor, m: int, draft_vis: torch.Tensor) -> torch.Tensor:
+                          Bh: torch.Tensor, Cq: torch.Tensor, m: int, parents: Sequence[int]) -> torch.Tensor:
     """Output-only evaluation of T drafts after m committed records (no state is formed).
 
     S_c [H, P, N] checkpoint as read (hp or lp copy); A [H];
     x [n, H, P], delta [n, H], Bh [n, H, N]: the m committed records then the T drafts (n = m+T);
-    Cq [T, H, N] the drafts' read vectors (C expanded to heads); draft_vis bool [T, T] ancestor
-    mask. Returns the SSM part of the outputs [T, H, P] (no D skip, no gate).
+    Cq [T, H, N] the drafts' read vectors (C expanded to heads); parents: T ints, the draft tree
+    (``[-1, 0, 1, ...]`` for a chain). Returns the SSM part of the outputs [T, H, P] (no D skip, no gate).
     """
-    M = window_visibility(m, draft_vis)                            # [n, n]
+    M = window_visibility(m, parents)                              # [n, n]
     cum = M.to(x.dtype) @ (delta * A)                              # [n, H]: c_r per record
     cq = cum[m:]                                                   # [T, H]
-    vis = M[m:]                                                    # [T, n]
-    decay = torch.where(vis[..., None], torch.exp(cq[:, None, :] - cum[None]), torch.zeros((), dtype=x.dtype))
-    kq = torch.einsum("jhn,ihn->ijh", Bh, Cq)                      # [T, n, H]
-    xv = delta[..., None] * x                                      # [n, H, P]
-    y = torch.exp(cq)[..., None] * torch.einsum("hpn,ihn->ihp", S_c, Cq)
-    return y + torch.einsum("ijh,jhp->ihp", decay * kq, xv)
+    decay = torch.where(M[m:, :, None], torch.exp(cq[:, None, :] - cum[None]), torch.zeros((), dtype=x.dtype))
+    Ct = Cq.transpose(0, 1)                                        # [H, T, N]
+    kq = (Ct @ Bh.permute(1, 2, 0)).permute(1, 2, 0)               # [T, n, H]: B_j · C_i
+    xv = (delta[..., None] * x).transpose(0, 1)                    # [H, n, P]
+    y_ckpt = (Ct @ S_c.transpose(1, 2)).transpose(0, 1)            # [T, H, P]: S_c C_i (one read)
+    y_ring = ((decay * kq).permute(2, 0, 1) @ xv).transpose(0, 1)  # [T, H, P]
+    return torch.exp(cq)[..., None] * y_ckpt + y_ring
 
 
 class Mamba2ReplayRef(ReplayPool):
@@ -171,12 +172,12 @@ class Mamba2ReplayRef(ReplayPool):
         self._set_A(where, t["A"])
         H, P = self.H, self.P
 
-        def row_fn(r, s, S_read, com, vis):
+        def row_fn(r, s, S_read, com, row_parents):
             x = torch.cat([com["x"], t["x"][r]])
             delta = torch.cat([com["delta"], t["delta"][r]])
             B = torch.cat([com["B"], t["B"][r]])
             y = mamba2_replay_outputs(S_read, self.A, x, delta, B[:, self._grp], t["C"][r][:, self._grp],
-                                      com["x"].shape[0], vis)
+                                      com["x"].shape[0], row_parents)
             z = None if t["z"] is None else t["z"][r]
             y = _finish(y, t["x"][r], t["D"], z)
             return y, {"x": t["x"][r], "delta": t["delta"][r], "B": t["B"][r]}

@@ -20,6 +20,11 @@ Flush policy (fold at the start of a step): a step/verify appending T records fi
 evaluated and records appended. Uncommitted drafts are never folded. An explicit ``flush`` keeps
 pending drafts valid (they stay at the same physical ring entries).
 
+Dtypes: state, checkpoints and ring records are in the pool's ``dtype`` (float64 or float32);
+float inputs of any floating dtype are upcast to it and outputs come back in it. Slot lists
+(``slots``), ``num_accepted``, ``parents`` and paths are int tensors (any integer dtype) or lists
+of ints; cursors are int64. A slot of -1 is a pad row: zeros out, nothing touched.
+
 Families subclass :class:`ReplayPool` and provide ``_fold`` (and optionally ``_exact_records``)
 plus their own ``step``/``verify`` front ends that call :meth:`ReplayPool._verify_rows`.
 """
@@ -31,7 +36,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 
 from ._checks import int_vector, positive_int, shaped, slot_list
-from ._math import ancestor_mask, chain_parents
+from ._math import chain_parents
 from .quant import check_read_format, fake_quant
 
 Records = Dict[str, torch.Tensor]
@@ -87,6 +92,14 @@ class ReplayPool:
         start = int(self.ring_start[slot])
         return (start + offset + torch.arange(count, dtype=torch.int64)) % self.R
 
+    def _spans(self, slot: int, offset: int, count: int):
+        """The physical entries of records ``offset .. offset+count-1`` as at most two slices
+        (two when the range wraps past the end of the ring)."""
+        first = (int(self.ring_start[slot]) + offset) % self.R
+        if first + count <= self.R:
+            return [slice(first, first + count)]
+        return [slice(first, self.R), slice(0, first + count - self.R)]
+
     def _read(self, slot: int, idx: torch.Tensor) -> Records:
         return {name: t[slot, idx] for name, t in self.ring.items()}
 
@@ -94,8 +107,23 @@ class ReplayPool:
         for name, t in self.ring.items():
             t[slot, idx] = recs[name]
 
+    def _read_range(self, slot: int, offset: int, count: int) -> Records:
+        """Records ``offset .. offset+count-1`` after the checkpoint, each [count, ...] (a copy)."""
+        spans = self._spans(slot, offset, count)
+        return {name: torch.cat([t[slot, sp] for sp in spans]) for name, t in self.ring.items()}
+
+    def _write_range(self, slot: int, offset: int, recs: Records) -> None:
+        """Store records (each [count, ...]) as records ``offset ..`` after the checkpoint."""
+        count = next(iter(recs.values())).shape[0]
+        done = 0
+        for sp in self._spans(slot, offset, count):
+            width = sp.stop - sp.start
+            for name, t in self.ring.items():
+                t[slot, sp] = recs[name][done:done + width]
+            done += width
+
     def _committed(self, slot: int) -> Records:
-        return self._read(slot, self._phys(slot, 0, int(self.ring_len[slot])))
+        return self._read_range(slot, 0, int(self.ring_len[slot]))
 
     def _set_checkpoint(self, slot: int, S: torch.Tensor) -> None:
         self.checkpoint[slot] = S
@@ -298,12 +326,12 @@ class ReplayPool:
             )
 
     def _verify_rows(self, slots: Sequence[int], T: int, parents: torch.Tensor, out_shape: Sequence[int],
-                     row_fn: Callable[[int, int, torch.Tensor, Records, torch.Tensor], Tuple[torch.Tensor, Records]]
+                     row_fn: Callable[[int, int, torch.Tensor, Records, Tuple[int, ...]], Tuple[torch.Tensor, Records]]
                      ) -> torch.Tensor:
         """Run one verify over a batch (slots already validated).
 
         For each non-pad row r with slot s: drop pending drafts, flush if ``m + T > L``, call
-        ``row_fn(r, s, S_read, committed_records, draft_vis [T, T])`` which returns the row's outputs
+        ``row_fn(r, s, S_read, committed_records, parents_of_row)`` which returns the row's outputs
         [T, *out_shape] and its T new records, append them after the committed ones and mark them
         pending. ``S_read`` is ``S_lp`` in low-precision mode unless this row flushed (then the
         freshly folded ``S_hp``, as a fused kernel would use). Returns [batch, T, *out_shape].
@@ -320,10 +348,9 @@ class ReplayPool:
                 m = 0
             use_lp = self.checkpoint_lp is not None and not flushed
             S_read = self.checkpoint_lp[s] if use_lp else self.checkpoint[s]
-            vis = ancestor_mask(parents[r])
-            y, recs = row_fn(r, s, S_read, self._committed(s), vis)
+            y, recs = row_fn(r, s, S_read, self._committed(s), tuple(parents[r].tolist()))
             out[r] = y
-            self._write(s, self._phys(s, m, T), recs)
+            self._write_range(s, m, recs)
             self.draft_len[s] = T
             self.draft_parents[s] = -2
             self.draft_parents[s, :T] = parents[r]

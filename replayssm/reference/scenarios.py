@@ -15,7 +15,7 @@ mirrors it) can be checked the same way. Each returns a dict of statistics.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -62,18 +62,20 @@ def check_states(ref, conv, rtol: float, what: str, seed: int, gen, flush: bool 
     return err
 
 
-def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: Dict) -> None:
-    """Randomly reset or load (prefill hand-over) a random batch of slots in both pools."""
+def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: Dict,
+            keep: Sequence[int] = ()) -> None:
+    """Randomly reset or load (prefill hand-over) a random batch of slots (never those in
+    ``keep``) in both pools."""
     u = _rand(gen)
     n = conv.state.shape[0]
     if u < p_reset:
-        sl = random_slots(gen, n, 2)
+        sl = random_slots(gen, n, 2, exclude=keep)
         ref.reset(sl)
         for s in _real(sl):
             conv.state[s] = 0
         stats["resets"] += 1
     elif u < p_reset + p_load:
-        sl = random_slots(gen, n, 2)
+        sl = random_slots(gen, n, 2, exclude=keep)
         S = fam.random_state(gen, len(sl))
         ref.load_state(sl, S)
         for r, s in enumerate(sl):
@@ -82,8 +84,10 @@ def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: D
         stats["loads"] += 1
 
 
-def _step(fam, ref, conv, layer, gen, out_rtol, what, seed, stats, dtype) -> None:
-    sl = random_slots(gen, conv.state.shape[0], conv.state.shape[0])
+def _step(fam, ref, conv, layer, gen, out_rtol, what, seed, stats, dtype, max_batch=None,
+          always=None) -> None:
+    n = conv.state.shape[0]
+    sl = random_slots(gen, n, max_batch or n, always=always)
     tok = fam.tokens(gen, (len(sl),), dtype)
     y = ref.step(sl, **tok, **layer)
     yc = conv.step(sl, tok, layer)
@@ -95,17 +99,22 @@ def _new_stats() -> Dict:
 
 
 def run_decode(fam: Family, L: int, steps: int, seed: int, num_slots: int = 4,
-               read_format: Optional[str] = None, out_rtol: float = 1e-12, state_rtol: float = 1e-12,
-               check_every: int = 25, dtype=torch.float64) -> Dict:
-    """Standard decode (T = 1 steps) for ``steps`` steps with window ``L``."""
+               max_batch: Optional[int] = None, read_format: Optional[str] = None,
+               out_rtol: float = 1e-12, state_rtol: float = 1e-12, check_every: int = 25,
+               dtype=torch.float64) -> Dict:
+    """Standard decode (T = 1 steps) for ``steps`` steps with window ``L``; each step's batch is
+    a random subset (1..max_batch, default num_slots) of the slots in random order plus pads.
+    Slot 0 is in every batch and never reset or reloaded, so one sequence runs all ``steps``
+    tokens; the others are reset / loaded mid-window at random."""
     gen = generator(seed)
     ref = fam.make_ref(num_slots, L, 1, dtype, read_format)
     conv = fam.conventional(num_slots)
     layer = fam.layer(gen)
     stats = _new_stats()
     for step in range(steps):
-        _events(fam, ref, conv, gen, 0.02, 0.03, stats)
-        _step(fam, ref, conv, layer, gen, out_rtol, f"{fam.name} L={L} step {step}: output", seed, stats, dtype)
+        _events(fam, ref, conv, gen, 0.02, 0.03, stats, keep=(0,))
+        _step(fam, ref, conv, layer, gen, out_rtol, f"{fam.name} L={L} step {step}: output", seed, stats,
+              dtype, max_batch, always=0)
         if step % check_every == check_every - 1 or step == steps - 1:
             err = check_states(ref, conv, state_rtol, f"{fam.name} L={L} step {step}", seed, gen,
                                flush=_rand(gen) < 0.3)
@@ -313,8 +322,9 @@ def run_lowprec(fam: Family, L: int, read_format: str, rounds: int, seed: int, m
 
     After an implicit fold the shadow is invalid until the next explicit flush (the fold-step's
     record was computed from ``S_hp``). Also returns the aggregate relative output error vs the
-    exact oracle, ``agg_rel_err = ||y - y_exact|| / ||y_exact||`` over all rows and steps, and
-    ``max_row_err`` (worst row-wise relative 2-norm error) for the caller to bound loosely.
+    exact oracle, ``agg_rel_err = ||y - y_exact|| / ||y_exact||`` over all rows and steps,
+    ``row_errs`` (each row's relative 2-norm error) and ``max_row_err`` for the caller to bound
+    loosely.
     """
     gen = generator(seed)
     ref = fam.make_ref(num_slots, L, max_draft, torch.float64, read_format)
@@ -323,7 +333,7 @@ def run_lowprec(fam: Family, L: int, read_format: str, rounds: int, seed: int, m
     valid = [True] * num_slots
     layer = fam.layer(gen)
     stats = _new_stats()
-    stats.update(exact_hp=0, exact_shadow=0, max_row_err=0.0)
+    stats.update(exact_hp=0, exact_shadow=0, max_row_err=0.0, row_errs=[])
     sq_err = sq_ref = 0.0
 
     def resync(slots):
@@ -385,7 +395,8 @@ def run_lowprec(fam: Family, L: int, read_format: str, rounds: int, seed: int, m
             e = float(yc.norm()) ** 2
             sq_err += d
             sq_ref += e
-            stats["max_row_err"] = max(stats["max_row_err"], (d / max(e, 1e-300)) ** 0.5)
+            stats["row_errs"].append((d / max(e, 1e-300)) ** 0.5)
+            stats["max_row_err"] = max(stats["max_row_err"], stats["row_errs"][-1])
         if rnd % check_every == check_every - 1 or rnd == rounds - 1:
             flush = _rand(gen) < 0.5
             err = check_states(ref, conv, rtol, what, seed, gen, flush=flush)

@@ -87,12 +87,19 @@ def token_slice(tok: Tensors, row: int, t: Optional[int] = None) -> Tensors:
     return {k: v[row:row + 1, t] for k, v in tok.items()}
 
 
-def random_slots(gen, num_slots: int, max_batch: int, pad_prob: float = 0.2) -> list:
-    """A random batch: a random-size subset of slots in random order, with -1 pad rows mixed in."""
-    n = int(torch.randint(1, max_batch + 1, (1,), generator=gen))
-    perm = torch.randperm(num_slots, generator=gen)[:n].tolist()
+def random_slots(gen, num_slots: int, max_batch: int, pad_prob: float = 0.2,
+                 always: Optional[int] = None, exclude: Sequence[int] = ()) -> list:
+    """A random batch: a random-size (1..max_batch) subset of the slots in random order, with -1
+    pad rows mixed in. ``always``: a slot included in every batch (at a random row);
+    ``exclude``: slots never drawn."""
+    pool = [s for s in range(num_slots) if s != always and s not in exclude]
+    extra = 0 if always is None else 1
+    n = int(torch.randint(1 - extra, max_batch - extra + 1, (1,), generator=gen))
+    chosen = [pool[i] for i in torch.randperm(len(pool), generator=gen)[:n].tolist()]
+    if always is not None:
+        chosen.insert(int(torch.randint(0, len(chosen) + 1, (1,), generator=gen)), always)
     out = []
-    for s in perm:
+    for s in chosen:
         if float(torch.rand((), generator=gen)) < pad_prob:
             out.append(-1)
         out.append(s)

@@ -1,0 +1,172 @@
+"""CPU tests of the low-precision read-copy emulation (replayssm.reference.quant).
+
+Fresh random data per test (seed printed and in every message; REPLAYSSM_TEST_SEED reruns one).
+"""
+
+import pytest
+import torch
+
+from replayssm.reference import (READ_FORMATS, dequantize_fp8_e4m3_rows, fake_quant,
+                                 fake_quant_fp8_e4m3, fake_quant_nvfp4, quantize_fp8_e4m3_rows,
+                                 quantize_nvfp4, round_to_e2m1)
+from replayssm.reference.testing import generator, new_seed
+
+E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
+
+
+@pytest.fixture
+def seed():
+    s = new_seed()
+    print(f"seed={s}")
+    return s
+
+
+def _wide(gen, shape, dtype=torch.float64):
+    """Values spanning several decades within a row, both signs, a few exact zeros."""
+    x = torch.randn(shape, generator=gen, dtype=dtype) * torch.exp(2.0 * torch.randn(shape, generator=gen, dtype=dtype))
+    x[torch.rand(shape, generator=gen) < 0.02] = 0.0
+    return x
+
+
+def _e4m3_values(gen, shape):
+    """Random finite e4m3 values (every bit pattern except NaN)."""
+    bits = torch.randint(0, 256, shape, generator=gen, dtype=torch.uint8)
+    v = bits.view(torch.float8_e4m3fn).to(torch.float32)
+    return torch.where(torch.isnan(v), torch.zeros_like(v), v)
+
+
+# ---------------------------------------------------------------------------- fp8 e4m3
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_fp8_roundtrip_error_bound(seed, dtype):
+    """Per element: |err| <= 2^-4 |x| (normal range; half an ulp of a 3-bit mantissa) plus half the
+    subnormal step 2^-10 * scale, plus fp32 rounding slack; hence also <= 6.25% of the row max."""
+    gen = generator(seed)
+    x = _wide(gen, (4, 8, 64), dtype)
+    d = fake_quant_fp8_e4m3(x)
+    assert d.shape == x.shape and d.dtype == dtype, f"seed={seed}"
+    assert bool(torch.isfinite(d).all()), f"seed={seed}"
+    err = (d.double() - x.double()).abs()
+    amax = x.double().abs().amax(-1, keepdim=True)
+    scale = amax / 448
+    bound = x.double().abs() * 2.0 ** -4 + scale * 2.0 ** -10 + 1e-6 * x.double().abs()
+    assert bool((err <= bound).all()), f"fp8 element bound violated by {float((err - bound).max()):.3e} (seed={seed})"
+    assert bool((err <= 0.0625 * amax * (1 + 1e-6)).all()), f"fp8 row-max bound violated (seed={seed})"
+    rel = float((err / amax.clamp_min(1e-300)).max())
+    assert rel > 1e-3, f"suspiciously exact fp8 round trip ({rel:.2e}) (seed={seed})"
+
+
+def test_fp8_codes_and_scales(seed):
+    gen = generator(seed)
+    x = _wide(gen, (3, 5, 32))
+    codes, scale = quantize_fp8_e4m3_rows(x)
+    assert codes.dtype == torch.float8_e4m3fn and codes.shape == x.shape, f"seed={seed}"
+    assert scale.dtype == torch.float32 and scale.shape == (3, 5, 1), f"seed={seed}"
+    assert torch.equal(scale, x.float().abs().amax(-1, keepdim=True) / 448), f"scale = amax/448 (seed={seed})"
+    assert float(codes.float().abs().amax(-1).min()) == 448.0, f"each row's max maps to 448 (seed={seed})"
+    assert torch.equal(dequantize_fp8_e4m3_rows(codes, scale, torch.float64), fake_quant_fp8_e4m3(x)), f"seed={seed}"
+
+
+def test_fp8_exact_on_representable_values(seed):
+    """Rows of e4m3 values times a power-of-two scale, each holding a +-448: round trip exact."""
+    gen = generator(seed)
+    v = _e4m3_values(gen, (6, 32))
+    v[:, 0] = torch.where(torch.rand(6, generator=gen) < 0.5, 448.0, -448.0)
+    p2 = 2.0 ** torch.randint(-20, 10, (6, 1), generator=gen).to(torch.float32)
+    x = (v * p2).to(torch.float64)
+    assert torch.equal(fake_quant_fp8_e4m3(x), x), f"seed={seed}"
+
+
+def test_fp8_rows_are_independent(seed):
+    """One scale per row: scaling a row by 2^k scales its result by 2^k and leaves others alone."""
+    gen = generator(seed)
+    x = _wide(gen, (4, 16))
+    y = x.clone()
+    y[2] *= 2.0 ** 7
+    dx, dy = fake_quant_fp8_e4m3(x), fake_quant_fp8_e4m3(y)
+    assert torch.equal(dy[2], dx[2] * 2.0 ** 7) and torch.equal(dy[[0, 1, 3]], dx[[0, 1, 3]]), f"seed={seed}"
+
+
+def test_zero_rows():
+    x = torch.zeros(2, 3, 32, dtype=torch.float64)
+    x[1, 1] = torch.linspace(-1, 1, 32, dtype=torch.float64)
+    for fn in (fake_quant_fp8_e4m3, fake_quant_nvfp4):
+        d = fn(x)
+        assert bool(torch.isfinite(d).all()) and bool((d[0] == 0).all()) and bool((d[1, 0] == 0).all())
+
+
+# ---------------------------------------------------------------------------- e2m1 / nvfp4
+def test_e2m1_rounding_table():
+    vals = torch.tensor(E2M1, dtype=torch.float64)
+    assert torch.equal(round_to_e2m1(vals), vals) and torch.equal(round_to_e2m1(-vals), -vals)
+    ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
+    even = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0], dtype=torch.float64)   # ties to even mantissa
+    assert torch.equal(round_to_e2m1(ties), even) and torch.equal(round_to_e2m1(-ties), -even)
+    near = torch.tensor([0.26, 0.74, 1.3, 2.49, 2.51, 4.9, 5.1, 6.0, 7.5, 100.0], dtype=torch.float64)
+    assert round_to_e2m1(near).tolist() == [0.5, 0.5, 1.5, 2.0, 3.0, 4.0, 6.0, 6.0, 6.0, 6.0]
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+def test_nvfp4_roundtrip_error_bound(seed, dtype):
+    """Per element: |err| <= (1 + 2^-4) * amax(block) / 6 (at most one e2m1 step of 1 at the top
+    of the range, e4m3 block-scale rounding included) + 3e-6 * amax(row) (subnormal block scales):
+    about 18% of the block max — coarser than fp8."""
+    gen = generator(seed)
+    x = _wide(gen, (4, 8, 64), dtype)
+    d = fake_quant_nvfp4(x)
+    assert d.shape == x.shape and d.dtype == dtype and bool(torch.isfinite(d).all()), f"seed={seed}"
+    err = (d.double() - x.double()).abs()
+    xb = x.double().reshape(4, 8, 4, 16)
+    bmax = xb.abs().amax(-1, keepdim=True).expand_as(xb).reshape(x.shape)
+    rmax = x.double().abs().amax(-1, keepdim=True)
+    bound = (1 + 2.0 ** -4) * bmax / 6 + 3e-6 * rmax
+    assert bool((err <= bound).all()), f"nvfp4 bound violated by {float((err - bound).max()):.3e} (seed={seed})"
+    e_fp8 = (fake_quant_fp8_e4m3(x).double() - x.double()).abs().mean()
+    assert float(err.mean()) > float(e_fp8), f"nvfp4 should be coarser than fp8 (seed={seed})"
+
+
+def test_nvfp4_codes_and_scales(seed):
+    gen = generator(seed)
+    x = _wide(gen, (3, 48))
+    codes, bs, rs = quantize_nvfp4(x)
+    assert codes.shape == (3, 48) and codes.dtype == torch.float32, f"seed={seed}"
+    assert bs.shape == (3, 3) and bs.dtype == torch.float8_e4m3fn, f"seed={seed}"
+    assert rs.shape == (3, 1) and rs.dtype == torch.float32, f"seed={seed}"
+    grid = set(E2M1) | {-v for v in E2M1}
+    assert set(codes.unique().tolist()) <= grid, f"codes off the e2m1 grid (seed={seed})"
+    assert float(bs.float().amax(-1).min()) == 448.0, f"the row's top block uses scale 448 (seed={seed})"
+
+
+def test_nvfp4_exact_on_representable_values(seed):
+    """Rows built as e2m1 * e4m3 block scale * power-of-two row scale, with the row's top block at
+    scale 448 holding a +-6 and every block holding a +-6: round trip exact."""
+    gen = generator(seed)
+    rows, nb = 5, 4
+    codes = torch.tensor(E2M1)[torch.randint(0, 8, (rows, nb, 16), generator=gen)]
+    codes = codes * torch.where(torch.rand(rows, nb, 16, generator=gen) < 0.5, -1.0, 1.0)
+    codes[..., 3] = 6.0
+    bs = _e4m3_values(gen, (rows, nb)).abs()
+    bs = torch.where(bs < 2.0 ** -6, torch.ones_like(bs), bs)     # normal block scales
+    bs[:, 0] = 448.0
+    r = 2.0 ** torch.randint(-16, 4, (rows, 1, 1), generator=gen).to(torch.float32)
+    x = (codes * bs[..., None] * r).reshape(rows, nb * 16).to(torch.float64)
+    assert torch.equal(fake_quant_nvfp4(x), x), f"seed={seed}"
+
+
+def test_nvfp4_needs_blocks_of_16():
+    with pytest.raises(ValueError, match=r"multiple of 16, got shape \(2, 24\)"):
+        fake_quant_nvfp4(torch.zeros(2, 24))
+
+
+# ---------------------------------------------------------------------------- dispatch
+def test_fake_quant_dispatch(seed):
+    gen = generator(seed)
+    x = _wide(gen, (2, 32))
+    assert READ_FORMATS == (None, "float8_e4m3fn", "nvfp4")
+    c = fake_quant(x, None)
+    assert torch.equal(c, x) and c.data_ptr() != x.data_ptr()
+    assert torch.equal(fake_quant(x, "float8_e4m3fn"), fake_quant_fp8_e4m3(x))
+    assert torch.equal(fake_quant(x, "nvfp4"), fake_quant_nvfp4(x))
+    with pytest.raises(ValueError, match=r"'read_format' must be one of .* got 'fp4'"):
+        fake_quant(x, "fp4")
+    with pytest.raises(TypeError, match="'x' must have a floating dtype"):
+        fake_quant_fp8_e4m3(torch.zeros(2, 4, dtype=torch.int32))
