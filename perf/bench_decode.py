@@ -104,7 +104,7 @@ def bench_mamba2_pool(args, shape, batch, algorithm, rows, gen, reps):
     flush_pos = max(range(L), key=lambda i: by_pos[i]) if algorithm == "replay" else None
     nonflush = statistics.median([t for i, t in enumerate(by_pos) if i != flush_pos])
     assert cache.check_errors() == 0
-    return dict(us_per_step=t_window, us_nonflush=nonflush,
+    return dict(rows_used=w._rows, us_per_step=t_window, us_nonflush=nonflush,
                 us_flush=by_pos[flush_pos] if flush_pos is not None else None)
 
 
@@ -145,7 +145,8 @@ def bench_mamba2_layers(args, shape, batch, algorithm, rows, gen, reps, layers=1
         b.record()
         b.synchronize()
         samples.append(a.elapsed_time(b) * 1e3 / (L * layers))
-    return dict(us_per_step=statistics.median(samples), us_single_replay=time_graph(g1, reps=reps))
+    return dict(rows_used=w._rows, us_per_step=statistics.median(samples),
+                us_single_replay=time_graph(g1, reps=reps))
 
 
 def run_mamba2(args):
@@ -185,7 +186,7 @@ def run_mamba2(args):
                     row["bandwidth_TBps"] = nbytes / (r["us_per_step"] * 1e-6) / 1e12
                     row["fraction_of_floor"] = floor / r["us_per_step"]
                     rows_out.append(row)
-                    print(f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} rows={rows} "
+                    print(f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} rows={r['rows_used']} "
                           f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
                           f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
                           f"({row['fraction_of_floor']:.2f}) {row['bandwidth_TBps']:.2f} TB/s", flush=True)

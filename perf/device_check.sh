@@ -17,5 +17,6 @@ if [[ $what == tests || $what == all ]]; then
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 perf/bench_decode.py --family mamba2 --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+  [[ $rc == 0 ]] && rc=${PIPESTATUS[0]}
 fi
 exit $rc

@@ -116,7 +116,7 @@ class Mamba2DecodeWrapper:
         self._slots[:batch].copy_(slot_indices, non_blocking=True)
         self._batch = batch
         self._rows = self._rows_override or m2.default_rows_per_cta(
-            self.dims.head_dim, batch, self.dims.nheads, m2.sm_count(self.device))
+            self.dims.head_dim, batch, self.dims.nheads, self.algorithm)
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
         """One decode step for the planned rows. Launch only: capturable in a CUDA graph.

@@ -91,12 +91,13 @@ def sm_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def default_rows_per_cta(P: int, batch: int, nheads: int, sms: int) -> int:
-    """Smallest tile that still gives every SM several CTAs: small batches split P finely."""
-    for rows in (64, 32):
-        if P % rows == 0 and batch * nheads * (P // rows) >= 16 * sms:
-            return rows
-    return 16
+def default_rows_per_cta(P: int, batch: int, nheads: int, algorithm: str = "replay") -> int:
+    """Rows of P per CTA, from H200 sweeps (perf/results/): the replay kernel wants the largest
+    tile once there are enough of them (batch * H >= 512), 32 rows below; the conventional
+    kernel is best at 32 rows throughout."""
+    if algorithm == "replay" and P % 64 == 0 and batch * nheads >= 512:
+        return 64
+    return 32 if P % 32 == 0 else 16
 
 
 def check_rows_per_cta(rows: int, P: int) -> int:
