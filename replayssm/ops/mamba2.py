@@ -22,7 +22,7 @@ from .abi import ScalarArg, SlotArg, c_ptr, current_stream, i32, i64, ptr, scala
 from .generators import mamba2_decode_spec
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, per_head_stride
 
-ROWS_CHOICES = (16, 32, 64)
+ROWS_CHOICES = (16, 32, 64, 80)
 
 
 class StatePool(ctypes.Structure):
@@ -94,9 +94,11 @@ def sm_count(device: torch.device) -> int:
 def default_rows_per_cta(P: int, batch: int, nheads: int, algorithm: str = "replay") -> int:
     """Rows of P per CTA, from H200 sweeps (perf/results/): the replay kernel wants the largest
     tile once there are enough of them (batch * H >= 512), 32 rows below; the conventional
-    kernel is best at 32 rows throughout."""
-    if algorithm == "replay" and P % 64 == 0 and batch * nheads >= 512:
-        return 64
+    kernel is best at 32 rows throughout (16 when 32 does not divide P)."""
+    if algorithm == "replay" and batch * nheads >= 512:
+        for rows in (64, 80):  # a whole head (P = 80) when 64 does not divide P
+            if P % rows == 0:
+                return rows
     return 32 if P % 32 == 0 else 16
 
 

@@ -157,6 +157,9 @@ class TestMamba2DecodeFeatures:
     def test_every_tiling(self, algorithm, rows):
         run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=rows)
 
+    def test_whole_head_tile_P80(self, algorithm):
+        run_sequence({**BASE, "P": 80}, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=80)
+
     def test_large_batch_model_shape(self, algorithm):
         cfg = {**BASE, "H": 128, "G": 8}
         run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=self.gen(), churn=False)

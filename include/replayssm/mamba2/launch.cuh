@@ -9,7 +9,7 @@
 namespace replayssm {
 namespace mamba2 {
 
-// Calls f(std::integral_constant<int, ROWS>) for the rows-per-CTA value in p (16, 32 or 64).
+// Calls f(std::integral_constant<int, ROWS>) for the rows-per-CTA value in p (16, 32, 64 or 80).
 template <int P, typename F>
 cudaError_t dispatch_rows(int rows, F&& f) {
   switch (rows) {
@@ -20,6 +20,9 @@ cudaError_t dispatch_rows(int rows, F&& f) {
       break;
     case 64:
       if constexpr (P % 64 == 0) return f(std::integral_constant<int, 64>{});
+      break;
+    case 80:
+      if constexpr (P % 80 == 0) return f(std::integral_constant<int, 80>{});
       break;
     default:
       break;
@@ -65,6 +68,8 @@ struct ReplayDecode {
       if (e == cudaSuccess) e = prepare_rows<32>();
     if constexpr (P % 64 == 0)
       if (e == cudaSuccess) e = prepare_rows<64>();
+    if constexpr (P % 80 == 0)
+      if (e == cudaSuccess) e = prepare_rows<80>();
     return e;
   }
 };
@@ -84,6 +89,8 @@ struct ConventionalDecode {
       if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, P, N, 32>);
     if constexpr (P % 64 == 0)
       if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, P, N, 64>);
+    if constexpr (P % 80 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, P, N, 80>);
     return e;
   }
 };

@@ -68,7 +68,7 @@ struct DecodeParams {
   int32_t nheads;
   int32_t ngroups;
   int32_t dt_softplus;
-  int32_t rows_per_cta;  // runtime tiling choice: 16, 32 or 64 (must divide P)
+  int32_t rows_per_cta;  // runtime tiling choice: 16, 32, 64 or 80 (must divide P)
   int32_t reserved;
 };
 
