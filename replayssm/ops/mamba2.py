@@ -92,13 +92,14 @@ def sm_count(device: torch.device) -> int:
 
 
 def default_rows_per_cta(P: int, batch: int, nheads: int, algorithm: str = "replay") -> int:
-    """Rows of P per CTA, from H200 sweeps (perf/results/): the replay kernel wants the largest
-    tile once there are enough of them (batch * H >= 512), 32 rows below; the conventional
-    kernel is best at 32 rows throughout (16 when 32 does not divide P)."""
-    if algorithm == "replay" and batch * nheads >= 512:
-        for rows in (64, 80):  # a whole head (P = 80) when 64 does not divide P
-            if P % rows == 0:
-                return rows
+    """Rows of P per CTA, from H200 sweeps (perf/results/decode_mamba2_*h200.json): once there
+    are enough tiles (batch * H >= 512) the replay kernel wants 64 rows and both kernels want a
+    whole head when P = 80; below that, 32 rows (16 when 32 does not divide P)."""
+    if batch * nheads >= 512:
+        if algorithm == "replay" and P % 64 == 0:
+            return 64
+        if P % 80 == 0:
+            return 80
     return 32 if P % 32 == 0 else 16
 
 
