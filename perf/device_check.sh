@@ -8,6 +8,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 export PYTHONUNBUFFERED=1
 export REPLAYSSM_CACHE_DIR=${REPLAYSSM_CACHE_DIR:-/tmp/replayssm_cache}
+# the device copy has no .git: pass REPLAYSSM_COMMIT=<hash> in the command
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 rc=0
