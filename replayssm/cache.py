@@ -38,8 +38,11 @@ class Mamba2Cache:
     def __init__(self, num_slots: int, nheads: int, head_dim: int, state_dim: int, ngroups: int, *,
                  window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
                  device=None):
+        from .wrappers import as_dtype, check_mamba2_config
+
+        check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
+        state_dtype, io_dtype = as_dtype("state_dtype", state_dtype), as_dtype("io_dtype", io_dtype)
         self.dims = Mamba2Dims(nheads, head_dim, state_dim, ngroups)
-        self.dims.validate()
         if not isinstance(num_slots, int) or num_slots < 1:
             raise ValueError(f"num_slots: expected a positive int, got {num_slots!r}")
         if not isinstance(max_draft, int) or not 1 <= max_draft <= 16:

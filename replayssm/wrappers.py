@@ -23,21 +23,43 @@ from .ops.validate import check_slot_indices
 ALGORITHMS = ("replay", "conventional")
 
 
+IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def as_dtype(arg: str, value) -> torch.dtype:
+    """torch.dtype, or its name ('bfloat16', 'torch.bfloat16'), -> torch.dtype."""
+    if isinstance(value, torch.dtype):
+        return value
+    if isinstance(value, str) and isinstance(getattr(torch, value.removeprefix("torch."), None), torch.dtype):
+        return getattr(torch, value.removeprefix("torch."))
+    raise TypeError(f"{arg}: expected a torch.dtype or its name, got {value!r}")
+
+
+def check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype):
+    """Raise ValueError/TypeError unless a Mamba-2 kernel exists for this configuration."""
+    m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups).validate()
+    if window not in WINDOWS:
+        raise ValueError(f"window (L): expected one of {list(WINDOWS)}, got {window!r}")
+    for arg, v in (("state_dtype", state_dtype), ("io_dtype", io_dtype)):
+        if as_dtype(arg, v) not in IO_DTYPES:
+            raise ValueError(f"{arg}: expected one of float32, bfloat16, float16, got {v!r}")
+
+
 def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
-    """Capture-safe probe: does a kernel exist for this configuration? Returns (ok, reason)."""
+    """Capture-safe probe: does a kernel exist for this configuration? Returns (ok, reason).
+
+    mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), window (16),
+    state_dtype (float32), io_dtype (bfloat16); dtypes as torch.dtype or name."""
     if family != "mamba2":
-        return False, f"family {family!r} has no kernels yet"
+        return False, f"family {family!r} has no kernels yet (available: 'mamba2')"
+    missing = [k for k in ("nheads", "head_dim", "state_dim") if k not in config]
+    if missing:
+        return False, f"missing configuration key(s): {', '.join(missing)}"
     try:
-        dims = m2.Mamba2Dims(config["nheads"], config["head_dim"], config["state_dim"], config.get("ngroups", 1))
-        dims.validate()
-        for arg, v, allowed in (("window", config.get("window", 16), WINDOWS),
-                                ("state_dtype", config.get("state_dtype", torch.float32),
-                                 (torch.float32, torch.bfloat16, torch.float16)),
-                                ("io_dtype", config.get("io_dtype", torch.bfloat16),
-                                 (torch.float32, torch.bfloat16, torch.float16))):
-            if v not in allowed:
-                raise ValueError(f"{arg}: expected one of {list(allowed)}, got {v!r}")
-    except (KeyError, ValueError) as e:
+        check_mamba2_config(config["nheads"], config["head_dim"], config["state_dim"], config.get("ngroups", 1),
+                            config.get("window", 16), config.get("state_dtype", torch.float32),
+                            config.get("io_dtype", torch.bfloat16))
+    except (TypeError, ValueError) as e:
         return False, str(e)
     return True, "ok"
 
@@ -54,10 +76,8 @@ class Mamba2DecodeWrapper:
                  state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int,
                  algorithm: str = "replay", dt_softplus: bool = True, pad_slot_id: int = -1,
                  rows_per_cta: int | None = None, device=None, debug: bool = False):
-        ok, why = supported("mamba2", nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups,
-                            window=window, state_dtype=state_dtype, io_dtype=io_dtype)
-        if not ok:
-            raise ValueError(why)
+        check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
+        state_dtype, io_dtype = as_dtype("state_dtype", state_dtype), as_dtype("io_dtype", io_dtype)
         if algorithm not in ALGORITHMS:
             raise ValueError(f"algorithm: expected one of {list(ALGORITHMS)}, got {algorithm!r}")
         if not isinstance(max_batch, int) or max_batch < 1:

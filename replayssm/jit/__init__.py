@@ -1,5 +1,14 @@
-"""JIT machinery: specializations, rendering, nvcc/ninja builds, the module cache, loading."""
+"""JIT machinery: specializations, rendering, nvcc/ninja builds, the module cache, loading.
 
+``replayssm.jit.build`` is the *function* :func:`build`; the module that defines it is
+``replayssm.jit.builder`` (import names from it as ``from replayssm.jit.build import plan``).
+"""
+
+# Import the submodule first, then bind the functions: importing ``replayssm.jit.build`` sets the
+# package attribute ``build`` to the module, which would otherwise shadow the function ``build``
+# depending on import order.
+from . import build as builder
+from .build import build, get_module
 from .env import configure, settings
 from .errors import CompileError, JitError, MissingModuleError, ToolchainError
 from .spec import Specialization, render
@@ -11,20 +20,9 @@ __all__ = [
     "settings",
     "get_module",
     "build",
+    "builder",
     "JitError",
     "CompileError",
     "MissingModuleError",
     "ToolchainError",
 ]
-
-
-def get_module(spec):
-    from .build import get_module as _get
-
-    return _get(spec)
-
-
-def build(spec, archs=None):
-    from .build import build as _build
-
-    return _build(spec, archs)

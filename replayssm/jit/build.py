@@ -141,9 +141,53 @@ def publish(build_dir: Path, root: Path, bp: BuildPlan, compiler: str) -> Path:
         "nvcc": compiler,
         "flags": bp.flags,
         "built_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "spec": dataclasses.asdict(bp.spec),  # lets `replayssm info` tell current from stale
     }
     _atomic_write(mod_dir / META, json.dumps(meta, indent=1))
     return mod_dir
+
+
+def spec_from_meta(meta: dict) -> Specialization | None:
+    """The Specialization recorded in a module's meta.json (None for foreign or old metadata)."""
+    d = meta.get("spec")
+    if not isinstance(d, dict):
+        return None
+    try:
+        d = dict(d)
+        d["dims"] = tuple((str(k), int(v)) for k, v in d["dims"])
+        d["flags"] = tuple(d.get("flags", ()))
+        return Specialization(**d)
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def module_status(mod_dir: Path) -> str:
+    """'current', 'stale (...)' or 'incomplete (...)' for a module directory, judged against the
+    sources, flags and compiler this process would build with."""
+    meta = _read_meta(mod_dir)
+    if meta is None:
+        return "incomplete (no meta.json: ignored, rebuilt on use)"
+    name = meta.get("name", mod_dir.name)
+    if not (mod_dir / f"{name}.so").is_file():
+        return "incomplete (no .so: ignored, rebuilt on use)"
+    spec = spec_from_meta(meta)
+    if spec is None or not meta.get("archs"):
+        return "unknown (meta.json names no specialization)"
+    try:
+        bp = plan(spec, tuple(meta["archs"]))
+    except Exception as e:  # a template that no longer renders it, a removed generator, ...
+        return f"stale (cannot re-plan: {type(e).__name__})"
+    if bp.src_hash != meta.get("source_hash"):
+        return "stale (sources, headers or flags changed since the build; rebuilt on use)"
+    nvcc = env.find_nvcc()
+    if nvcc is not None:
+        try:
+            compiler = env.nvcc_version(str(nvcc))
+        except (OSError, subprocess.SubprocessError):
+            compiler = None
+        if compiler and meta.get("fingerprint") != bp.fingerprint(compiler):
+            return f"stale (built by {meta.get('nvcc')}, nvcc is now {compiler}; rebuilt on use)"
+    return "current"
 
 
 # ----------------------------------------------------------------------------------------

@@ -69,8 +69,11 @@ class Mamba2Dims:
     def validate(self) -> None:
         from .generators import MAMBA2_N, MAMBA2_P
 
-        for arg, v in (("nheads", self.nheads), ("ngroups", self.ngroups)):
-            if not isinstance(v, int) or v < 1:
+        for arg, v in (("nheads", self.nheads), ("ngroups", self.ngroups), ("head_dim", self.head_dim),
+                       ("state_dim", self.state_dim)):
+            if isinstance(v, bool) or not isinstance(v, int):
+                raise TypeError(f"{arg}: expected a positive int, got {type(v).__name__} {v!r}")
+            if v < 1:
                 raise ValueError(f"{arg}: expected a positive int, got {v!r}")
         if self.nheads % self.ngroups:
             raise ValueError(f"nheads % ngroups: expected 0, got nheads={self.nheads}, ngroups={self.ngroups}")

@@ -1,5 +1,5 @@
 // Parameters of the Mamba-2 decode kernels: raw pointers and element strides only.
-// Mirrored field by field in replayssm/ops/mamba2_params.py; the module checks sizeof at load.
+// Mirrored field by field in replayssm/ops/mamba2.py (ctypes); the module checks sizeof at load.
 #pragma once
 
 #include <cstdint>

@@ -1,0 +1,292 @@
+"""Specialization naming, dtype codes, arch handling, settings, rendering and generator checks.
+
+No compiler needed: everything here is Python and Jinja.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from replayssm._version import __version__
+from replayssm.jit import env
+from replayssm.jit.spec import CTYPES, Specialization, dtype_code, fingerprint, header_digest, render, source_hash
+from replayssm.ops.generators import (MAMBA2_MODEL_SHAPES, MAMBA2_N, MAMBA2_P, WINDOWS, aot_specializations,
+                                      compile_check_specializations, mamba2_decode_spec)
+
+REPLAY = mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16)
+CONV = mamba2_decode_spec("conventional_decode", 80, 256, torch.bfloat16, torch.float16)
+
+
+# ------------------------------------------------------------------------------ naming
+def test_names_are_readable_and_complete():
+    assert REPLAY.name == "mamba2_replay_decode_P64_N128_L16_T1_f32_bf16"
+    assert CONV.name == "mamba2_conventional_decode_P80_N256_T1_bf16_f16"
+
+
+def test_conventional_ignores_window():
+    a = mamba2_decode_spec("conventional_decode", 64, 128, "float32", "bfloat16", L=16)
+    b = mamba2_decode_spec("conventional_decode", 64, 128, "float32", "bfloat16")
+    assert a == b and a.L is None and "_L" not in a.name
+
+
+def test_name_changes_with_every_key_field():
+    base = dict(op="replay_decode", P=64, N=128, state_dtype="float32", io_dtype="bfloat16", L=16)
+    variants = [dict(op="conventional_decode"), dict(P=80), dict(N=256), dict(state_dtype="float16"),
+                dict(io_dtype="float32"), dict(L=32)]
+    names = {mamba2_decode_spec(**{**base, **v}).name for v in variants} | {mamba2_decode_spec(**base).name}
+    assert len(names) == len(variants) + 1
+
+
+def test_flags_enter_the_name():
+    s = Specialization("mamba2", "replay_decode", "mamba2_decode.cu.jinja", (("P", 64), ("N", 128)),
+                       "f32", "bf16", L=16, flags=("nogate",))
+    assert s.name.endswith("_f32_bf16_nogate")
+
+
+def test_names_are_safe_file_and_c_identifiers():
+    for s in aot_specializations() + compile_check_specializations():
+        assert re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", s.name), s.name
+
+
+def test_declared_sets_have_unique_names():
+    for specs in (aot_specializations(), compile_check_specializations()):
+        names = [s.name for s in specs]
+        assert len(names) == len(set(names))
+
+
+# ------------------------------------------------------------------------------ dtypes
+@pytest.mark.parametrize("given,code", [
+    (torch.float32, "f32"), (torch.bfloat16, "bf16"), (torch.float16, "f16"),
+    ("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"),
+    ("torch.bfloat16", "bf16"), ("f32", "f32"), ("bf16", "bf16"), ("f16", "f16"),
+])
+def test_dtype_code(given, code):
+    assert dtype_code(given) == code
+
+
+@pytest.mark.parametrize("bad", [torch.float64, torch.int32, "fp8", "half"])
+def test_dtype_code_rejects_unsupported(bad):
+    with pytest.raises(ValueError, match=r"dtype: expected one of float32, bfloat16, float16, got") as ei:
+        dtype_code(bad)
+    assert str(bad) in str(ei.value) or repr(bad) in str(ei.value)
+
+
+def test_specialization_rejects_unknown_dtype_code():
+    with pytest.raises(ValueError, match=r"dtype code: expected one of .*got 'f64'"):
+        Specialization("mamba2", "replay_decode", "mamba2_decode.cu.jinja", (("P", 64),), "f64", "bf16")
+
+
+def test_ctypes_cover_every_code():
+    assert CTYPES == {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
+
+
+# ------------------------------------------------------------------------------ generator validation
+@pytest.mark.parametrize("kwargs,arg,got", [
+    (dict(op="prefill"), "op", "'prefill'"),
+    (dict(P=96), "P (head dim)", "96"),
+    (dict(N=32), "N (state dim)", "32"),
+    (dict(L=12), "L (window)", "12"),
+    (dict(L=None), "L (window)", "None"),
+    (dict(state_dtype=torch.float64), "dtype", "torch.float64"),
+    (dict(io_dtype="int8"), "dtype", "'int8'"),
+])
+def test_generator_rejects_unsupported(kwargs, arg, got):
+    args = {**dict(op="replay_decode", P=64, N=128, state_dtype="float32", io_dtype="bfloat16", L=16), **kwargs}
+    with pytest.raises(ValueError) as ei:
+        mamba2_decode_spec(**args)
+    msg = str(ei.value)
+    assert msg.startswith(f"{arg}: expected"), msg
+    assert msg.endswith(f"got {got}"), msg
+
+
+def test_compile_check_set_covers_every_option():
+    specs = compile_check_specializations()
+    seen = {k: {getattr(s, k) for s in specs} for k in ("op", "state_dtype", "io_dtype")}
+    assert seen["op"] == {"replay_decode", "conventional_decode"}
+    assert seen["state_dtype"] == set(CTYPES) and seen["io_dtype"] == set(CTYPES)
+    assert {dict(s.dims)["P"] for s in specs} == set(MAMBA2_P)
+    assert {dict(s.dims)["N"] for s in specs} == set(MAMBA2_N)
+    assert {s.L for s in specs if s.L is not None} == set(WINDOWS)
+
+
+def test_aot_set_covers_the_benchmark_model_shapes():
+    specs = aot_specializations()
+    shapes = {(dict(s.dims)["P"], dict(s.dims)["N"]) for s in specs}
+    # docs/benchmarks.md: Nemotron-3-Super/H-8B/Nano (64, 128), H-47B/56B (64, 256), Nano-9B-v2 (80, 128)
+    assert shapes == {(64, 128), (64, 256), (80, 128)} == set(MAMBA2_MODEL_SHAPES.values())
+    for P, N in shapes:
+        for op in ("replay_decode", "conventional_decode"):
+            assert any(s.op == op and dict(s.dims) == {"P": P, "N": N} and s.state_dtype == "f32"
+                       and s.io_dtype == "bf16" for s in specs), (op, P, N)
+    assert REPLAY.name in {s.name for s in specs}
+
+
+# ------------------------------------------------------------------------------ rendering
+def _typedef(src: str, alias: str) -> str:
+    m = re.search(rf"using\s+{alias}\s*=\s*([^;]+);", src)
+    assert m, f"no 'using {alias} = ...;' in the rendered source"
+    return m.group(1).strip()
+
+
+def _constant(src: str, name: str) -> int:
+    m = re.search(rf"constexpr\s+int\s+{name}\s*=\s*(\d+)\s*;", src)
+    assert m, f"no 'constexpr int {name} = ...;' in the rendered source"
+    return int(m.group(1))
+
+
+@pytest.mark.parametrize("spec", compile_check_specializations(), ids=lambda s: s.name)
+def test_render_fixes_the_specialization(spec):
+    src = render(spec)
+    assert f'"{spec.name}"' in src  # the module reports its own name (loader checks it)
+    assert _typedef(src, "state_t") == CTYPES[spec.state_dtype]
+    assert _typedef(src, "io_t") == CTYPES[spec.io_dtype]
+    assert _constant(src, "kP") == dict(spec.dims)["P"]
+    assert _constant(src, "kN") == dict(spec.dims)["N"]
+    if spec.op == "replay_decode":
+        assert _constant(src, "kL") == spec.L
+        assert "ReplayDecode<" in src and "ConventionalDecode<" not in src
+    else:
+        assert "kL" not in src
+        assert "ConventionalDecode<" in src and "ReplayDecode<" not in src
+    assert "REPLAYSSM_DEFINE_MODULE" in src
+    assert "{{" not in src and "{%" not in src
+
+
+def test_render_is_deterministic():
+    assert render(REPLAY) == render(REPLAY)
+    assert render(REPLAY) != render(mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=32))
+
+
+def test_render_with_a_missing_template_variable_fails_loudly(tmp_path, monkeypatch):
+    import jinja2
+
+    from replayssm.jit import spec as jspec
+
+    (tmp_path / "jit_templates").mkdir()
+    (tmp_path / "jit_templates" / "t.jinja").write_text("constexpr int kX = {{ dims.X }};\n")
+    monkeypatch.setattr(env, "source_root", lambda: tmp_path)
+    jspec._jinja_env.cache_clear()
+    try:
+        s = Specialization("mamba2", "replay_decode", "t.jinja", (("P", 64),), "f32", "bf16")
+        with pytest.raises(jinja2.UndefinedError):
+            render(s)
+    finally:
+        jspec._jinja_env.cache_clear()
+
+
+# ------------------------------------------------------------------------------ hashes
+def test_source_hash_covers_source_flags_and_headers():
+    h = source_hash("src", ["-O3"], "hdr")
+    assert h != source_hash("src2", ["-O3"], "hdr")
+    assert h != source_hash("src", ["-O2"], "hdr")
+    assert h != source_hash("src", ["-O3"], "hdr2")
+    assert h == source_hash("src", ["-O3"], "hdr")
+    assert fingerprint(h, "nvcc 13.0") != fingerprint(h, "nvcc 13.1")
+
+
+def test_header_digest_sees_content_and_names(tmp_path):
+    inc = tmp_path / "include"
+    (inc / "replayssm" / "a").mkdir(parents=True)
+    f = inc / "replayssm" / "a" / "x.cuh"
+    f.write_text("int x;\n")
+    d0 = header_digest(inc)
+    f.write_text("int y;\n")
+    d1 = header_digest(inc)
+    f.rename(inc / "replayssm" / "a" / "z.cuh")
+    d2 = header_digest(inc)
+    (inc / "replayssm" / "new.cuh").write_text("")
+    d3 = header_digest(inc)
+    assert len({d0, d1, d2, d3}) == 4
+
+
+# ------------------------------------------------------------------------------ archs and settings
+@pytest.mark.parametrize("given,arch", [
+    ("9.0", "90a"), ("9.0a", "90a"), ("sm_90a", "90a"), ("90", "90a"), ("compute_90", "90a"),
+    ("8.0", "80"), ("8.6", "86"), ("sm_80", "80"), ("10.0", "100a"), ("12.0", "120"),
+])
+def test_normalize_arch(given, arch):
+    assert env.normalize_arch(given) == arch
+
+
+@pytest.mark.parametrize("bad", ["", "hopper", "9", "sm_x"])
+def test_normalize_arch_rejects(bad):
+    with pytest.raises(ValueError, match="CUDA arch: expected e.g. '9.0a'"):
+        env.normalize_arch(bad)
+
+
+def test_gencode_and_tag():
+    assert env.gencode_flags(("90a",)) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    assert env.arch_tag(("90a", "80")) == "80_90a"
+    assert env.arch_tag(()) == "noarch"
+
+
+def test_settings_from_environment(monkeypatch, tmp_path):
+    monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "c"))
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "8.0, 9.0")
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
+    monkeypatch.setenv("REPLAYSSM_MAX_JOBS", "3")
+    monkeypatch.setenv("REPLAYSSM_AOT_DIR", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
+    s = env._settings_from_env()
+    assert s.cache_root == tmp_path / "c"
+    assert s.arch_list == ("80", "90a")
+    assert s.disable_jit and s.max_jobs == 3
+    assert s.aot_dirs == (tmp_path / "a", tmp_path / "b")
+
+
+def test_settings_defaults(monkeypatch):
+    for var in ("REPLAYSSM_CACHE_DIR", "REPLAYSSM_CUDA_ARCH_LIST", "REPLAYSSM_DISABLE_JIT", "REPLAYSSM_MAX_JOBS",
+                "REPLAYSSM_AOT_DIR"):
+        monkeypatch.delenv(var, raising=False)
+    s = env._settings_from_env()
+    assert s.cache_root == Path.home() / ".cache" / "replayssm"
+    assert s.arch_list is None and not s.disable_jit and s.aot_dirs == ()
+    assert 1 <= s.max_jobs <= (__import__("os").cpu_count() or 1)
+
+
+@pytest.mark.parametrize("value,disabled", [("0", False), ("", False), ("false", False), ("off", False),
+                                            ("1", True), ("yes", True), ("true", True)])
+def test_disable_jit_parsing(monkeypatch, value, disabled):
+    monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", value)
+    assert env._settings_from_env().disable_jit is disabled
+
+
+@pytest.mark.parametrize("var,value,match", [
+    ("REPLAYSSM_MAX_JOBS", "many", "REPLAYSSM_MAX_JOBS: expected a positive integer, got 'many'"),
+    ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "CUDA arch: expected e.g. '9.0a' or 'sm_90a', got 'hopper'"),
+])
+def test_bad_environment_values_are_named(monkeypatch, var, value, match):
+    monkeypatch.setenv(var, value)
+    with pytest.raises(ValueError, match=re.escape(match)):
+        env._settings_from_env()
+
+
+def test_cache_dir_layout(jit_env):
+    assert env.cache_dir() == jit_env / __version__ / "90a"
+    assert env.cache_dir(("80", "90a")) == jit_env / __version__ / "80_90a"
+    assert env.target_archs() == ("90a",)
+
+
+def test_configure_normalizes(jit_env, tmp_path):
+    s = env.configure(arch_list=["sm_90", "8.0"], aot_dirs=str(tmp_path), max_jobs=0)
+    assert s.arch_list == ("90a", "80") and s.aot_dirs == (tmp_path,) and s.max_jobs == 1
+    s = env.configure(aot_dirs=[tmp_path / "x", str(tmp_path / "y")])
+    assert s.aot_dirs == (tmp_path / "x", tmp_path / "y")
+
+
+def test_source_root_falls_back_to_the_repo():
+    root = env.source_root()
+    assert (root / "include" / "replayssm").is_dir() and (root / "jit_templates").is_dir()
+    assert env.include_dir() == root / "include" and env.templates_dir() == root / "jit_templates"
+
+
+def test_find_nvcc_prefers_cuda_home(monkeypatch, tmp_path):
+    fake = tmp_path / "bin" / "nvcc"
+    fake.parent.mkdir()
+    fake.write_text("#!/bin/sh\necho fake\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path))
+    assert env.find_nvcc() == fake
