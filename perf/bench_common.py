@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime
 import json
 import os
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+
+from replayssm.timing import capture, replay_us as time_graph, replay_us_per_step  # noqa: F401 (re-exported)
 
 
 def git_commit() -> str:
@@ -38,34 +39,6 @@ def meta(command: str | None = None) -> dict:
         "date": datetime.date.today().isoformat(),
         "command": command or " ".join([Path(sys.argv[0]).name, *sys.argv[1:]]),
     }
-
-
-def time_graph(graph: torch.cuda.CUDAGraph, reps: int = 50, warmup: int = 5) -> float:
-    """Median wall time of one replay in microseconds (CUDA events around each replay)."""
-    for _ in range(warmup):
-        graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(reps):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        graph.replay()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b) * 1e3)
-    return statistics.median(times)
-
-
-def capture(fn) -> torch.cuda.CUDAGraph:
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.stream(s):
-        with torch.cuda.graph(g, stream=s):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    return g
 
 
 def copy_bandwidth_TBps(nbytes: int = 2 << 30) -> float:

@@ -23,7 +23,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import capture, copy_bandwidth_TBps, meta, read_bandwidth_TBps, time_graph, write_results  # noqa: E402
+from bench_common import (capture, copy_bandwidth_TBps, meta, read_bandwidth_TBps, replay_us_per_step, time_graph,
+                          write_results)  # noqa: E402
 
 from replayssm import Mamba2DecodeWrapper  # noqa: E402
 
@@ -132,21 +133,9 @@ def bench_mamba2_layers(args, shape, batch, algorithm, rows, gen, reps, layers=1
     g = capture(all_layers)
     g1 = capture(lambda: w.run(caches[0], *ins[0][:2], A, *ins[0][2:4], D=D, z=ins[0][4], dt_bias=dt_bias,
                                out=outs[0]))
-    # whole windows: replay L times per sample
-    for _ in range(3):
-        g.replay()
-    torch.cuda.synchronize()
-    samples = []
-    for _ in range(max(5, reps // 5)):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        for _ in range(L):
-            g.replay()
-        b.record()
-        b.synchronize()
-        samples.append(a.elapsed_time(b) * 1e3 / (L * layers))
-    return dict(rows_used=w._rows, us_per_step=statistics.median(samples),
-                us_single_replay=time_graph(g1, reps=reps))
+    # whole windows: L replays of the 16-layer graph per sample
+    per_step = replay_us_per_step(g, layers, reps=L, trials=max(5, reps // 5))
+    return dict(rows_used=w._rows, us_per_step=per_step, us_single_replay=time_graph(g1, reps=reps))
 
 
 def run_mamba2(args):

@@ -156,29 +156,11 @@ def _tolerance(state_dtype, io_dtype) -> float:
     return {torch.float32: 1e-4, torch.float16: 2e-3}.get(io_dtype, 1e-2)
 
 
-def _time_graph(graph, steps_per_replay: int, reps: int = 20, trials: int = 7) -> float:
-    """Median over trials of the mean µs per step of ``reps`` replays (CUDA events)."""
-    import torch
-
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    per_step = []
-    for _ in range(trials):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(reps):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        per_step.append(start.elapsed_time(end) * 1e3 / (reps * steps_per_replay))
-    return statistics.median(per_step)
-
-
 def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     import torch
 
     from .jit import env
+    from .timing import capture, replay_us_per_step
     from .wrappers import Mamba2DecodeWrapper
 
     dev = torch.device("cuda", torch.cuda.current_device())
@@ -228,17 +210,11 @@ def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     outs = {a: torch.empty(batch, H, P, dtype=io_dtype, device=dev) for a in wrappers}
     timings = {}
     for a, w in wrappers.items():
-        side = torch.cuda.Stream(dev)
-        side.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(side):
-            for _ in range(2):
-                w.run(caches[a], x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=outs[a])
-        torch.cuda.current_stream(dev).wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        def window(w=w, a=a):
             for _ in range(L):
                 w.run(caches[a], x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=outs[a])
-        timings[a] = _time_graph(graph, L)
+
+        timings[a] = replay_us_per_step(capture(window), L)
     bytes_state = H * P * N * torch.tensor([], dtype=state_dtype).element_size() * batch
     print(f"CUDA-graph replay of {L} consecutive steps (one window, flush included), median, batch {batch}:")
     for a, us in timings.items():

@@ -90,3 +90,25 @@ def subprocess_env(**extra) -> dict:
 
 
 PYTHON = sys.executable
+
+
+# ------------------------------------------------------------------ reference-test fixtures
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """Tiny tensors: intra-op threads only add overhead. Restored after the module."""
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture
+def seed():
+    """A fresh seed per test, printed so a failure can be replayed (REPLAYSSM_TEST_SEED=...)."""
+    from replayssm.reference.testing import new_seed
+
+    s = new_seed()
+    print(f"seed={s}")
+    return s

@@ -22,20 +22,7 @@ STEP = {"gdn": gdn_step, "kda": kda_step}
 EXACT = 1e-12          # float64 replay vs float64 conventional recurrence
 
 
-@pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    """Tiny tensors: intra-op threads only add overhead. Restored after the module."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture
-def seed():
-    s = new_seed()
-    print(f"seed={s}")
-    return s
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # ---------------------------------------------------------------------------- the oracle itself
