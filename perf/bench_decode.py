@@ -1,6 +1,6 @@
-"""Decode-step benchmark: our ReplaySSM kernel vs our conventional kernel vs importable peers.
+"""Decode-step benchmark: our ReplaySSM kernel vs our conventional kernel (peers: see benchmarks.md).
 
-    python perf/bench_decode.py --family mamba2 [--batches 1 8 64 256] [--out DIR]
+    python perf/bench_decode.py --family mamba2|gdn [--shapes ...] [--batches 1 8 64 256] [--out DIR]
 
 Every time is a CUDA-graph replay timed with CUDA events (median over many replays):
 - B >= 32: one graph of L consecutive steps (a whole window, flush included) on one pool;
@@ -23,75 +23,136 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import (capture, copy_bandwidth_TBps, meta, read_bandwidth_TBps, replay_us_per_step, time_graph,
-                          write_results)  # noqa: E402
+from bench_common import (capture, copy_bandwidth_TBps, meta, read_bandwidth_TBps, replay_us_per_step,  # noqa: E402
+                          time_graph, write_results)
 
-from replayssm import Mamba2DecodeWrapper  # noqa: E402
+from replayssm import GDNDecodeWrapper, Mamba2DecodeWrapper  # noqa: E402
 
-MAMBA2_SHAPES = {
-    "nemotron-super": dict(H=128, P=64, N=128, G=8),
-    "nemotron-h-tp8": dict(H=16, P=64, N=128, G=1),
-    "nemotron-nano": dict(H=64, P=64, N=128, G=8),
-    "nemotron-h-47b": dict(H=256, P=64, N=256, G=8),
-    "nemotron-nano-9b": dict(H=128, P=80, N=128, G=8),
+SHAPES = {
+    "mamba2": {
+        "nemotron-super": dict(H=128, P=64, N=128, G=8),
+        "nemotron-h-tp8": dict(H=16, P=64, N=128, G=1),
+        "nemotron-nano": dict(H=64, P=64, N=128, G=8),
+        "nemotron-h-47b": dict(H=256, P=64, N=256, G=8),
+        "nemotron-nano-9b": dict(H=128, P=80, N=128, G=8),
+    },
+    "gdn": {
+        "qwen3-next": dict(HV=32, HK=16, K=128, V=128),
+        "qwen3.5-122b": dict(HV=64, HK=16, K=128, V=128),
+    },
 }
 
 
-def mamba2_inputs(batch, H, P, N, G, io, gen):
-    dev = "cuda"
-    x = torch.randn(batch, H, P, device=dev, generator=gen).to(io)
-    dt = (0.5 * torch.randn(batch, H, device=dev, generator=gen)).to(io)
-    B = torch.randn(batch, G, N, device=dev, generator=gen).to(io)
-    C = torch.randn(batch, G, N, device=dev, generator=gen).to(io)
-    z = torch.randn(batch, H, P, device=dev, generator=gen).to(io)
-    return x, dt, B, C, z
+def log_uniform(n, lo, hi, gen):
+    return torch.exp(torch.empty(n, device="cuda").uniform_(math.log(lo), math.log(hi), generator=gen))
 
 
-def mamba2_weights(H, gen):
-    A = -torch.empty(H, device="cuda").uniform_(1.0, 16.0, generator=gen)
-    D = torch.randn(H, device="cuda", generator=gen)
-    dt0 = torch.exp(torch.empty(H, device="cuda").uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
-    return A, D, dt0 + torch.log(-torch.expm1(-dt0))
+class Mamba2Family:
+    """Builds wrappers, caches and step inputs of one Mamba-2 shape."""
+
+    def __init__(self, shape, args, gen):
+        self.s, self.args, self.gen = shape, args, gen
+        H = shape["H"]
+        self.A = -torch.empty(H, device="cuda").uniform_(1.0, 16.0, generator=gen)
+        self.D = torch.randn(H, device="cuda", generator=gen)
+        dt0 = log_uniform(H, 1e-3, 1e-1, gen)
+        self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
+
+    def wrapper(self, batch, algorithm, rows):
+        s, a = self.s, self.args
+        return Mamba2DecodeWrapper(s["H"], s["P"], s["N"], s["G"], window=a.window, state_dtype=a.state_dtype,
+                                   io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows)
+
+    def inputs(self, batch):
+        s, io, g = self.s, self.args.io_dtype, self.gen
+        rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(io)  # noqa: E731
+        return dict(x=rnd(batch, s["H"], s["P"]), dt=(0.5 * rnd(batch, s["H"]).float()).to(io),
+                    B=rnd(batch, s["G"], s["N"]), C=rnd(batch, s["G"], s["N"]), z=rnd(batch, s["H"], s["P"]))
+
+    def out(self, batch):
+        return torch.empty(batch, self.s["H"], self.s["P"], dtype=self.args.io_dtype, device="cuda")
+
+    def run(self, w, cache, inp, out):
+        w.run(cache, inp["x"], inp["dt"], self.A, inp["B"], inp["C"], D=self.D, z=inp["z"], dt_bias=self.dt_bias,
+              out=out)
+
+    def state_bytes(self):
+        s = self.s
+        return s["H"] * s["P"] * s["N"] * self.args.state_dtype.itemsize
+
+    def step_bytes(self, kind, batch):
+        """Fewest bytes one step must move (mean over a window for replay)."""
+        s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
+        state = batch * self.state_bytes()
+        io = batch * (3 * s["H"] * s["P"] + 2 * s["G"] * s["N"]) * ib + batch * s["H"] * 4
+        if kind == "conventional":
+            return 2 * state + io
+        rec = s["H"] * s["P"] * ib + s["G"] * s["N"] * ib + s["H"] * 4  # one ring record
+        return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io
 
 
-def mamba2_bytes(kind, batch, H, P, N, G, L, sb, ib):
-    """Fewest bytes one step must move (mean over a window for replay)."""
-    state = batch * H * P * N * sb
-    io = batch * (3 * H * P + 2 * G * N) * ib + batch * H * 4  # x, z, out, B, C, dt
-    if kind == "conventional":
-        return 2 * state + io
-    # replay: read the checkpoint every step, write it once per window; read the ring's records
-    # (mean (L-1)/2 of them over a window) and append one
-    rec = H * P * ib + G * N * ib + H * 4
-    ring = batch * rec * ((L - 1) / 2 + 1)
-    return state + state / L + ring + io
+class GDNFamily:
+    """Builds wrappers, caches and step inputs of one Gated DeltaNet shape."""
+
+    def __init__(self, shape, args, gen):
+        self.s, self.args, self.gen = shape, args, gen
+        HV = shape["HV"]
+        self.A_log = torch.empty(HV, device="cuda").uniform_(0.0, math.log(16.0), generator=gen)
+        dt0 = log_uniform(HV, 1e-3, 1e-1, gen)
+        self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
+
+    def wrapper(self, batch, algorithm, rows):
+        s, a = self.s, self.args
+        return GDNDecodeWrapper(s["HV"], s["HK"], s["K"], s["V"], window=a.window, state_dtype=a.state_dtype,
+                                io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows)
+
+    def inputs(self, batch):
+        s, io, g = self.s, self.args.io_dtype, self.gen
+        rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(io)  # noqa: E731
+        return dict(q=rnd(batch, s["HK"], s["K"]), k=rnd(batch, s["HK"], s["K"]), v=rnd(batch, s["HV"], s["V"]),
+                    a=rnd(batch, s["HV"]), b=rnd(batch, s["HV"]))
+
+    def out(self, batch):
+        return torch.empty(batch, self.s["HV"], self.s["V"], dtype=self.args.io_dtype, device="cuda")
+
+    def run(self, w, cache, inp, out):
+        w.run(cache, inp["q"], inp["k"], inp["v"], a=inp["a"], b=inp["b"], A_log=self.A_log, dt_bias=self.dt_bias,
+              out=out)
+
+    def state_bytes(self):
+        s = self.s
+        return s["HV"] * s["V"] * s["K"] * self.args.state_dtype.itemsize
+
+    def step_bytes(self, kind, batch):
+        s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
+        state = batch * self.state_bytes()
+        io = batch * ((2 * s["HK"] * s["K"] + 2 * s["HV"] * s["V"]) * ib + 2 * s["HV"] * ib)
+        if kind == "conventional":
+            return 2 * state + io
+        rec = s["HV"] * s["V"] * 4 + s["HK"] * s["K"] * 4 + s["HV"] * 4  # fp32 ring record
+        return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io
 
 
-def bench_mamba2_pool(args, shape, batch, algorithm, rows, gen, reps):
-    H, P, N, G = shape["H"], shape["P"], shape["N"], shape["G"]
-    L, sdt, io = args.window, args.state_dtype, args.io_dtype
-    state_bytes = H * P * N * sdt.itemsize
-    num_slots = max(2 * batch, math.ceil(4 * 60e6 / state_bytes), 16)
-    w = Mamba2DecodeWrapper(H, P, N, G, window=L, state_dtype=sdt, io_dtype=io, max_batch=batch,
-                            algorithm=algorithm, rows_per_cta=rows)
+FAMILIES = {"mamba2": Mamba2Family, "gdn": GDNFamily}
+
+
+def bench_pool(fam, batch, algorithm, rows, reps):
+    """One pool; a graph of L consecutive steps, plus one graph per step for non-flush/flush."""
+    L = fam.args.window
+    num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
+    w = fam.wrapper(batch, algorithm, rows)
     cache = w.create_cache(num_slots)
-    cache.checkpoint.normal_(generator=gen)
-    slots = torch.randperm(num_slots, device="cuda", generator=gen)[:batch].to(torch.int32)
-    w.plan(slots)
-    A, D, dt_bias = mamba2_weights(H, gen)
-    steps = [mamba2_inputs(batch, H, P, N, G, io, gen) for _ in range(L)]
-    outs = [torch.empty(batch, H, P, dtype=io, device="cuda") for _ in range(L)]
+    cache.checkpoint.normal_(generator=fam.gen)
+    w.plan(torch.randperm(num_slots, device="cuda", generator=fam.gen)[:batch].to(torch.int32))
+    steps = [fam.inputs(batch) for _ in range(L)]
+    outs = [fam.out(batch) for _ in range(L)]
 
     def step(i):
-        x, dt, B, C, z = steps[i]
-        w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=outs[i])
+        fam.run(w, cache, steps[i], outs[i])
 
-    step(0)  # eager warm-up (module load)
-    torch.cuda.synchronize()
     window_graph = capture(lambda: [step(i) for i in range(L)])
-    per_step = [capture(lambda i=i: step(i)) for i in range(L)]
-    # realign so every replay series starts at the same window phase
-    t_window = time_graph(window_graph, reps=reps) / L
+    per_step = [capture(lambda i=i: step(i), warmup=0) for i in range(L)]
+    t_window = replay_us_per_step(window_graph, L, reps=1, trials=reps)
     single = []
     for _ in range(max(5, reps // 4)):
         for i, g in enumerate(per_step):
@@ -109,36 +170,23 @@ def bench_mamba2_pool(args, shape, batch, algorithm, rows, gen, reps):
                 us_flush=by_pos[flush_pos] if flush_pos is not None else None)
 
 
-def bench_mamba2_layers(args, shape, batch, algorithm, rows, gen, reps, layers=16):
+def bench_layers(fam, batch, algorithm, rows, reps, layers=16):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
-    H, P, N, G = shape["H"], shape["P"], shape["N"], shape["G"]
-    L, sdt, io = args.window, args.state_dtype, args.io_dtype
-    w = Mamba2DecodeWrapper(H, P, N, G, window=L, state_dtype=sdt, io_dtype=io, max_batch=batch,
-                            algorithm=algorithm, rows_per_cta=rows)
+    L = fam.args.window
+    w = fam.wrapper(batch, algorithm, rows)
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
-        c.checkpoint.normal_(generator=gen)
-    slots = torch.randperm(max(batch, 2), device="cuda", generator=gen)[:batch].to(torch.int32)
-    w.plan(slots)
-    A, D, dt_bias = mamba2_weights(H, gen)
-    ins = [mamba2_inputs(batch, H, P, N, G, io, gen) for _ in range(layers)]
-    outs = [torch.empty(batch, H, P, dtype=io, device="cuda") for _ in range(layers)]
-
-    def all_layers():
-        for c, (x, dt, B, C, z), o in zip(caches, ins, outs):
-            w.run(c, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=o)
-
-    all_layers()
-    torch.cuda.synchronize()
-    g = capture(all_layers)
-    g1 = capture(lambda: w.run(caches[0], *ins[0][:2], A, *ins[0][2:4], D=D, z=ins[0][4], dt_bias=dt_bias,
-                               out=outs[0]))
-    # whole windows: L replays of the 16-layer graph per sample
-    per_step = replay_us_per_step(g, layers, reps=L, trials=max(5, reps // 5))
+        c.checkpoint.normal_(generator=fam.gen)
+    w.plan(torch.randperm(max(batch, 2), device="cuda", generator=fam.gen)[:batch].to(torch.int32))
+    ins = [fam.inputs(batch) for _ in range(layers)]
+    outs = [fam.out(batch) for _ in range(layers)]
+    g = capture(lambda: [fam.run(w, c, i, o) for c, i, o in zip(caches, ins, outs)])
+    g1 = capture(lambda: fam.run(w, caches[0], ins[0], outs[0]))
+    per_step = replay_us_per_step(g, layers, reps=L, trials=max(5, reps // 5))  # whole windows
     return dict(rows_used=w._rows, us_per_step=per_step, us_single_replay=time_graph(g1, reps=reps))
 
 
-def run_mamba2(args):
+def run(args):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     copy_bw, read_bw = copy_bandwidth_TBps(), read_bandwidth_TBps()
@@ -146,32 +194,27 @@ def run_mamba2(args):
     print(f"copy bandwidth {copy_bw:.2f} TB/s (read + write), read-only {read_bw:.2f} TB/s; floors use {bw:.2f}")
     rows_out = []
     for shape_name in args.shapes:
-        shape = MAMBA2_SHAPES[shape_name]
-        H, P, N, G = shape["H"], shape["P"], shape["N"], shape["G"]
+        shape = SHAPES[args.family][shape_name]
+        fam = FAMILIES[args.family](shape, args, gen)
         for batch in args.batches:
             for algorithm in ("replay", "conventional"):
-                tilings = args.rows or [None]
-                for rows in tilings:
+                for rows in args.rows or [None]:
                     try:
-                        if batch <= 8:
-                            r = bench_mamba2_layers(args, shape, batch, algorithm, rows, gen, args.reps)
-                        else:
-                            r = bench_mamba2_pool(args, shape, batch, algorithm, rows, gen, args.reps)
+                        bench = bench_layers if batch <= 8 else bench_pool
+                        r = bench(fam, batch, algorithm, rows, args.reps)
                     except torch.OutOfMemoryError:
                         print(f"skip {shape_name} B={batch} {algorithm}: out of memory")
                         torch.cuda.empty_cache()
                         continue
-                    nbytes = mamba2_bytes(algorithm, batch, H, P, N, G, args.window, args.state_dtype.itemsize,
-                                          args.io_dtype.itemsize)
+                    nbytes = fam.step_bytes(algorithm, batch)
                     floor = nbytes / (bw * 1e12) * 1e6
-                    row = {"family": "mamba2", "mode": "decode",
+                    row = {"family": args.family, "mode": "decode",
                            "kernel": "replayssm" if algorithm == "replay" else "conventional",
                            "shape": shape_name, "dims": shape, "batch": batch, "L": args.window, "T": 1,
                            "state_dtype": str(args.state_dtype).removeprefix("torch."),
                            "io_dtype": str(args.io_dtype).removeprefix("torch."),
                            "read_dtype": str(args.state_dtype).removeprefix("torch."),
-                           "rows_per_cta": rows, "bytes_per_step": nbytes, "floor_us": floor,
-                           **r}
+                           "rows_per_cta": rows, "bytes_per_step": nbytes, "floor_us": floor, **r}
                     row["bandwidth_TBps"] = nbytes / (r["us_per_step"] * 1e-6) / 1e12
                     row["fraction_of_floor"] = floor / r["us_per_step"]
                     rows_out.append(row)
@@ -188,8 +231,8 @@ def run_mamba2(args):
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--family", choices=["mamba2"], default="mamba2")
-    ap.add_argument("--shapes", nargs="+", default=["nemotron-super"], choices=list(MAMBA2_SHAPES))
+    ap.add_argument("--family", choices=list(FAMILIES), default="mamba2")
+    ap.add_argument("--shapes", nargs="+", default=None, help="default: the first shape of the family")
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 8, 32, 64, 128, 256, 512])
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")
@@ -200,9 +243,13 @@ def main():
     ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.shapes = args.shapes or [next(iter(SHAPES[args.family]))]
+    unknown = [s for s in args.shapes if s not in SHAPES[args.family]]
+    if unknown:
+        ap.error(f"--shapes: {unknown} not in {list(SHAPES[args.family])}")
     args.state_dtype = getattr(torch, args.state_dtype)
     args.io_dtype = getattr(torch, args.io_dtype)
-    rows, extra = run_mamba2(args)
+    rows, extra = run(args)
     m = meta()
     m.update(extra)
     path = write_results(args.name or f"decode_{args.family}", m, rows, args.out)

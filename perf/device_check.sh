@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # One device call: GPU test suite + benchmarks, everything written under $OUT.
-#   bash perf/device_check.sh [tests|bench|all] [extra bench args...]
+#   bash perf/device_check.sh [tests|bench|all] [bench args, e.g. --family gdn --batches 1 64 256]
 set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-/tmp/replayssm_out}
@@ -17,7 +17,7 @@ if [[ $what == tests || $what == all ]]; then
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
-  python3 perf/bench_decode.py --family mamba2 --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+  python3 perf/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
   [[ $rc == 0 ]] && rc=${PIPESTATUS[0]}
 fi
 exit $rc

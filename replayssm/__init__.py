@@ -8,7 +8,9 @@ from ._version import __version__
 _LAZY = {
     "Mamba2DecodeWrapper": ("replayssm.wrappers", "Mamba2DecodeWrapper"),
     "Mamba2Cache": ("replayssm.cache", "Mamba2Cache"),
-    "supported": ("replayssm.wrappers", "supported"),
+    "GDNDecodeWrapper": ("replayssm.wrappers", "GDNDecodeWrapper"),
+    "GDNCache": ("replayssm.cache", "GDNCache"),
+    "supported": ("replayssm.configs", "supported"),
 }
 
 __all__ = ["__version__", *_LAZY]

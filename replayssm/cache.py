@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import torch
 
-from .ops.mamba2 import Mamba2Dims, Ring, StatePool
+from .configs import check_gdn_config, check_mamba2_config, positive_int
+from .ops import gdn as gdn_ops
+from .ops import mamba2 as m2_ops
 from .ops.validate import check_tensor
 
 ERROR_BITS = {1: "slot index out of range (row skipped)", 2: "corrupt ring cursor (row skipped)"}
@@ -19,49 +21,36 @@ def _as_slots(name: str, slots, num_slots: int, device) -> torch.Tensor:
     return t.long()
 
 
-class Mamba2Cache:
-    """One Mamba-2 layer's ReplaySSM state for ``num_slots`` sequences.
+class ReplayCache:
+    """What every family's cache has: the checkpoint pool, device-side cursors, the error flag.
 
-    Tensors (R = window + max_draft ring records per slot):
-        checkpoint  [num_slots, H, P, N]  state_dtype   state after the last folded record
-        x_ring      [num_slots, H, R, P]  io_dtype      x of each record
-        B_ring      [num_slots, G, R, N]  io_dtype      B of each record (shared by a group)
-        dt_ring     [num_slots, H, R]     float32       processed dt (after bias and softplus)
-        ring_start  [num_slots]           int32         physical index of the oldest record
-        ring_len    [num_slots]           int32         committed records since the checkpoint
-        ring_done   [num_slots]           int32         kernel-internal arrival counter (0 at rest)
-        error_flag  [1]                   int32         OR of error bits raised by kernels
-    The cursors live on the device and are advanced by the kernels, so a decode step needs no
-    host sync and can be captured in a CUDA graph.
+        checkpoint  [num_slots, heads, rows, cols]  state_dtype  state after the last folded record
+        ring_start  [num_slots] int32   physical index of the oldest record since the checkpoint
+        ring_len    [num_slots] int32   committed records since the checkpoint
+        ring_done   [num_slots] int32   kernel-internal arrival counter (0 at rest)
+        error_flag  [1]         int32   OR of error bits raised by kernels
+    Rings hold R = window + max_draft records per slot. The kernels advance the cursors, so a
+    decode step needs no host sync and can be captured in a CUDA graph.
     """
 
-    def __init__(self, num_slots: int, nheads: int, head_dim: int, state_dim: int, ngroups: int, *,
-                 window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
-                 device=None):
-        from .wrappers import as_dtype, check_mamba2_config
-
-        check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
-        state_dtype, io_dtype = as_dtype("state_dtype", state_dtype), as_dtype("io_dtype", io_dtype)
-        self.dims = Mamba2Dims(nheads, head_dim, state_dim, ngroups)
-        if not isinstance(num_slots, int) or num_slots < 1:
-            raise ValueError(f"num_slots: expected a positive int, got {num_slots!r}")
-        if not isinstance(max_draft, int) or not 1 <= max_draft <= 16:
+    def __init__(self, num_slots: int, state_shape: tuple[int, ...], *, window: int, max_draft: int,
+                 state_dtype: torch.dtype, io_dtype: torch.dtype, device):
+        positive_int("num_slots", num_slots)
+        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or not 1 <= max_draft <= 16:
             raise ValueError(f"max_draft: expected an int in [1, 16], got {max_draft!r}")
         self.num_slots, self.window, self.max_draft = num_slots, window, max_draft
         self.state_dtype, self.io_dtype = state_dtype, io_dtype
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
-        H, P, N, G = nheads, head_dim, state_dim, ngroups
-        R = self.capacity = window + max_draft
+        self.capacity = window + max_draft
         dev = self.device
-        self.checkpoint = torch.zeros((num_slots, H, P, N), dtype=state_dtype, device=dev)
-        self.x_ring = torch.zeros((num_slots, H, R, P), dtype=io_dtype, device=dev)
-        self.B_ring = torch.zeros((num_slots, G, R, N), dtype=io_dtype, device=dev)
-        self.dt_ring = torch.zeros((num_slots, H, R), dtype=torch.float32, device=dev)
+        self.checkpoint = torch.zeros((num_slots, *state_shape), dtype=state_dtype, device=dev)
         self.ring_start = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_len = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_done = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.A: torch.Tensor | None = None  # per-head A of the latest run (materialize needs it)
+
+    def rings(self) -> tuple[torch.Tensor, ...]:
+        raise NotImplementedError
 
     # -- sizes --------------------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
@@ -69,69 +58,41 @@ class Mamba2Cache:
 
     def ring_bytes_per_slot(self) -> int:
         """Extra bytes per slot that ReplaySSM adds on top of the state (rings + cursors)."""
-        rings = (self.x_ring[0].numel() * self.x_ring.element_size() + self.B_ring[0].numel() * self.B_ring.element_size()
-                 + self.dt_ring[0].numel() * 4)
-        return rings + 3 * 4
-
-    # -- structs for the kernels ----------------------------------------------------------
-    def pool_struct(self) -> StatePool:
-        c = self.checkpoint
-        return StatePool(c.data_ptr(), c.stride(0), c.stride(1))
-
-    def ring_struct(self) -> Ring:
-        x, B, dt = self.x_ring, self.B_ring, self.dt_ring
-        return Ring(x.data_ptr(), x.stride(0), x.stride(1), B.data_ptr(), B.stride(0), B.stride(1),
-                    dt.data_ptr(), dt.stride(0), dt.stride(1), self.ring_start.data_ptr(),
-                    self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.capacity, 0)
+        return sum(r[0].numel() * r.element_size() for r in self.rings()) + 3 * 4
 
     # -- sequence lifecycle ---------------------------------------------------------------
+    def _empty_rings(self, s: torch.Tensor) -> None:
+        self.ring_start[s] = 0
+        self.ring_len[s] = 0
+        self.ring_done[s] = 0
+
     def reset(self, slots) -> None:
         """Start new sequences: zero state, empty ring."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
         self.checkpoint[s] = 0
-        self.ring_start[s] = 0
-        self.ring_len[s] = 0
-        self.ring_done[s] = 0
+        self._empty_rings(s)
 
     def load_state(self, slots, state: torch.Tensor) -> None:
         """Hand over prefill states: checkpoint = state, ring emptied (one call).
 
-        state: [len(slots), H, P, N], any float dtype (cast to the checkpoint dtype)."""
+        state: [len(slots), *checkpoint.shape[1:]], any float dtype (cast to the checkpoint dtype)."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
-        H, P, N = self.dims.nheads, self.dims.head_dim, self.dims.state_dim
-        check_tensor("state", state, shape=(s.numel(), H, P, N), device=self.device)
+        check_tensor("state", state, shape=(s.numel(), *self.checkpoint.shape[1:]), device=self.device)
         self.checkpoint[s] = state.to(self.state_dtype)
-        self.ring_start[s] = 0
-        self.ring_len[s] = 0
-        self.ring_done[s] = 0
+        self._empty_rings(s)
 
-    def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
-        """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
-
-        A: per-head A [H] (default: the A of the latest run on this cache)."""
-        s = _as_slots("slots", slots, self.num_slots, self.device)
-        S = self.checkpoint[s].float()
-        A = self.A if A is None else A
+    def _ring_positions(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Physical ring index of logical record j for each slot [b, R], and its validity [b, R]."""
         j = torch.arange(self.capacity, device=self.device)
-        length = self.ring_len[s].long()
-        if int(length.max()) if length.numel() else 0:
-            if A is None:
-                raise ValueError("A: needed to fold pending records; pass A=[H] or run the cache first")
-            H = self.dims.nheads
-            A = A.reshape(H, -1)[:, 0].float() if A.dim() > 1 else A.float()
-            pos = (self.ring_start[s].long()[:, None] + j[None, :]) % self.capacity  # [b, R]
-            valid = (j[None, :] < length[:, None]).float()  # [b, R]
-            delta = torch.gather(self.dt_ring[s], 2, pos[:, None, :].expand(-1, H, -1)) * valid[:, None, :]
-            a = delta * A[None, :, None]  # [b, H, R] (zero beyond len)
-            total = a.sum(-1)
-            tail = total[..., None] - torch.cumsum(a, -1)  # sum_{i>j} a_i
-            w = delta * torch.exp(tail)  # [b, H, R]
-            x = torch.gather(self.x_ring[s].float(), 2, pos[:, None, :, None].expand(-1, H, -1, self.dims.head_dim))
-            Bg = torch.gather(self.B_ring[s].float(), 2,
-                              pos[:, None, :, None].expand(-1, self.dims.ngroups, -1, self.dims.state_dim))
-            Bh = Bg.repeat_interleave(H // self.dims.ngroups, dim=1)  # [b, H, R, N]
-            S = torch.exp(total)[..., None, None] * S + torch.einsum("bhr,bhrp,bhrn->bhpn", w, x, Bh)
-        return S
+        pos = (self.ring_start[s].long()[:, None] + j[None, :]) % self.capacity
+        return pos, j[None, :] < self.ring_len[s].long()[:, None]
+
+    @staticmethod
+    def _gather(ring: torch.Tensor, s: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
+        """ring [slots, heads, R, *rest] -> records of slots s in logical order, fp32 [b, heads, R, *rest]."""
+        t = ring[s].float()
+        idx = pos[:, None, :].reshape(pos.shape[0], 1, -1, *([1] * (t.dim() - 3)))
+        return torch.gather(t, 2, idx.expand(-1, t.shape[1], -1, *t.shape[3:]))
 
     def check_errors(self, clear: bool = True) -> int:
         """Read (and clear) the kernels' error flag; syncs. Returns the bits (0 = no error)."""
@@ -143,3 +104,115 @@ class Mamba2Cache:
     @staticmethod
     def describe_errors(bits: int) -> str:
         return "; ".join(msg for b, msg in ERROR_BITS.items() if bits & b) or "no error"
+
+
+class Mamba2Cache(ReplayCache):
+    """One Mamba-2 layer's ReplaySSM state for ``num_slots`` sequences (see ReplayCache).
+
+        checkpoint  [num_slots, H, P, N]  state_dtype
+        x_ring      [num_slots, H, R, P]  io_dtype   x of each record
+        B_ring      [num_slots, G, R, N]  io_dtype   B of each record (shared by a group)
+        dt_ring     [num_slots, H, R]     float32    processed dt (after bias and softplus)
+    """
+
+    def __init__(self, num_slots: int, nheads: int, head_dim: int, state_dim: int, ngroups: int, *,
+                 window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
+                 device=None):
+        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype,
+                                                    io_dtype)
+        super().__init__(num_slots, (nheads, head_dim, state_dim), window=window, max_draft=max_draft,
+                         state_dtype=state_dtype, io_dtype=io_dtype, device=device)
+        self.dims = m2_ops.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
+        R, dev = self.capacity, self.device
+        self.x_ring = torch.zeros((num_slots, nheads, R, head_dim), dtype=io_dtype, device=dev)
+        self.B_ring = torch.zeros((num_slots, ngroups, R, state_dim), dtype=io_dtype, device=dev)
+        self.dt_ring = torch.zeros((num_slots, nheads, R), dtype=torch.float32, device=dev)
+        self.A: torch.Tensor | None = None  # per-head A of the latest run (materialize needs it)
+
+    def rings(self):
+        return self.x_ring, self.B_ring, self.dt_ring
+
+    def pool_struct(self) -> m2_ops.StatePool:
+        c = self.checkpoint
+        return m2_ops.StatePool(c.data_ptr(), c.stride(0), c.stride(1))
+
+    def ring_struct(self) -> m2_ops.Ring:
+        x, B, dt = self.x_ring, self.B_ring, self.dt_ring
+        return m2_ops.Ring(x.data_ptr(), x.stride(0), x.stride(1), B.data_ptr(), B.stride(0), B.stride(1),
+                           dt.data_ptr(), dt.stride(0), dt.stride(1), self.ring_start.data_ptr(),
+                           self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.capacity, 0)
+
+    def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
+        """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
+
+        A: per-head A [H] (default: the A of the latest run on this cache)."""
+        s = _as_slots("slots", slots, self.num_slots, self.device)
+        S = self.checkpoint[s].float()
+        if not (s.numel() and int(self.ring_len[s].max())):
+            return S
+        A = self.A if A is None else A
+        if A is None:
+            raise ValueError("A: needed to fold pending records; pass A=[H] or run the cache first")
+        H, G = self.dims.nheads, self.dims.ngroups
+        A = A.reshape(H, -1)[:, 0].float() if A.dim() > 1 else A.float()
+        pos, valid = self._ring_positions(s)
+        delta = self._gather(self.dt_ring, s, pos) * valid[:, None, :]  # [b, H, R], zero beyond len
+        a = delta * A[None, :, None]
+        total = a.sum(-1)
+        w = delta * torch.exp(total[..., None] - torch.cumsum(a, -1))  # delta_j exp(sum_{i>j} a_i)
+        x = self._gather(self.x_ring, s, pos)  # [b, H, R, P]
+        Bh = self._gather(self.B_ring, s, pos).repeat_interleave(H // G, dim=1)  # [b, H, R, N]
+        return torch.exp(total)[..., None, None] * S + torch.einsum("bhr,bhrp,bhrn->bhpn", w, x, Bh)
+
+
+class GDNCache(ReplayCache):
+    """One Gated DeltaNet layer's ReplaySSM state for ``num_slots`` sequences (see ReplayCache).
+
+        checkpoint  [num_slots, HV, V, K]  state_dtype
+        u_ring      [num_slots, HV, R, V]  float32   corrected values u = beta (v - S~ k^)
+        k_ring      [num_slots, HK, R, K]  float32   normalised keys (shared by a key head's value heads)
+        g_ring      [num_slots, HV, R]     float32   log decays
+    The ring is fp32 so that replay reproduces the fp32 recurrence: u depends on the state, and a
+    16-bit u or k^ would add a rounding error the conventional kernel does not make.
+    """
+
+    def __init__(self, num_slots: int, num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int, *,
+                 window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
+                 device=None):
+        state_dtype, io_dtype = check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window,
+                                                 state_dtype, io_dtype)
+        super().__init__(num_slots, (num_v_heads, head_v_dim, head_k_dim), window=window, max_draft=max_draft,
+                         state_dtype=state_dtype, io_dtype=io_dtype, device=device)
+        self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
+        R, dev = self.capacity, self.device
+        self.u_ring = torch.zeros((num_slots, num_v_heads, R, head_v_dim), dtype=torch.float32, device=dev)
+        self.k_ring = torch.zeros((num_slots, num_k_heads, R, head_k_dim), dtype=torch.float32, device=dev)
+        self.g_ring = torch.zeros((num_slots, num_v_heads, R), dtype=torch.float32, device=dev)
+
+    def rings(self):
+        return self.u_ring, self.k_ring, self.g_ring
+
+    def pool_struct(self) -> gdn_ops.StatePool:
+        c = self.checkpoint
+        return gdn_ops.StatePool(c.data_ptr(), c.stride(0), c.stride(1))
+
+    def ring_struct(self) -> gdn_ops.Ring:
+        u, k, g = self.u_ring, self.k_ring, self.g_ring
+        return gdn_ops.Ring(u.data_ptr(), u.stride(0), u.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
+                            g.data_ptr(), g.stride(0), g.stride(1), self.ring_start.data_ptr(),
+                            self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.capacity, 0)
+
+    def materialize(self, slots) -> torch.Tensor:
+        """Exact current state of ``slots`` as float32 [len(slots), HV, V, K] (nothing is modified)."""
+        s = _as_slots("slots", slots, self.num_slots, self.device)
+        S = self.checkpoint[s].float()
+        if not (s.numel() and int(self.ring_len[s].max())):
+            return S
+        HV, HK = self.dims.num_v_heads, self.dims.num_k_heads
+        pos, valid = self._ring_positions(s)
+        g = self._gather(self.g_ring, s, pos) * valid[:, None, :]  # [b, HV, R], zero beyond len
+        total = g.sum(-1)
+        w = torch.exp(total[..., None] - torch.cumsum(g, -1)) * valid[:, None, :]  # exp(sum_{i>j} g_i)
+        u = self._gather(self.u_ring, s, pos)  # [b, HV, R, V]
+        kh = self._gather(self.k_ring, s, pos).repeat_interleave(HV // HK, dim=1)  # [b, HV, R, K]
+        return torch.exp(total)[..., None, None] * S + torch.einsum("bhr,bhrv,bhrk->bhvk", w, u, kh)

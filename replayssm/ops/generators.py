@@ -44,6 +44,34 @@ def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | 
     )
 
 
+GDN_DIMS = (64, 128, 256)
+GDN_OPS = ("replay_decode", "conventional_decode")
+
+
+def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None) -> Specialization:
+    """Specialization of a Gated DeltaNet decode module.
+
+    op: 'replay_decode' (needs L) or 'conventional_decode'; K, V (key and value head dims) in
+    GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS."""
+    _check_choice("op", op, GDN_OPS)
+    _check_choice("K (key head dim)", K, GDN_DIMS)
+    _check_choice("V (value head dim)", V, GDN_DIMS)
+    if op == "replay_decode":
+        _check_choice("L (window)", L, WINDOWS)
+    else:
+        L = None
+    return Specialization(
+        family="gdn",
+        op=op,
+        template="gdn_decode.cu.jinja",
+        dims=(("K", K), ("V", V)),
+        state_dtype=dtype_code(state_dtype),
+        io_dtype=dtype_code(io_dtype),
+        L=L,
+        T=1,
+    )
+
+
 # Model shapes of benchmarks.md: (P, N) per Mamba-2 model family.
 MAMBA2_MODEL_SHAPES = {
     "nemotron-h-8b / nemotron-3-super / nemotron-3-nano": (64, 128),
@@ -70,4 +98,7 @@ def compile_check_specializations() -> list[Specialization]:
         mamba2_decode_spec("replay_decode", 80, 256, "bfloat16", "float16", L=32),
         mamba2_decode_spec("replay_decode", 128, 64, "float16", "float32", L=8),
         mamba2_decode_spec("conventional_decode", 80, 64, "bfloat16", "float32"),
+        gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16),
+        gdn_decode_spec("conventional_decode", 128, 128, "float32", "bfloat16"),
+        gdn_decode_spec("replay_decode", 64, 256, "bfloat16", "float16", L=32),
     ]

@@ -108,8 +108,12 @@ def test_compile_check_set_covers_every_option():
     seen = {k: {getattr(s, k) for s in specs} for k in ("op", "state_dtype", "io_dtype")}
     assert seen["op"] == {"replay_decode", "conventional_decode"}
     assert seen["state_dtype"] == set(CTYPES) and seen["io_dtype"] == set(CTYPES)
-    assert {dict(s.dims)["P"] for s in specs} == set(MAMBA2_P)
-    assert {dict(s.dims)["N"] for s in specs} == set(MAMBA2_N)
+    m2 = [s for s in specs if s.family == "mamba2"]
+    assert {dict(s.dims)["P"] for s in m2} == set(MAMBA2_P)
+    assert {dict(s.dims)["N"] for s in m2} == set(MAMBA2_N)
+    gdn = [s for s in specs if s.family == "gdn"]
+    assert {d for s in gdn for d in (dict(s.dims)["K"], dict(s.dims)["V"])} == {64, 128, 256}
+    assert {s.op for s in gdn} == {"replay_decode", "conventional_decode"}
     assert {s.L for s in specs if s.L is not None} == set(WINDOWS)
 
 
@@ -144,8 +148,8 @@ def test_render_fixes_the_specialization(spec):
     assert f'"{spec.name}"' in src  # the module reports its own name (loader checks it)
     assert _typedef(src, "state_t") == CTYPES[spec.state_dtype]
     assert _typedef(src, "io_t") == CTYPES[spec.io_dtype]
-    assert _constant(src, "kP") == dict(spec.dims)["P"]
-    assert _constant(src, "kN") == dict(spec.dims)["N"]
+    for dim, value in spec.dims:  # kP/kN (Mamba-2), kK/kV (GDN)
+        assert _constant(src, f"k{dim}") == value
     if spec.op == "replay_decode":
         assert _constant(src, "kL") == spec.L
         assert "ReplayDecode<" in src and "ConventionalDecode<" not in src

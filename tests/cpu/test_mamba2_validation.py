@@ -257,7 +257,10 @@ def test_supported_configurations(P_, N_, L, state, io):
 
 
 @pytest.mark.parametrize("family,config,fragments", [
-    ("gdn", dict(nheads=32, head_dim=128, state_dim=128), ["'gdn'", "no kernels"]),
+    ("kda", dict(nheads=32, head_dim=128, state_dim=128), ["'kda'", "no kernels"]),
+    ("gdn", dict(nheads=32, head_dim=128, state_dim=128), ["missing", "num_v_heads"]),
+    ("gdn", dict(num_v_heads=32, num_k_heads=12, head_k_dim=128, head_v_dim=128), ["num_v_heads % num_k_heads"]),
+    ("gdn", dict(num_v_heads=32, num_k_heads=16, head_k_dim=96, head_v_dim=128), ["head_k_dim (K)", "96"]),
     ("mamba2", dict(nheads=128, head_dim=96, state_dim=128, ngroups=8), ["head_dim (P)", "96"]),
     ("mamba2", dict(nheads=128, head_dim=64, state_dim=32, ngroups=8), ["state_dim (N)", "32"]),
     ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, ngroups=3), ["ngroups", "ngroups=3"]),
@@ -299,7 +302,7 @@ def test_cache_construction_on_cpu():
 
 @pytest.mark.parametrize("kwargs,exc,arg,fragments", [
     (dict(num_slots=0), ValueError, "num_slots", ["positive int", "0"]),
-    (dict(num_slots=2.5), ValueError, "num_slots", ["positive int", "2.5"]),
+    (dict(num_slots=2.5), TypeError, "num_slots", ["positive int", "2.5"]),
     (dict(max_draft=0), ValueError, "max_draft", ["[1, 16]", "0"]),
     (dict(max_draft=17), ValueError, "max_draft", ["[1, 16]", "17"]),
     (dict(head_dim=96), ValueError, "head_dim (P)", ["96"]),

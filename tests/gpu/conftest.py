@@ -22,13 +22,26 @@ def _mamba2_specs():
     return list(specs.values())
 
 
+def _gdn_specs():
+    from replayssm.ops.generators import gdn_decode_spec
+
+    from .test_gdn_decode import CONFIGS
+
+    specs = {}
+    for cfg in CONFIGS:
+        for op in ("replay_decode", "conventional_decode"):
+            s = gdn_decode_spec(op, cfg["K"], cfg["V"], cfg["state"], cfg["io"], cfg["L"])
+            specs[s.name] = s
+    return list(specs.values())
+
+
 @pytest.fixture(scope="session", autouse=True)
 def prewarm_jit():
     if not HAS_GPU:
         return
     from replayssm.jit import build, settings
 
-    specs = _mamba2_specs()
+    specs = _mamba2_specs() + _gdn_specs()
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(max(1, settings().max_jobs)) as ex:
         list(ex.map(build, specs))

@@ -37,8 +37,3 @@ def per_head(t):
     while t.dim() > 1 and t.stride(-1) == 0:
         t = t[..., 0]
     return t
-
-
-def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
-    a, b = a.double(), b.double()
-    return float((a - b).norm() / b.norm().clamp_min(1e-300))

@@ -19,7 +19,8 @@ import torch
 
 from replayssm.reference import mamba2_step
 
-from .mamba2_inputs import layer_weights, per_head, rel_err, step_inputs
+from .common import rel_err, snapshot
+from .mamba2_inputs import layer_weights, per_head, step_inputs
 
 pytestmark = pytest.mark.gpu
 
@@ -56,12 +57,6 @@ def make(cfg, algorithm, num_slots, max_batch, **kw):
     w = Mamba2DecodeWrapper(cfg["H"], cfg["P"], cfg["N"], cfg["G"], window=cfg["L"], state_dtype=cfg["state"],
                             io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
     return w, w.create_cache(num_slots)
-
-
-def snapshot(cache, slots):
-    s = torch.as_tensor(slots, device=cache.device)
-    return [t[s].clone() for t in (cache.checkpoint, cache.x_ring, cache.B_ring, cache.dt_ring,
-                                   cache.ring_start, cache.ring_len, cache.ring_done)]
 
 
 def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False, with_z=True,

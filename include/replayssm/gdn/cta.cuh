@@ -1,0 +1,81 @@
+// Per-CTA bookkeeping of the GDN decode kernels: coordinates, slot, gates, normalised q and k.
+#pragma once
+
+#include "../common/math.cuh"
+#include "params.cuh"
+
+namespace replayssm {
+namespace gdn {
+
+struct CtaCoords {
+  int64_t b;  // batch row
+  int hv;     // value head
+  int hk;     // key head of the value head
+  int chunk;  // which ROWS-row chunk of V
+  int v0;     // first row of the chunk
+};
+
+template <int V, int ROWS>
+__device__ __forceinline__ CtaCoords cta_coords(const DecodeParams& p) {
+  constexpr int kChunks = V / ROWS;
+  CtaCoords c;
+  c.chunk = static_cast<int>(blockIdx.x % kChunks);
+  const int64_t bh = blockIdx.x / kChunks;
+  c.hv = static_cast<int>(bh % p.nv_heads);
+  c.b = bh / p.nv_heads;
+  c.hk = c.hv / (p.nv_heads / p.nk_heads);
+  c.v0 = c.chunk * ROWS;
+  return c;
+}
+
+template <typename TI, int ROWS>
+__device__ __forceinline__ TI* out_rows(const DecodeParams& p, const CtaCoords& c) {
+  return static_cast<TI*>(p.in.out) + c.b * p.in.out_stride_batch + c.hv * p.in.out_stride_head + c.v0;
+}
+
+template <typename TI, int ROWS>
+__device__ __forceinline__ bool resolve_slot(const DecodeParams& p, const CtaCoords& c, int64_t* slot) {
+  const SlotKind kind = decode_slot(p.slots, c.b, slot);
+  if (kind == SlotKind::kValid) return true;
+  if (kind == SlotKind::kOutOfRange && threadIdx.x == 0) raise_error(p.error_flag, kErrSlotOutOfRange);
+  TI* out = out_rows<TI, ROWS>(p, c);
+  for (int r = threadIdx.x; r < ROWS; r += blockDim.x) out[r] = from_float<TI>(0.f);
+  return false;
+}
+
+// Log decay of this step: given, or -exp(A_log) * softplus(a + dt_bias).
+__device__ __forceinline__ float step_log_decay(const DecodeParams& p, const CtaCoords& c) {
+  if (p.in.g.ptr != nullptr) return load_scalar(p.in.g, c.b, c.hv);
+  const float x = load_scalar(p.in.a, c.b, c.hv) + load_scalar(p.in.dt_bias, c.hv);
+  return -expf(load_scalar(p.in.A_log, c.hv)) * softplus(x);
+}
+
+__device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoords& c) {
+  if (p.in.beta.ptr != nullptr) return load_scalar(p.in.beta, c.b, c.hv);
+  return 1.f / (1.f + expf(-load_scalar(p.in.b, c.b, c.hv)));
+}
+
+// q^ and k^ of this CTA's key head into shared memory (fp32). Needs q_s/k_s pre-filled with the
+// raw values; every thread must call it (two barriers inside). Returns nothing: q_s, k_s updated.
+template <int K, int kThreads>
+__device__ __forceinline__ void normalise_qk(const DecodeParams& p, float* q_s, float* k_s, float* red_s) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  if (p.use_l2norm && warp < 2) {
+    const float* x = warp == 0 ? q_s : k_s;
+    float acc = 0.f;
+    for (int i = lane; i < K; i += 32) acc = fmaf(x[i], x[i], acc);
+    acc = group_sum<32>(acc);
+    if (lane == 0) red_s[warp] = 1.f / sqrtf(acc + 1e-6f);
+  }
+  __syncthreads();
+  const float qs = (p.use_l2norm ? red_s[0] : 1.f) * p.scale;
+  const float ks = p.use_l2norm ? red_s[1] : 1.f;
+  for (int i = tid; i < K; i += kThreads) {
+    q_s[i] *= qs;
+    k_s[i] *= ks;
+  }
+  __syncthreads();
+}
+
+}  // namespace gdn
+}  // namespace replayssm

@@ -1,0 +1,94 @@
+// Host-side launchers for the GDN decode kernels: grid shape and the runtime tiling choice.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <type_traits>
+
+#include "conventional_decode.cuh"
+#include "replay_decode.cuh"
+
+namespace replayssm {
+namespace gdn {
+
+// Calls f(std::integral_constant<int, ROWS>) for rows-per-CTA 16, 32 or 64 (must divide V).
+template <int V, typename F>
+cudaError_t dispatch_rows(int rows, F&& f) {
+  switch (rows) {
+    case 16:
+      if constexpr (V % 16 == 0) return f(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      if constexpr (V % 32 == 0) return f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      if constexpr (V % 64 == 0) return f(std::integral_constant<int, 64>{});
+      break;
+    default:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+template <typename Kernel>
+cudaError_t launch_grid(Kernel kernel, const DecodeParams& p, int rows, int V, cudaStream_t stream,
+                        size_t smem_bytes = 0) {
+  const int64_t ctas = static_cast<int64_t>(p.batch) * p.nv_heads * (V / rows);
+  if (ctas == 0) return cudaSuccess;
+  if (ctas > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), 128, smem_bytes, stream>>>(p);
+  return cudaGetLastError();
+}
+
+template <int L>
+constexpr int kMaxRingCapacity = L + 16;
+
+template <typename TS, typename TI, int K, int V, int L>
+struct ReplayDecode {
+  using Params = DecodeParams;
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
+    return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      return launch_grid(replay_decode_kernel<TS, TI, K, V, L, kRows>, p, rows, V, stream,
+                         ReplayRingSmem<K, kRows>::bytes(p.ring.capacity));
+    });
+  }
+  template <int ROWS>
+  static cudaError_t prepare_rows() {
+    const int smem = static_cast<int>(ReplayRingSmem<K, ROWS>::bytes(kMaxRingCapacity<L>));
+    return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, ROWS>,
+                                cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+  }
+  static cudaError_t prepare() {
+    cudaError_t e = cudaSuccess;
+    if constexpr (V % 16 == 0) e = prepare_rows<16>();
+    if constexpr (V % 32 == 0)
+      if (e == cudaSuccess) e = prepare_rows<32>();
+    if constexpr (V % 64 == 0)
+      if (e == cudaSuccess) e = prepare_rows<64>();
+    return e;
+  }
+};
+
+template <typename TS, typename TI, int K, int V>
+struct ConventionalDecode {
+  using Params = DecodeParams;
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
+      return launch_grid(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value>, p, rows, V, stream);
+    });
+  }
+  static cudaError_t prepare() {
+    cudaFuncAttributes a;
+    cudaError_t e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 16>);
+    if constexpr (V % 32 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 32>);
+    if constexpr (V % 64 == 0)
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 64>);
+    return e;
+  }
+};
+
+}  // namespace gdn
+}  // namespace replayssm

@@ -1,0 +1,75 @@
+// Parameters of the Gated DeltaNet decode kernels: raw pointers and element strides only.
+// Mirrored field by field in replayssm/ops/gdn.py (ctypes); the module checks sizeof at load.
+#pragma once
+
+#include <cstdint>
+
+#include "../common/slots.cuh"
+#include "../common/types.cuh"
+
+namespace replayssm {
+namespace gdn {
+
+// Checkpoint (replay) or live state (conventional): [num_slots, HV, V, K], V and K contiguous.
+struct StatePool {
+  void* state;
+  int64_t stride_slot;
+  int64_t stride_head;
+};
+
+// Ring of the records since the checkpoint, capacity R = L + max_draft. Stored in fp32 so that
+// replay reproduces the fp32 recurrence: u is a computed value (it depends on the state).
+struct Ring {
+  float* u;  // [slots, HV, R, V] corrected values u = beta (v - S~ k^)
+  int64_t u_stride_slot;
+  int64_t u_stride_head;
+  float* k;  // [slots, HK, R, K] normalised keys k^ (written by the first value head of a key head)
+  int64_t k_stride_slot;
+  int64_t k_stride_head;
+  float* g;  // [slots, HV, R]    log decays
+  int64_t g_stride_slot;
+  int64_t g_stride_head;
+  int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
+  int32_t* len;    // [slots] committed records since the checkpoint
+  int32_t* done;   // [slots] CTA arrival counter for the in-kernel cursor update (0 between launches)
+  int32_t capacity;
+  int32_t reserved;
+};
+
+struct StepInputs {
+  const void* q;  // [batch, HK, K] io dtype, K contiguous
+  int64_t q_stride_batch;
+  int64_t q_stride_head;
+  const void* k;  // [batch, HK, K] io dtype, K contiguous
+  int64_t k_stride_batch;
+  int64_t k_stride_head;
+  const void* v;  // [batch, HV, V] io dtype, V contiguous
+  int64_t v_stride_batch;
+  int64_t v_stride_head;
+  void* out;      // [batch, HV, V] io dtype, V contiguous
+  int64_t out_stride_batch;
+  int64_t out_stride_head;
+  ScalarArg g;        // (batch, hv) log decay given directly, or absent:
+  ScalarArg a;        // (batch, hv)  g = -exp(A_log[hv]) * softplus(a + dt_bias[hv])
+  ScalarArg A_log;    // (hv)
+  ScalarArg dt_bias;  // (hv) optional
+  ScalarArg beta;     // (batch, hv) given directly, or absent: beta = sigmoid(b)
+  ScalarArg b;        // (batch, hv)
+};
+
+struct DecodeParams {
+  StatePool pool;
+  Ring ring;  // unused by the conventional kernel
+  StepInputs in;
+  SlotArg slots;
+  int32_t* error_flag;  // [1], OR of ErrorBits
+  int32_t batch;
+  int32_t nv_heads;     // HV
+  int32_t nk_heads;     // HK (HV % HK == 0)
+  int32_t use_l2norm;   // normalise q and k (eps 1e-6) before use
+  float scale;          // multiplies q (K^-1/2 by default)
+  int32_t rows_per_cta; // runtime tiling choice over V: 16, 32 or 64
+};
+
+}  // namespace gdn
+}  // namespace replayssm

@@ -1,0 +1,136 @@
+"""Gated DeltaNet decode ops: validation, params filling and launch of the compiled modules.
+
+Shapes (HV value heads, HK key heads with HV % HK == 0, head dims K and V, batch rows):
+    state / checkpoint  [num_slots, HV, V, K]  state dtype, V and K contiguous, slot stride free
+    q, k                [batch, HK, K]         io dtype, K contiguous
+    v, out              [batch, HV, V]         io dtype, V contiguous
+    gate: g [batch, HV] (log decay) or a [batch, HV] with A_log [HV] and dt_bias [HV] (optional)
+    beta [batch, HV], or b [batch, HV] (beta = sigmoid(b))
+    slot_indices        [batch] int32/int64; ``pad_slot_id`` rows are skipped (output zeros)
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+
+from ..jit import get_module
+from .abi import ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .generators import gdn_decode_spec
+from .validate import FLOAT_DTYPES, check_tensor, per_head_stride
+
+ROWS_CHOICES = (16, 32, 64)
+
+
+class StatePool(ctypes.Structure):
+    _fields_ = [("state", c_ptr), ("stride_slot", i64), ("stride_head", i64)]
+
+
+class Ring(ctypes.Structure):
+    _fields_ = [
+        ("u", c_ptr), ("u_stride_slot", i64), ("u_stride_head", i64),
+        ("k", c_ptr), ("k_stride_slot", i64), ("k_stride_head", i64),
+        ("g", c_ptr), ("g_stride_slot", i64), ("g_stride_head", i64),
+        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr),
+        ("capacity", i32), ("reserved", i32),
+    ]
+
+
+class StepInputs(ctypes.Structure):
+    _fields_ = [
+        ("q", c_ptr), ("q_stride_batch", i64), ("q_stride_head", i64),
+        ("k", c_ptr), ("k_stride_batch", i64), ("k_stride_head", i64),
+        ("v", c_ptr), ("v_stride_batch", i64), ("v_stride_head", i64),
+        ("out", c_ptr), ("out_stride_batch", i64), ("out_stride_head", i64),
+        ("g", ScalarArg), ("a", ScalarArg), ("A_log", ScalarArg), ("dt_bias", ScalarArg),
+        ("beta", ScalarArg), ("b", ScalarArg),
+    ]
+
+
+class DecodeParams(ctypes.Structure):
+    _fields_ = [
+        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
+        ("error_flag", c_ptr),
+        ("batch", i32), ("nv_heads", i32), ("nk_heads", i32), ("use_l2norm", i32),
+        ("scale", ctypes.c_float), ("rows_per_cta", i32),
+    ]
+
+
+@dataclass(frozen=True)
+class GDNDims:
+    num_v_heads: int
+    num_k_heads: int
+    head_k_dim: int
+    head_v_dim: int
+
+
+def default_rows_per_cta(V: int, K: int, batch: int, nv_heads: int) -> int:
+    """64 rows of V once there are enough tiles (32 when a K-row is 1 KB or more), else 32."""
+    rows = 64 if batch * nv_heads >= 512 and K <= 128 else 32
+    while V % rows:
+        rows //= 2
+    return rows
+
+
+def check_rows_per_cta(rows: int, V: int) -> int:
+    if rows not in ROWS_CHOICES or V % rows:
+        valid = [r for r in ROWS_CHOICES if V % r == 0]
+        raise ValueError(f"rows_per_cta: expected one of {valid} for head_v_dim {V}, got {rows!r}")
+    return rows
+
+
+def _per_row(name: str, t, batch: int, H: int, device) -> int:
+    """[batch, H] (or stride-0 expanded trailing dims) per (row, head) scalar; returns head stride."""
+    check_tensor(name, t, dtype=FLOAT_DTYPES, device=device)
+    return per_head_stride(name, t, H, lead=(batch,))
+
+
+def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None, beta=None, A_log=None, a=None,
+                dt_bias=None, b=None, out=None) -> tuple[StepInputs, torch.Tensor]:
+    """Validate one decode token per row and fill the StepInputs struct. Returns (struct, out)."""
+    HV, HK, K, V = dims.num_v_heads, dims.num_k_heads, dims.head_k_dim, dims.head_v_dim
+    check_tensor("q", q, shape=(batch, HK, K), dtype=io_dtype, device=device, inner_contiguous=1)
+    check_tensor("k", k, shape=(batch, HK, K), dtype=io_dtype, device=device, inner_contiguous=1)
+    check_tensor("v", v, shape=(batch, HV, V), dtype=io_dtype, device=device, inner_contiguous=1)
+    if (g is None) == (a is None):
+        raise ValueError("g / a: give exactly one gate: the log decay g [batch, HV], or a [batch, HV] with A_log [HV] "
+                         f"(g = -exp(A_log) * softplus(a + dt_bias)); got g={'set' if g is not None else None}, "
+                         f"a={'set' if a is not None else None}")
+    if a is not None and A_log is None:
+        raise ValueError("A_log: required with a (g = -exp(A_log) * softplus(a + dt_bias)), got None")
+    if (beta is None) == (b is None):
+        raise ValueError("beta / b: give exactly one of beta [batch, HV] or b [batch, HV] (beta = sigmoid(b)); "
+                         f"got beta={'set' if beta is not None else None}, b={'set' if b is not None else None}")
+    if out is None:
+        out = torch.empty((batch, HV, V), dtype=io_dtype, device=device)
+    else:
+        check_tensor("out", out, shape=(batch, HV, V), dtype=io_dtype, device=device, inner_contiguous=1)
+    s = StepInputs()
+    s.q, s.q_stride_batch, s.q_stride_head = q.data_ptr(), q.stride(0), q.stride(1)
+    s.k, s.k_stride_batch, s.k_stride_head = k.data_ptr(), k.stride(0), k.stride(1)
+    s.v, s.v_stride_batch, s.v_stride_head = v.data_ptr(), v.stride(0), v.stride(1)
+    s.out, s.out_stride_batch, s.out_stride_head = out.data_ptr(), out.stride(0), out.stride(1)
+    if g is not None:
+        s.g = scalar_arg(g, g.stride(0), _per_row("g", g, batch, HV, device))
+    else:
+        s.a = scalar_arg(a, a.stride(0), _per_row("a", a, batch, HV, device))
+        check_tensor("A_log", A_log, dtype=FLOAT_DTYPES, device=device)
+        s.A_log = scalar_arg(A_log, per_head_stride("A_log", A_log, HV))
+        if dt_bias is not None:
+            check_tensor("dt_bias", dt_bias, dtype=FLOAT_DTYPES, device=device)
+            s.dt_bias = scalar_arg(dt_bias, per_head_stride("dt_bias", dt_bias, HV))
+    if beta is not None:
+        s.beta = scalar_arg(beta, beta.stride(0), _per_row("beta", beta, batch, HV, device))
+    else:
+        s.b = scalar_arg(b, b.stride(0), _per_row("b", b, batch, HV, device))
+    return s, out
+
+
+def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None):
+    """Build or load the module and put its kernels on the current device (outside capture)."""
+    mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L))
+    mod.check_params(0, DecodeParams)
+    mod.prepare()
+    return mod
