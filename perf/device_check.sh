@@ -11,6 +11,11 @@ export REPLAYSSM_CACHE_DIR=${REPLAYSSM_CACHE_DIR:-/tmp/replayssm_cache}
 # the device copy has no .git: pass REPLAYSSM_COMMIT=<hash> in the command
 export REPLAYSSM_COMMIT=${REPLAYSSM_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || echo unknown)}
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
+# optional peers carried as wheels (.whl, ignored by git): FLA for the cross-check tests
+if compgen -G ".whl/*.whl" > /dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    && export PYTHONPATH=$PYTHONPATH:/tmp/site
+fi
 rc=0
 if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -m gpu tests/gpu -q -rs --durations=15 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"

@@ -10,6 +10,8 @@ _LAZY = {
     "Mamba2Cache": ("replayssm.cache", "Mamba2Cache"),
     "GDNDecodeWrapper": ("replayssm.wrappers", "GDNDecodeWrapper"),
     "GDNCache": ("replayssm.cache", "GDNCache"),
+    "KDADecodeWrapper": ("replayssm.wrappers", "KDADecodeWrapper"),
+    "KDACache": ("replayssm.cache", "KDACache"),
     "supported": ("replayssm.configs", "supported"),
 }
 

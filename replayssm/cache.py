@@ -176,6 +176,8 @@ class GDNCache(ReplayCache):
     16-bit u or k^ would add a rounding error the conventional kernel does not make.
     """
 
+    per_channel = False  # KDA: one log decay per key channel
+
     def __init__(self, num_slots: int, num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int, *,
                  window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
                  device=None):
@@ -187,7 +189,8 @@ class GDNCache(ReplayCache):
         R, dev = self.capacity, self.device
         self.u_ring = torch.zeros((num_slots, num_v_heads, R, head_v_dim), dtype=torch.float32, device=dev)
         self.k_ring = torch.zeros((num_slots, num_k_heads, R, head_k_dim), dtype=torch.float32, device=dev)
-        self.g_ring = torch.zeros((num_slots, num_v_heads, R), dtype=torch.float32, device=dev)
+        gshape = (num_slots, num_v_heads, R, head_k_dim) if self.per_channel else (num_slots, num_v_heads, R)
+        self.g_ring = torch.zeros(gshape, dtype=torch.float32, device=dev)
 
     def rings(self):
         return self.u_ring, self.k_ring, self.g_ring
@@ -210,9 +213,19 @@ class GDNCache(ReplayCache):
             return S
         HV, HK = self.dims.num_v_heads, self.dims.num_k_heads
         pos, valid = self._ring_positions(s)
-        g = self._gather(self.g_ring, s, pos) * valid[:, None, :]  # [b, HV, R], zero beyond len
-        total = g.sum(-1)
-        w = torch.exp(total[..., None] - torch.cumsum(g, -1)) * valid[:, None, :]  # exp(sum_{i>j} g_i)
+        g = self._gather(self.g_ring, s, pos)  # [b, HV, R] or (KDA) [b, HV, R, K]
+        if not self.per_channel:
+            g = g[..., None]
+        g = g * valid[:, None, :, None]  # zero beyond len
+        total = g.sum(2)  # [b, HV, K or 1]
+        w = torch.exp(total[:, :, None] - torch.cumsum(g, 2)) * valid[:, None, :, None]  # exp(sum_{i>j} g_i)
         u = self._gather(self.u_ring, s, pos)  # [b, HV, R, V]
         kh = self._gather(self.k_ring, s, pos).repeat_interleave(HV // HK, dim=1)  # [b, HV, R, K]
-        return torch.exp(total)[..., None, None] * S + torch.einsum("bhr,bhrv,bhrk->bhvk", w, u, kh)
+        return torch.exp(total)[:, :, None, :] * S + torch.einsum("bhrv,bhrk->bhvk", u, w * kh)
+
+
+class KDACache(GDNCache):
+    """One Kimi Delta Attention layer's ReplaySSM state: as GDNCache, but the decay is per key
+    channel, so ``g_ring`` is [num_slots, HV, R, K] float32 (one K-vector of log decays per record)."""
+
+    per_channel = True

@@ -7,7 +7,7 @@ import torch
 from .ops.generators import GDN_DIMS, WINDOWS
 
 IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-FAMILIES = ("mamba2", "gdn")
+FAMILIES = ("mamba2", "gdn", "kda")
 
 
 def as_dtype(arg: str, value) -> torch.dtype:
@@ -63,13 +63,14 @@ def check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, s
 
 
 _REQUIRED = {"mamba2": ("nheads", "head_dim", "state_dim"),
-             "gdn": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim")}
+             "gdn": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim"),
+             "kda": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim")}
 
 
 def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     """Capture-safe probe: does a kernel exist for this configuration? Returns (ok, reason).
 
-    mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1); gdn keys: num_v_heads,
+    mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1); gdn and kda keys: num_v_heads,
     num_k_heads, head_k_dim, head_v_dim (required); both: window (16), state_dtype (float32),
     io_dtype (bfloat16), dtypes as torch.dtype or name."""
     if family not in FAMILIES:

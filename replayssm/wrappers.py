@@ -17,7 +17,7 @@ import math
 
 import torch
 
-from .cache import GDNCache, Mamba2Cache, ReplayCache
+from .cache import GDNCache, KDACache, Mamba2Cache, ReplayCache
 from .configs import check_gdn_config, check_mamba2_config, supported  # noqa: F401 (supported re-exported)
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
@@ -185,6 +185,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
     """
 
     cache_type = GDNCache
+    family = "gdn"
 
     def __init__(self, num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int, *, window: int = 16,
                  state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int, algorithm: str = "replay",
@@ -204,11 +205,11 @@ class GDNDecodeWrapper(_DecodeWrapper):
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims
-        return GDNCache(num_slots, d.num_v_heads, d.num_k_heads, d.head_k_dim, d.head_v_dim, window=self.window,
+        return self.cache_type(num_slots, d.num_v_heads, d.num_k_heads, d.head_k_dim, d.head_v_dim, window=self.window,
                         max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype, device=self.device)
 
     def _load_module(self):
-        return gdn_ops.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window)
+        return gdn_ops.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family)
 
     def _default_rows(self, batch: int) -> int:
         return gdn_ops.default_rows_per_cta(self.dims.head_v_dim, self.dims.head_k_dim, batch, self.dims.num_v_heads)
@@ -223,7 +224,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
         batch = self._planned_batch()
         self._check_cache(cache)
         inputs, out = gdn_ops.step_inputs(self.dims, self.io_dtype, self.device, batch, q, k, v, g=g, beta=beta,
-                                          A_log=A_log, a=a, dt_bias=dt_bias, b=b, out=out)
+                                          A_log=A_log, a=a, dt_bias=dt_bias, b=b, out=out,
+                                          per_channel=self.cache_type.per_channel)
         p = gdn_ops.DecodeParams()
         p.pool = cache.pool_struct()
         if self.algorithm == "replay":
@@ -235,3 +237,18 @@ class GDNDecodeWrapper(_DecodeWrapper):
         p.use_l2norm, p.scale, p.rows_per_cta = int(self.use_l2norm), self.scale, self._rows
         self._launch(p, gdn_ops.DecodeParams, cache)
         return out
+
+
+class KDADecodeWrapper(GDNDecodeWrapper):
+    """Kimi Delta Attention decode step (Kimi-Linear, Kimi-K3): GDN with a per-key-channel decay.
+
+    Same constructor and contract as GDNDecodeWrapper; in ``run`` the gate is g [batch, HV, K]
+    (log decay per channel) or a [batch, HV, K] with A_log [HV] and optional dt_bias [HV, K]
+    (g = -exp(A_log) * softplus(a + dt_bias)).
+    """
+
+    cache_type = KDACache
+    family = "kda"
+
+    def create_cache(self, num_slots: int, max_draft: int = 1) -> KDACache:
+        return super().create_cache(num_slots, max_draft)

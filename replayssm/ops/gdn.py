@@ -1,10 +1,11 @@
-"""Gated DeltaNet decode ops: validation, params filling and launch of the compiled modules.
+"""Gated DeltaNet and KDA decode ops: validation, params filling and launch of the compiled modules.
 
 Shapes (HV value heads, HK key heads with HV % HK == 0, head dims K and V, batch rows):
     state / checkpoint  [num_slots, HV, V, K]  state dtype, V and K contiguous, slot stride free
     q, k                [batch, HK, K]         io dtype, K contiguous
     v, out              [batch, HV, V]         io dtype, V contiguous
-    gate: g [batch, HV] (log decay) or a [batch, HV] with A_log [HV] and dt_bias [HV] (optional)
+    gate: g [batch, HV] (log decay) or a [batch, HV] with A_log [HV] and dt_bias [HV] (optional);
+          KDA (per key channel): g or a [batch, HV, K] (K contiguous), A_log [HV], dt_bias [HV, K]
     beta [batch, HV], or b [batch, HV] (beta = sigmoid(b))
     slot_indices        [batch] int32/int64; ``pad_slot_id`` rows are skipped (output zeros)
 """
@@ -87,9 +88,18 @@ def _per_row(name: str, t, batch: int, H: int, device) -> int:
     return per_head_stride(name, t, H, lead=(batch,))
 
 
+def _per_channel(name: str, t, lead: tuple[int, ...], K: int, device) -> tuple[int, int]:
+    """KDA per-channel operand [*lead, K] with K contiguous; returns the strides of the lead dims."""
+    check_tensor(name, t, shape=(*lead, K), dtype=FLOAT_DTYPES, device=device, inner_contiguous=1)
+    strides = [t.stride(d) for d in range(len(lead))]
+    return (strides + [0, 0])[0], (strides + [0, 0])[1]
+
+
 def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None, beta=None, A_log=None, a=None,
-                dt_bias=None, b=None, out=None) -> tuple[StepInputs, torch.Tensor]:
-    """Validate one decode token per row and fill the StepInputs struct. Returns (struct, out)."""
+                dt_bias=None, b=None, out=None, per_channel: bool = False) -> tuple[StepInputs, torch.Tensor]:
+    """Validate one decode token per row and fill the StepInputs struct. Returns (struct, out).
+
+    per_channel: KDA gates (g or a [batch, HV, K], dt_bias [HV, K]) instead of GDN's per head."""
     HV, HK, K, V = dims.num_v_heads, dims.num_k_heads, dims.head_k_dim, dims.head_v_dim
     check_tensor("q", q, shape=(batch, HK, K), dtype=io_dtype, device=device, inner_contiguous=1)
     check_tensor("k", k, shape=(batch, HK, K), dtype=io_dtype, device=device, inner_contiguous=1)
@@ -112,15 +122,25 @@ def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None,
     s.k, s.k_stride_batch, s.k_stride_head = k.data_ptr(), k.stride(0), k.stride(1)
     s.v, s.v_stride_batch, s.v_stride_head = v.data_ptr(), v.stride(0), v.stride(1)
     s.out, s.out_stride_batch, s.out_stride_head = out.data_ptr(), out.stride(0), out.stride(1)
-    if g is not None:
+    if per_channel:
+        name, t = ("g", g) if g is not None else ("a", a)
+        gate = scalar_arg(t, *_per_channel(name, t, (batch, HV), K, device))
+        if g is not None:
+            s.g = gate
+        else:
+            s.a = gate
+            if dt_bias is not None:
+                s.dt_bias = scalar_arg(dt_bias, *_per_channel("dt_bias", dt_bias, (HV,), K, device))
+    elif g is not None:
         s.g = scalar_arg(g, g.stride(0), _per_row("g", g, batch, HV, device))
     else:
         s.a = scalar_arg(a, a.stride(0), _per_row("a", a, batch, HV, device))
-        check_tensor("A_log", A_log, dtype=FLOAT_DTYPES, device=device)
-        s.A_log = scalar_arg(A_log, per_head_stride("A_log", A_log, HV))
         if dt_bias is not None:
             check_tensor("dt_bias", dt_bias, dtype=FLOAT_DTYPES, device=device)
             s.dt_bias = scalar_arg(dt_bias, per_head_stride("dt_bias", dt_bias, HV))
+    if a is not None:
+        check_tensor("A_log", A_log, dtype=FLOAT_DTYPES, device=device)
+        s.A_log = scalar_arg(A_log, per_head_stride("A_log", A_log, HV))
     if beta is not None:
         s.beta = scalar_arg(beta, beta.stride(0), _per_row("beta", beta, batch, HV, device))
     else:
@@ -128,9 +148,9 @@ def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None,
     return s, out
 
 
-def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None):
+def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None, family: str = "gdn"):
     """Build or load the module and put its kernels on the current device (outside capture)."""
-    mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L))
+    mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family))
     mod.check_params(0, DecodeParams)
     mod.prepare()
     return mod

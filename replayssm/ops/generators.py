@@ -48,11 +48,14 @@ GDN_DIMS = (64, 128, 256)
 GDN_OPS = ("replay_decode", "conventional_decode")
 
 
-def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None) -> Specialization:
-    """Specialization of a Gated DeltaNet decode module.
+def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None,
+                    family: str = "gdn") -> Specialization:
+    """Specialization of a Gated DeltaNet (family 'gdn') or KDA (family 'kda', per-channel decay)
+    decode module.
 
     op: 'replay_decode' (needs L) or 'conventional_decode'; K, V (key and value head dims) in
     GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS."""
+    _check_choice("family", family, ("gdn", "kda"))
     _check_choice("op", op, GDN_OPS)
     _check_choice("K (key head dim)", K, GDN_DIMS)
     _check_choice("V (value head dim)", V, GDN_DIMS)
@@ -61,7 +64,7 @@ def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | Non
     else:
         L = None
     return Specialization(
-        family="gdn",
+        family=family,
         op=op,
         template="gdn_decode.cu.jinja",
         dims=(("K", K), ("V", V)),
@@ -101,4 +104,6 @@ def compile_check_specializations() -> list[Specialization]:
         gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16),
         gdn_decode_spec("conventional_decode", 128, 128, "float32", "bfloat16"),
         gdn_decode_spec("replay_decode", 64, 256, "bfloat16", "float16", L=32),
+        gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16, family="kda"),
+        gdn_decode_spec("conventional_decode", 256, 64, "float16", "float32", family="kda"),
     ]

@@ -42,7 +42,7 @@ def compiled(tmp_path_factory):
 def test_specialization_compiles_for_sm90a_and_exports_the_abi(spec, compiled):
     from replayssm.ops import gdn, mamba2
 
-    DecodeParams = {"mamba2": mamba2.DecodeParams, "gdn": gdn.DecodeParams}[spec.family]  # the ctypes mirror
+    DecodeParams = {"mamba2": mamba2.DecodeParams, "gdn": gdn.DecodeParams, "kda": gdn.DecodeParams}[spec.family]  # the ctypes mirror
     d = compiled[spec.name]
     assert jb.module_is_current(d, jb.plan(spec, ("90a",)))
     mod = load_module(d / f"{spec.name}.so", spec.name)  # checks ABI version and embedded name

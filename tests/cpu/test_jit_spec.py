@@ -111,6 +111,7 @@ def test_compile_check_set_covers_every_option():
     m2 = [s for s in specs if s.family == "mamba2"]
     assert {dict(s.dims)["P"] for s in m2} == set(MAMBA2_P)
     assert {dict(s.dims)["N"] for s in m2} == set(MAMBA2_N)
+    assert {s.family for s in specs} == {"mamba2", "gdn", "kda"}
     gdn = [s for s in specs if s.family == "gdn"]
     assert {d for s in gdn for d in (dict(s.dims)["K"], dict(s.dims)["V"])} == {64, 128, 256}
     assert {s.op for s in gdn} == {"replay_decode", "conventional_decode"}

@@ -257,7 +257,7 @@ def test_supported_configurations(P_, N_, L, state, io):
 
 
 @pytest.mark.parametrize("family,config,fragments", [
-    ("kda", dict(nheads=32, head_dim=128, state_dim=128), ["'kda'", "no kernels"]),
+    ("mamba3", dict(nheads=32, head_dim=128, state_dim=128), ["'mamba3'", "no kernels"]),
     ("gdn", dict(nheads=32, head_dim=128, state_dim=128), ["missing", "num_v_heads"]),
     ("gdn", dict(num_v_heads=32, num_k_heads=12, head_k_dim=128, head_v_dim=128), ["num_v_heads % num_k_heads"]),
     ("gdn", dict(num_v_heads=32, num_k_heads=16, head_k_dim=96, head_v_dim=128), ["head_k_dim (K)", "96"]),

@@ -30,7 +30,7 @@ def _gdn_specs():
     specs = {}
     for cfg in CONFIGS:
         for op in ("replay_decode", "conventional_decode"):
-            s = gdn_decode_spec(op, cfg["K"], cfg["V"], cfg["state"], cfg["io"], cfg["L"])
+            s = gdn_decode_spec(op, cfg["K"], cfg["V"], cfg["state"], cfg["io"], cfg["L"], cfg["family"])
             specs[s.name] = s
     return list(specs.values())
 

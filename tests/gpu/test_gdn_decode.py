@@ -1,8 +1,8 @@
-"""Gated DeltaNet decode kernels (replay and conventional) against the float64 reference.
+"""Gated DeltaNet and KDA decode kernels (replay and conventional) against the float64 reference.
 
 Every check draws fresh random inputs, poisons outputs with NaN before each launch, checks every
-element was written (pad rows must be zeros), and compares with replayssm.reference.gdn_step run
-in float64 on the same (io-dtype-rounded) inputs.
+element was written (pad rows must be zeros), and compares with replayssm.reference.gdn_step /
+kda_step run in float64 on the same (io-dtype-rounded) inputs.
 
 Tolerances (relative L2 error over a step's batch; state after the run):
     fp32 state + fp32 io:  outputs 2e-5, state 2e-5
@@ -20,14 +20,15 @@ import math
 import pytest
 import torch
 
-from replayssm.reference import gdn_step
+from replayssm.reference import gdn_step, kda_step
 
 from .common import fresh_generator, rel_err, snapshot
 
 pytestmark = pytest.mark.gpu
 
 F32, BF16, F16 = torch.float32, torch.bfloat16, torch.float16
-BASE = dict(HV=4, HK=2, K=128, V=128, state=F32, io=BF16, L=16)
+BASE = dict(family="gdn", HV=4, HK=2, K=128, V=128, state=F32, io=BF16, L=16)
+KDA = {**BASE, "family": "kda"}
 CONFIGS = [
     BASE,
     {**BASE, "io": F16},
@@ -40,8 +41,15 @@ CONFIGS = [
     {**BASE, "HK": 4},
     {**BASE, "L": 8},
     {**BASE, "L": 32},
+    KDA,
+    {**KDA, "io": F32},
+    {**KDA, "state": BF16},
+    {**KDA, "K": 64, "V": 256},
+    {**KDA, "L": 8},
 ]
-CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "K64", "V64", "KV256", "HV_eq_HK", "L8", "L32"]
+CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "K64", "V64", "KV256", "HV_eq_HK", "L8", "L32",
+              "kda", "kda_io_f32", "kda_state_bf16", "kda_K64_V256", "kda_L8"]
+STEP = {"gdn": gdn_step, "kda": kda_step}
 ALGORITHMS = ["replay", "conventional"]
 
 
@@ -54,31 +62,37 @@ def tolerances(cfg) -> tuple[float, float]:
 
 
 def make(cfg, algorithm, num_slots, max_batch, **kw):
-    from replayssm import GDNDecodeWrapper
+    from replayssm import GDNDecodeWrapper, KDADecodeWrapper
 
-    w = GDNDecodeWrapper(cfg["HV"], cfg["HK"], cfg["K"], cfg["V"], window=cfg["L"], state_dtype=cfg["state"],
-                         io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
+    cls = {"gdn": GDNDecodeWrapper, "kda": KDADecodeWrapper}[cfg["family"]]
+    w = cls(cfg["HV"], cfg["HK"], cfg["K"], cfg["V"], window=cfg["L"], state_dtype=cfg["state"],
+            io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
     return w, w.create_cache(num_slots)
 
 
-def layer_weights(HV, gen):
-    """A_log in [0, log 16] and dt_bias from dt log-uniform in [1e-3, 1e-1] (model init ranges)."""
+def layer_weights(cfg, gen):
+    """A_log in [0, log 16] and dt_bias from dt log-uniform in [1e-3, 1e-1] (model init ranges);
+    KDA's dt_bias is per key channel [HV, K]."""
+    HV = cfg["HV"]
+    shape = (HV, cfg["K"]) if cfg.get("family") == "kda" else (HV,)
     A_log = torch.empty(HV, device="cuda").uniform_(0.0, math.log(16.0), generator=gen)
-    dt0 = torch.exp(torch.empty(HV, device="cuda").uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
+    dt0 = torch.exp(torch.empty(shape, device="cuda").uniform_(math.log(1e-3), math.log(1e-1), generator=gen))
     return A_log, dt0 + torch.log(-torch.expm1(-dt0))
 
 
 def step_inputs(batch, cfg, gen, *, gates="raw"):
-    """q, k, v in the io dtype and the gate arguments: raw (a, b with A_log, dt_bias) or given (g, beta)."""
+    """q, k, v in the io dtype and the gate arguments: raw (a, b with A_log, dt_bias) or given (g, beta).
+    KDA's a and g carry a trailing K dim."""
     io, dev = cfg["io"], "cuda"
     q = torch.randn(batch, cfg["HK"], cfg["K"], device=dev, generator=gen).to(io)
     k = torch.randn(batch, cfg["HK"], cfg["K"], device=dev, generator=gen).to(io)
     v = torch.randn(batch, cfg["HV"], cfg["V"], device=dev, generator=gen).to(io)
+    gshape = (batch, cfg["HV"], cfg["K"]) if cfg.get("family") == "kda" else (batch, cfg["HV"])
     if gates == "raw":
-        gate = dict(a=torch.randn(batch, cfg["HV"], device=dev, generator=gen).to(io),
+        gate = dict(a=torch.randn(gshape, device=dev, generator=gen).to(io),
                     b=torch.randn(batch, cfg["HV"], device=dev, generator=gen).to(io))
     else:
-        gate = dict(g=-torch.rand(batch, cfg["HV"], device=dev, generator=gen) * 0.5,
+        gate = dict(g=-torch.rand(gshape, device=dev, generator=gen) * 0.5,
                     beta=torch.rand(batch, cfg["HV"], device=dev, generator=gen))
     return q, k, v, gate
 
@@ -90,7 +104,7 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", u
     dev = torch.device("cuda")
     HV, HK, K, V = cfg["HV"], cfg["HK"], cfg["K"], cfg["V"]
     w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm)
-    A_log, dt_bias = layer_weights(HV, gen)
+    A_log, dt_bias = layer_weights(cfg, gen)
     unused = list(range(num_slots - 2, num_slots))
     active = list(range(num_slots - 2))
     cache.reset(active)
@@ -124,8 +138,8 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", u
         sv = slots[sel].long()
         ref_gate = {n: t[sel].double() for n, t in gate.items()}
         ref_extra = {n: t.double() for n, t in extra.items()}
-        o_ref, S_new = gdn_step(S_ref[sv], q[sel].double(), k[sel].double(), v[sel].double(), use_l2norm=use_l2norm,
-                                scale=K ** -0.5, **ref_gate, **ref_extra)
+        o_ref, S_new = STEP[cfg["family"]](S_ref[sv], q[sel].double(), k[sel].double(), v[sel].double(),
+                                           use_l2norm=use_l2norm, scale=K ** -0.5, **ref_gate, **ref_extra)
         S_ref[sv] = S_new
         if sel.any():
             e = rel_err(out[sel], o_ref)
@@ -148,8 +162,9 @@ class TestGDNDecodeConfigs:
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 class TestGDNDecodeFeatures:
-    def test_given_log_decay_and_beta(self, algorithm):
-        run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(), gates="given")
+    @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
+    def test_given_log_decay_and_beta(self, algorithm, cfg):
+        run_sequence(cfg, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(), gates="given")
 
     def test_without_l2norm(self, algorithm):
         run_sequence({**BASE, "io": F32}, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(),
@@ -159,32 +174,34 @@ class TestGDNDecodeFeatures:
     def test_every_tiling(self, algorithm, rows):
         run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(), rows_per_cta=rows)
 
-    def test_large_batch_model_shape(self, algorithm):
-        cfg = {**BASE, "HV": 32, "HK": 16}
+    @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
+                             ids=["qwen3-next", "kimi-linear"])
+    def test_large_batch_model_shape(self, algorithm, cfg):
         run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=fresh_generator(), churn=False)
 
 
 class TestGDNFidelity:
-    def test_fp32_checkpoint_4096_steps(self):
-        """Qwen3-Next shape, 16 sequences, 4,096 steps: replayed state within 2e-5 of float64."""
-        cfg = {**BASE, "HV": 32, "HK": 16}
+    @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
+                             ids=["gdn-qwen3-next", "kda-kimi-linear"])
+    def test_fp32_checkpoint_4096_steps(self, cfg):
+        """16 sequences, 4,096 steps: replayed state within 2e-5 of the float64 recurrence."""
         gen = fresh_generator()
         w, cache = make(cfg, "replay", 16, 16)
-        A_log, dt_bias = layer_weights(32, gen)
+        A_log, dt_bias = layer_weights(cfg, gen)
         slots = torch.arange(16, device="cuda", dtype=torch.int32)
         cache.reset(slots)
         w.plan(slots)
-        S_ref = torch.zeros(16, 32, 128, 128, dtype=torch.float64, device="cuda")
+        S_ref = torch.zeros(16, cfg["HV"], 128, 128, dtype=torch.float64, device="cuda")
         worst = 0.0
         for step in range(4096):
             q, k, v, gate = step_inputs(16, cfg, gen)
             o = w.run(cache, q, k, v, A_log=A_log, dt_bias=dt_bias, **gate)
-            o_ref, S_ref = gdn_step(S_ref, q.double(), k.double(), v.double(), A_log=A_log.double(),
-                                    dt_bias=dt_bias.double(), **{n: t.double() for n, t in gate.items()})
+            o_ref, S_ref = STEP[cfg["family"]](S_ref, q.double(), k.double(), v.double(), A_log=A_log.double(),
+                                               dt_bias=dt_bias.double(), **{n: t.double() for n, t in gate.items()})
             if step % 256 == 255:
                 worst = max(worst, rel_err(o, o_ref))
         err = rel_err(cache.materialize(slots), S_ref)
-        print(f"GDN fidelity: state rel err {err:.3e} after 4096 steps, output rel err {worst:.3e}")
+        print(f"{cfg['family']} fidelity: state rel err {err:.3e} after 4096 steps, output rel err {worst:.3e}")
         assert worst <= 6e-3, f"output rel err {worst:.3e}"
         assert err <= 2e-5, f"state rel err after 4096 steps {err:.3e} > 2e-5"
 
@@ -197,7 +214,7 @@ class TestGDNGraphsAndSlots:
         gen = fresh_generator()
         cfg = BASE
         w, cache = make(cfg, algorithm, 8, 4)
-        A_log, dt_bias = layer_weights(cfg["HV"], gen)
+        A_log, dt_bias = layer_weights(cfg, gen)
         slots = torch.tensor([3, 0, -1, 5], device="cuda", dtype=torch.int32)
         cache.reset([0, 3, 5])
         w.plan(slots)
@@ -229,7 +246,7 @@ class TestGDNGraphsAndSlots:
         gen = fresh_generator()
         w, cache = make(BASE, algorithm, 4, 3)
         cache.reset([0, 1, 2, 3])
-        A_log, dt_bias = layer_weights(BASE["HV"], gen)
+        A_log, dt_bias = layer_weights(BASE, gen)
         before = snapshot(cache, [0, 2, 3])
         w.plan(torch.tensor([1, 4, 1000], device="cuda", dtype=torch.int64))
         q, k, v, gate = step_inputs(3, BASE, gen)
@@ -246,7 +263,7 @@ class TestGDNGraphsAndSlots:
         gen = fresh_generator()
         w, cache = make(BASE, "replay", 4, 2)
         cache.reset([0, 1, 2, 3])
-        A_log, dt_bias = layer_weights(BASE["HV"], gen)
+        A_log, dt_bias = layer_weights(BASE, gen)
         w.plan(torch.tensor([0, 1], device="cuda", dtype=torch.int32))
         others = snapshot(cache, [2, 3])
         for step in range(BASE["L"] + 2):  # through a flush

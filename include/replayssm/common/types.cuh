@@ -73,15 +73,24 @@ struct ScalarArg {
   int32_t reserved;
 };
 
-__device__ __forceinline__ float load_scalar(const ScalarArg& a, int64_t i0, int64_t i1 = 0,
-                                             float absent = 0.f) {
-  if (a.ptr == nullptr) return absent;
-  const int64_t off = i0 * a.stride0 + i1 * a.stride1;
+__device__ __forceinline__ float load_scalar_at(const ScalarArg& a, int64_t off) {
   switch (a.dtype) {
     case kBFloat16: return to_float(static_cast<const __nv_bfloat16*>(a.ptr)[off]);
     case kFloat16: return to_float(static_cast<const __half*>(a.ptr)[off]);
     default: return static_cast<const float*>(a.ptr)[off];
   }
+}
+
+__device__ __forceinline__ float load_scalar(const ScalarArg& a, int64_t i0, int64_t i1 = 0,
+                                             float absent = 0.f) {
+  return a.ptr == nullptr ? absent : load_scalar_at(a, i0 * a.stride0 + i1 * a.stride1);
+}
+
+// Element `c` of a contiguous innermost dim after (i0, i1): per-channel operands such as KDA's
+// gate a [batch, HV, K].
+__device__ __forceinline__ float load_channel(const ScalarArg& a, int64_t i0, int64_t i1, int c,
+                                              float absent = 0.f) {
+  return a.ptr == nullptr ? absent : load_scalar_at(a, i0 * a.stride0 + i1 * a.stride1 + c);
 }
 
 }  // namespace replayssm

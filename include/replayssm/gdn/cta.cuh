@@ -1,4 +1,4 @@
-// Per-CTA bookkeeping of the GDN decode kernels: coordinates, slot, gates, normalised q and k.
+// Per-CTA bookkeeping of the GDN and KDA decode kernels: coordinates, slot, gates, normalised q, k.
 #pragma once
 
 #include "../common/math.cuh"
@@ -47,6 +47,14 @@ __device__ __forceinline__ bool resolve_slot(const DecodeParams& p, const CtaCoo
 __device__ __forceinline__ float step_log_decay(const DecodeParams& p, const CtaCoords& c) {
   if (p.in.g.ptr != nullptr) return load_scalar(p.in.g, c.b, c.hv);
   const float x = load_scalar(p.in.a, c.b, c.hv) + load_scalar(p.in.dt_bias, c.hv);
+  return -expf(load_scalar(p.in.A_log, c.hv)) * softplus(x);
+}
+
+// KDA: log decay of key channel `kc`, given (g [batch, HV, K]) or -exp(A_log) * softplus(a + dt_bias)
+// with a [batch, HV, K] and dt_bias [HV, K].
+__device__ __forceinline__ float step_log_decay_channel(const DecodeParams& p, const CtaCoords& c, int kc) {
+  if (p.in.g.ptr != nullptr) return load_channel(p.in.g, c.b, c.hv, kc);
+  const float x = load_channel(p.in.a, c.b, c.hv, kc) + load_scalar(p.in.dt_bias, c.hv, kc);
   return -expf(load_scalar(p.in.A_log, c.hv)) * softplus(x);
 }
 

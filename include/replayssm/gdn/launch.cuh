@@ -1,4 +1,4 @@
-// Host-side launchers for the GDN decode kernels: grid shape and the runtime tiling choice.
+// Host-side launchers for the GDN and KDA decode kernels (PC: per-channel decay, i.e. KDA): grid shape and the runtime tiling choice.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -43,21 +43,21 @@ cudaError_t launch_grid(Kernel kernel, const DecodeParams& p, int rows, int V, c
 template <int L>
 constexpr int kMaxRingCapacity = L + 16;
 
-template <typename TS, typename TI, int K, int V, int L>
+template <typename TS, typename TI, int K, int V, int L, bool PC>
 struct ReplayDecode {
   using Params = DecodeParams;
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return launch_grid(replay_decode_kernel<TS, TI, K, V, L, kRows>, p, rows, V, stream,
-                         ReplayRingSmem<K, kRows>::bytes(p.ring.capacity));
+      return launch_grid(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>, p, rows, V, stream,
+                         ReplayRingSmem<K, kRows, PC>::bytes(p.ring.capacity));
     });
   }
   template <int ROWS>
   static cudaError_t prepare_rows() {
-    const int smem = static_cast<int>(ReplayRingSmem<K, ROWS>::bytes(kMaxRingCapacity<L>));
-    return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, ROWS>,
+    const int smem = static_cast<int>(ReplayRingSmem<K, ROWS, PC>::bytes(kMaxRingCapacity<L>));
+    return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, ROWS, PC>,
                                 cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
   }
   static cudaError_t prepare() {
@@ -71,21 +71,21 @@ struct ReplayDecode {
   }
 };
 
-template <typename TS, typename TI, int K, int V>
+template <typename TS, typename TI, int K, int V, bool PC>
 struct ConventionalDecode {
   using Params = DecodeParams;
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
-      return launch_grid(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value>, p, rows, V, stream);
+      return launch_grid(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PC>, p, rows, V, stream);
     });
   }
   static cudaError_t prepare() {
     cudaFuncAttributes a;
-    cudaError_t e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 16>);
+    cudaError_t e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 16, PC>);
     if constexpr (V % 32 == 0)
-      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 32>);
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 32, PC>);
     if constexpr (V % 64 == 0)
-      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 64>);
+      if (e == cudaSuccess) e = cudaFuncGetAttributes(&a, conventional_decode_kernel<TS, TI, K, V, 64, PC>);
     return e;
   }
 };

@@ -1,4 +1,4 @@
-// Parameters of the Gated DeltaNet decode kernels: raw pointers and element strides only.
+// Parameters of the Gated DeltaNet and KDA decode kernels: raw pointers and element strides only.
 // Mirrored field by field in replayssm/ops/gdn.py (ctypes); the module checks sizeof at load.
 #pragma once
 
@@ -26,7 +26,7 @@ struct Ring {
   float* k;  // [slots, HK, R, K] normalised keys k^ (written by the first value head of a key head)
   int64_t k_stride_slot;
   int64_t k_stride_head;
-  float* g;  // [slots, HV, R]    log decays
+  float* g;  // [slots, HV, R] log decays (KDA: [slots, HV, R, K], one per key channel)
   int64_t g_stride_slot;
   int64_t g_stride_head;
   int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
@@ -49,10 +49,12 @@ struct StepInputs {
   void* out;      // [batch, HV, V] io dtype, V contiguous
   int64_t out_stride_batch;
   int64_t out_stride_head;
-  ScalarArg g;        // (batch, hv) log decay given directly, or absent:
-  ScalarArg a;        // (batch, hv)  g = -exp(A_log[hv]) * softplus(a + dt_bias[hv])
+  // GDN: g, a are (batch, hv) and dt_bias (hv). KDA (per-channel decay): g, a are
+  // (batch, hv, K) with K contiguous and dt_bias (hv, K).
+  ScalarArg g;        // log decay given directly, or absent:
+  ScalarArg a;        //   g = -exp(A_log[hv]) * softplus(a + dt_bias)
   ScalarArg A_log;    // (hv)
-  ScalarArg dt_bias;  // (hv) optional
+  ScalarArg dt_bias;  // optional
   ScalarArg beta;     // (batch, hv) given directly, or absent: beta = sigmoid(b)
   ScalarArg b;        // (batch, hv)
 };

@@ -1,13 +1,16 @@
-// ReplaySSM Gated DeltaNet decode step (T = 1), output-only with the flush fused in.
+// ReplaySSM Gated DeltaNet / KDA decode step (T = 1), output-only with the flush fused in.
 //
 // Per slot and value head: checkpoint S_c [V, K] and m ring records (g_j, u_j, k_j) since it,
 // with k_j the normalised key and u_j the corrected value. With the current token as record m
-// (log decay g_m) and G(a..b) = sum_{a<=i<=b} g_i:
+// and G(a..b) = sum_{a<=i<=b} g_i (a scalar for GDN, a K-vector for KDA, applied along K):
 //
-//   non-flush (m + 1 <= L):  S~ x = exp(G(0..m)) S_c x + sum_{j<m} exp(G(j+1..m)) u_j (k_j . x)   for x in {k^, q^}
-//   flush     (m + 1 >  L):  S' = exp(G(0..m-1)) S_c + sum_{j<m} exp(G(j+1..m-1)) u_j k_j^T  -> written
-//                            S~ x = exp(g_m) S' x
+//   non-flush (m + 1 <= L):  S~ x = S_c (exp(G(0..m)) . x) + sum_{j<m} u_j ((exp(G(j+1..m)) . k_j) . x)   for x in {k^, q^}
+//   flush     (m + 1 >  L):  S' = S_c Diag(exp(G(0..m-1))) + sum_{j<m} u_j (exp(G(j+1..m-1)) . k_j)^T  -> written
+//                            S~ x = S' (exp(g_m) . x)
 //   then u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^), and (g_m, u, k^) is appended.
+// All decays are folded into vectors before the state is touched: kt = decayed k^, qt = decayed
+// q^ (what multiplies the state), col = per-column factor of the fold, and the ring keys are
+// replaced in shared memory by their decayed versions kd_j.
 //
 // One read of S_c serves both S_c k^ and S_c q^; no state is written outside flushes. As for
 // Mamba-2, the whole ring is fetched with async copies in the state's round trip and the last
@@ -22,18 +25,20 @@ namespace replayssm {
 namespace gdn {
 
 // Dynamic shared memory for ring capacity R: u rows of this CTA [R][ROWS], keys [R][K], g [R].
-template <int K, int ROWS>
+template <int K, int ROWS, bool PC>
 struct ReplayRingSmem {
+  static constexpr int kG = PC ? K : 1;  // log decays per record
   __host__ __device__ static constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
   __host__ __device__ static size_t u_bytes(int R) { return align16(static_cast<size_t>(R) * ROWS * 4); }
   __host__ __device__ static size_t k_bytes(int R) { return align16(static_cast<size_t>(R) * K * 4); }
-  __host__ __device__ static size_t bytes(int R) { return u_bytes(R) + k_bytes(R) + align16(R * 4); }
+  __host__ __device__ static size_t bytes(int R) { return u_bytes(R) + k_bytes(R) + align16(R * kG * 4); }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
   using Tile = StateTile<TS, K, ROWS, 4>;
-  using Smem = ReplayRingSmem<K, ROWS>;
+  using Smem = ReplayRingSmem<K, ROWS, PC>;
+  constexpr int kG = Smem::kG;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kChunks = V / ROWS;
@@ -58,7 +63,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   extern __shared__ __align__(16) unsigned char ring_smem[];
   float* u_s = reinterpret_cast<float*>(ring_smem);                                // [R][ROWS]
   float* kr_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R));            // [R][K]
-  float* g_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R) + Smem::k_bytes(R));  // [R]
+  float* g_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R) + Smem::k_bytes(R));  // [R][kG]
   {
     const float* uring = p.ring.u + slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + c.v0;
     const float* kring = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
@@ -69,7 +74,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       cp_async16(u_s + j * ROWS + q * 4, uring + static_cast<int64_t>(j) * V + q * 4);
     }
     for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(kr_s + i * 4, kring + i * 4);
-    for (int i = tid; i < R; i += kThreads) cp_async4(g_s + i, gring + i);
+    if constexpr (PC)
+      for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(g_s + i * 4, gring + i * 4);
+    else
+      for (int i = tid; i < R; i += kThreads) cp_async4(g_s + i, gring + i);
   }
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
@@ -78,8 +86,12 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ __align__(16) float k_s[K];
   __shared__ float v_s[ROWS];
   __shared__ float red_s[4];
-  __shared__ float gate_s[3];      // g_m, beta, k^.q^
-  __shared__ float w_s[L + 1];     // replay weight of record j
+  __shared__ float gate_s[3];      // g_m (GDN), beta, k^.q^
+  __shared__ __align__(16) float gcur_s[PC ? K : 1];  // KDA: g_m per key channel
+  __shared__ __align__(16) float kt_s[K];   // decayed k^ that multiplies the (folded) checkpoint
+  __shared__ __align__(16) float qt_s[K];   // decayed q^ likewise
+  __shared__ __align__(16) float col_s[K];  // flush: per-column factor on S_c
+  __shared__ float w_s[L + 1];     // GDN: replay weight of record j
   __shared__ float kk_s[L + 1];    // k_j . k^
   __shared__ float kq_s[L + 1];    // k_j . q^
   __shared__ float ck_s;           // factor on S_c
@@ -95,8 +107,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     k_s[i] = to_float(kp[i]);
   }
   for (int r = tid; r < ROWS; r += kThreads) v_s[r] = to_float(vp[r]);
+  if constexpr (PC)
+    for (int i = tid; i < K; i += kThreads) gcur_s[i] = step_log_decay_channel(p, c, i);
   if (tid == kThreads - 1) {
-    gate_s[0] = step_log_decay(p, c);
+    if constexpr (!PC) gate_s[0] = step_log_decay(p, c);
     gate_s[1] = step_beta(p, c);
   }
   if (m < 0 || m > L || start < 0 || start >= R) {
@@ -115,23 +129,53 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   int arrived = 0;
   if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
 
-  // 2. Decay weights (warp 0) and the ring's key dot products (one warp per record).
+  // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
   auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
-  if (warp == 0) {
-    const int last = flush ? m - 1 : m;  // decays applied: records 0..last
-    const int j = lane;
-    const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
-    float incl = gj;  // sum_{j<=i<=last} g_i
+  const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
+  if constexpr (!PC) {
+    if (warp == 0) {  // one lane per record, suffix sums by shuffles
+      const int j = lane;
+      const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
+      float incl = gj;  // sum_{j<=i<=last} g_i
 #pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const float o = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += o;
+      for (int off = 1; off < 32; off *= 2) {
+        const float o = __shfl_down_sync(0xffffffffu, incl, off);
+        if (lane + off < 32) incl += o;
+      }
+      float excl = __shfl_down_sync(0xffffffffu, incl, 1);  // sum_{j<i<=last} g_i
+      if (lane == 31) excl = 0.f;
+      if (j < m) w_s[j] = expf(excl);
+      if (j == 0) ck_s = expf(incl);
     }
-    float excl = __shfl_down_sync(0xffffffffu, incl, 1);  // sum_{j<i<=last} g_i
-    if (lane == 31) excl = 0.f;
-    if (j < m) w_s[j] = expf(excl);
-    if (j == 0) ck_s = expf(incl);
+    __syncthreads();
+    const float ck = ck_s, fac = flush ? expf(gate_s[0]) : ck;
+    for (int i = tid; i < K; i += kThreads) {
+      col_s[i] = ck;
+      kt_s[i] = fac * k_s[i];
+      qt_s[i] = fac * q_s[i];
+    }
+    for (int i = tid; i < m * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= w_s[i / K];
+  } else {
+    for (int i = tid; i < K; i += kThreads) {  // one thread per key channel, records newest first
+      float sum = 0.f;                          // sum_{j<i<=last} g_i[channel]
+      for (int j = last; j >= 0; --j) {
+        if (j < m) {
+          float* kj = kr_s + phys(j) * K + i;
+          *kj *= expf(sum);
+          sum += g_s[phys(j) * K + i];
+        } else {
+          sum += gcur_s[i];
+        }
+      }
+      const float ck = expf(sum), fac = flush ? expf(gcur_s[i]) : ck;
+      col_s[i] = ck;
+      kt_s[i] = fac * k_s[i];
+      qt_s[i] = fac * q_s[i];
+    }
   }
+  __syncthreads();
+
+  // The ring's key dot products with the decayed keys (one warp per record); j = m: k^ . q^.
   for (int j = warp; j <= m; j += kThreads / 32) {
     const float* kj = j == m ? k_s : kr_s + phys(j) * K;
     float a = 0.f, bq = 0.f;
@@ -153,14 +197,13 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     const int r = tid;
     float ak = 0.f, aq = 0.f;
     for (int j = 0; j < m; ++j) {
-      const float wu = w_s[j] * u_s[phys(j) * ROWS + r];
-      ak = fmaf(wu, kk_s[j], ak);
-      aq = fmaf(wu, kq_s[j], aq);
+      const float uj = u_s[phys(j) * ROWS + r];
+      ak = fmaf(uj, kk_s[j], ak);
+      aq = fmaf(uj, kq_s[j], aq);
     }
     rk_s[r] = ak;
     rq_s[r] = aq;
   }
-  const float ck = ck_s;
   if (!flush) {
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
@@ -171,20 +214,19 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
         unpack16<TS>(raw[s][v], sv);
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
-          dk = fmaf(sv[e], k_s[Tile::col(lane, v) + e], dk);
-          dq = fmaf(sv[e], q_s[Tile::col(lane, v) + e], dq);
+          dk = fmaf(sv[e], kt_s[Tile::col(lane, v) + e], dk);
+          dq = fmaf(sv[e], qt_s[Tile::col(lane, v) + e], dq);
         }
       }
       dk = group_sum<Tile::kLanes>(dk);
       dq = group_sum<Tile::kLanes>(dq);
       if (Tile::row_leader(lane)) {
-        sk_s[Tile::row(warp, lane, s)] = ck * dk;
-        sq_s[Tile::row(warp, lane, s)] = ck * dq;
+        sk_s[Tile::row(warp, lane, s)] = dk;
+        sq_s[Tile::row(warp, lane, s)] = dq;
       }
     }
   } else {
     // Fold the m committed records into the checkpoint tile, write it, then read it out.
-    const float decay_cur = expf(gate_s[0]);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
@@ -193,15 +235,15 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int v = 0; v < Tile::kVpl; ++v) {
         unpack16<TS>(raw[s][v], sv[v]);
 #pragma unroll
-        for (int e = 0; e < kV; ++e) sv[v][e] *= ck;
+        for (int e = 0; e < kV; ++e) sv[v][e] *= col_s[Tile::col(lane, v) + e];
       }
       for (int j = 0; j < m; ++j) {
-        const float wu = w_s[j] * u_s[phys(j) * ROWS + r];
-        const float* kj = kr_s + phys(j) * K;
+        const float uj = u_s[phys(j) * ROWS + r];
+        const float* kj = kr_s + phys(j) * K;  // decayed key
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(wu, kj[Tile::col(lane, v) + e], sv[v][e]);
+          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[v][e]);
       }
       float dk = 0.f, dq = 0.f;
 #pragma unroll
@@ -212,15 +254,15 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
         unpack16<TS>(packed, q);
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
-          dk = fmaf(q[e], k_s[Tile::col(lane, v) + e], dk);
-          dq = fmaf(q[e], q_s[Tile::col(lane, v) + e], dq);
+          dk = fmaf(q[e], kt_s[Tile::col(lane, v) + e], dk);
+          dq = fmaf(q[e], qt_s[Tile::col(lane, v) + e], dq);
         }
       }
       dk = group_sum<Tile::kLanes>(dk);
       dq = group_sum<Tile::kLanes>(dq);
       if (Tile::row_leader(lane)) {
-        sk_s[r] = decay_cur * dk;
-        sq_s[r] = decay_cur * dq;
+        sk_s[r] = dk;
+        sq_s[r] = dq;
         rk_s[r] = 0.f;
         rq_s[r] = 0.f;
       }
@@ -238,7 +280,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     p.ring.u[slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + c.v0 + r] = u;
   }
   if (c.chunk == 0) {
-    if (tid == 0) p.ring.g[slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head + pos] = gate_s[0];
+    float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head + static_cast<int64_t>(pos) * kG;
+    if constexpr (PC)
+      for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
+    else if (tid == 0)
+      gout[0] = gate_s[0];
     if (c.hv % (p.nv_heads / p.nk_heads) == 0) {
       float* kout = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;
       for (int i = tid; i < K; i += kThreads) kout[i] = k_s[i];
