@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_common import (capture, copy_bandwidth_TBps, meta, read_bandwidth_TBps, replay_us_per_step,  # noqa: E402
                           time_graph, write_results)
 
-from replayssm import GDNDecodeWrapper, Mamba2DecodeWrapper  # noqa: E402
+from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper  # noqa: E402
 
 SHAPES = {
     "mamba2": {
@@ -39,6 +39,9 @@ SHAPES = {
     "gdn": {
         "qwen3-next": dict(HV=32, HK=16, K=128, V=128),
         "qwen3.5-122b": dict(HV=64, HK=16, K=128, V=128),
+    },
+    "kda": {
+        "kimi-linear": dict(HV=32, HK=32, K=128, V=128),
     },
 }
 
@@ -94,23 +97,27 @@ class Mamba2Family:
 class GDNFamily:
     """Builds wrappers, caches and step inputs of one Gated DeltaNet shape."""
 
+    wrapper_cls = GDNDecodeWrapper
+    per_channel = False  # KDA: one decay per key channel
+
     def __init__(self, shape, args, gen):
         self.s, self.args, self.gen = shape, args, gen
         HV = shape["HV"]
+        self.gate_tail = (shape["K"],) if self.per_channel else ()
         self.A_log = torch.empty(HV, device="cuda").uniform_(0.0, math.log(16.0), generator=gen)
-        dt0 = log_uniform(HV, 1e-3, 1e-1, gen)
+        dt0 = log_uniform(HV * (shape["K"] if self.per_channel else 1), 1e-3, 1e-1, gen).reshape(HV, *self.gate_tail)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
     def wrapper(self, batch, algorithm, rows):
         s, a = self.s, self.args
-        return GDNDecodeWrapper(s["HV"], s["HK"], s["K"], s["V"], window=a.window, state_dtype=a.state_dtype,
+        return self.wrapper_cls(s["HV"], s["HK"], s["K"], s["V"], window=a.window, state_dtype=a.state_dtype,
                                 io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows)
 
     def inputs(self, batch):
         s, io, g = self.s, self.args.io_dtype, self.gen
         rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(io)  # noqa: E731
         return dict(q=rnd(batch, s["HK"], s["K"]), k=rnd(batch, s["HK"], s["K"]), v=rnd(batch, s["HV"], s["V"]),
-                    a=rnd(batch, s["HV"]), b=rnd(batch, s["HV"]))
+                    a=rnd(batch, s["HV"], *self.gate_tail), b=rnd(batch, s["HV"]))
 
     def out(self, batch):
         return torch.empty(batch, self.s["HV"], self.s["V"], dtype=self.args.io_dtype, device="cuda")
@@ -129,11 +136,20 @@ class GDNFamily:
         io = batch * ((2 * s["HK"] * s["K"] + 2 * s["HV"] * s["V"]) * ib + 2 * s["HV"] * ib)
         if kind == "conventional":
             return 2 * state + io
-        rec = s["HV"] * s["V"] * 4 + s["HK"] * s["K"] * 4 + s["HV"] * 4  # fp32 ring record
-        return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io
+        gates = s["HV"] * (s["K"] if self.per_channel else 1) * 4
+        rec = s["HV"] * s["V"] * 4 + s["HK"] * s["K"] * 4 + gates  # fp32 ring record
+        return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io + (batch * gates // 4 * ib
+                                                                             if self.per_channel else 0)
 
 
-FAMILIES = {"mamba2": Mamba2Family, "gdn": GDNFamily}
+class KDAFamily(GDNFamily):
+    """Kimi Delta Attention: GDN with a per-key-channel decay (a [batch, HV, K], dt_bias [HV, K])."""
+
+    wrapper_cls = KDADecodeWrapper
+    per_channel = True
+
+
+FAMILIES = {"mamba2": Mamba2Family, "gdn": GDNFamily, "kda": KDAFamily}
 
 
 def bench_pool(fam, batch, algorithm, rows, reps):
