@@ -433,3 +433,23 @@ def test_cache_rejects_unsupported_window_and_dtypes(kw, exc, arg):
 
     with pytest.raises(exc, match=arg):
         Mamba2Cache(4, 8, 64, 128, 2, device="cpu", **kw)
+
+
+def test_kda_gate_operands_are_per_channel_with_contiguous_channels():
+    """KDA's a [batch, HV, K] and dt_bias [HV, K]: the kernel reads channel c at offset
+    i0 * stride0 + i1 * stride1 + c, so the structs must carry the leading strides only."""
+    from replayssm.ops import gdn
+
+    dims = gdn.GDNDims(4, 2, 128, 128)
+    B_, bf = 3, torch.bfloat16
+    q = torch.zeros(B_, 2, 128, dtype=bf)
+    v = torch.zeros(B_, 4, 128, dtype=bf)
+    a = torch.zeros(B_, 4, 128)
+    dt_bias = torch.zeros(4, 128)
+    s, _ = gdn.step_inputs(dims, bf, CPU, B_, q, q, v, a=a, A_log=torch.zeros(4), dt_bias=dt_bias,
+                           b=torch.zeros(B_, 4), per_channel=True)
+    assert (s.a.stride0, s.a.stride1) == (4 * 128, 128)
+    assert (s.dt_bias.stride0, s.dt_bias.stride1) == (128, 0)
+    with pytest.raises(ValueError, match="dt_bias"):
+        gdn.step_inputs(dims, bf, CPU, B_, q, q, v, a=a, A_log=torch.zeros(4), dt_bias=torch.zeros(128, 4).t(),
+                        b=torch.zeros(B_, 4), per_channel=True)

@@ -54,7 +54,7 @@ __device__ __forceinline__ float step_log_decay(const DecodeParams& p, const Cta
 // with a [batch, HV, K] and dt_bias [HV, K].
 __device__ __forceinline__ float step_log_decay_channel(const DecodeParams& p, const CtaCoords& c, int kc) {
   if (p.in.g.ptr != nullptr) return load_channel(p.in.g, c.b, c.hv, kc);
-  const float x = load_channel(p.in.a, c.b, c.hv, kc) + load_scalar(p.in.dt_bias, c.hv, kc);
+  const float x = load_channel(p.in.a, c.b, c.hv, kc) + load_channel(p.in.dt_bias, c.hv, 0, kc);
   return -expf(load_scalar(p.in.A_log, c.hv)) * softplus(x);
 }
 
