@@ -83,13 +83,21 @@ MAMBA2_MODEL_SHAPES = {
 }
 
 
+# Model shapes of benchmarks.md: (K, V) per delta-rule family (Qwen3-Next / Qwen3.5, Kimi-Linear).
+DELTA_MODEL_SHAPES = {"gdn": ((128, 128),), "kda": ((128, 128),)}
+
+
 def aot_specializations() -> list[Specialization]:
     """The declared AOT set: model shapes x {fp32, bf16 state} x bf16 io, L=16, both ops."""
     specs = []
-    for P, N in MAMBA2_MODEL_SHAPES.values():
-        for state in ("float32", "bfloat16"):
+    for state in ("float32", "bfloat16"):
+        for P, N in MAMBA2_MODEL_SHAPES.values():
             specs.append(mamba2_decode_spec("replay_decode", P, N, state, "bfloat16", L=16))
             specs.append(mamba2_decode_spec("conventional_decode", P, N, state, "bfloat16"))
+        for family, shapes in DELTA_MODEL_SHAPES.items():
+            for K, V in shapes:
+                specs.append(gdn_decode_spec("replay_decode", K, V, state, "bfloat16", L=16, family=family))
+                specs.append(gdn_decode_spec("conventional_decode", K, V, state, "bfloat16", family=family))
     return specs
 
 
