@@ -21,10 +21,6 @@ class SlotArg(ctypes.Structure):
     _fields_ = [("ptr", c_ptr), ("pad_slot_id", i64), ("num_slots", i64), ("is_int64", i32), ("reserved", i32)]
 
 
-def ptr(t: torch.Tensor | None) -> int | None:
-    return None if t is None else t.data_ptr()
-
-
 def scalar_arg(t: torch.Tensor | None, stride0: int = 0, stride1: int = 0) -> ScalarArg:
     if t is None:
         return ScalarArg(None, 0, 0, 0, 0)

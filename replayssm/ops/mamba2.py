@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import ScalarArg, SlotArg, c_ptr, current_stream, i32, i64, ptr, scalar_arg
+from .abi import ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import mamba2_decode_spec
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, per_head_stride
 
@@ -90,10 +90,6 @@ def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=No
     return t
 
 
-def sm_count(device: torch.device) -> int:
-    return torch.cuda.get_device_properties(device).multi_processor_count
-
-
 def default_rows_per_cta(P: int, batch: int, nheads: int, algorithm: str = "replay") -> int:
     """Rows of P per CTA, from H200 sweeps (perf/results/decode_mamba2_*h200.json): once there
     are enough tiles (batch * H >= 512) the replay kernel wants 64 rows and both kernels want a
@@ -147,15 +143,6 @@ def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, 
     return s, out
 
 
-def slot_arg(slot_indices: torch.Tensor, pad_slot_id: int, num_slots: int) -> SlotArg:
-    return SlotArg(slot_indices.data_ptr(), pad_slot_id, num_slots, int(slot_indices.dtype == torch.int64), 0)
-
-
-def launch(module, params: DecodeParams, device: torch.device) -> None:
-    module.check_params(0, DecodeParams)
-    module.launch(0, params, current_stream(device))
-
-
 def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None):
     """Build or load the module and put its kernels on the current device (outside capture)."""
     mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L))
@@ -164,4 +151,4 @@ def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None)
     return mod
 
 
-__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "ptr"]
+__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool"]
