@@ -11,12 +11,27 @@ from ..jit.spec import Specialization, dtype_code
 MAMBA2_P = (64, 80, 128)
 MAMBA2_N = (64, 128, 256)
 WINDOWS = (8, 16, 32)
-MAMBA2_OPS = ("replay_decode", "conventional_decode")
 
 
 def _check_choice(arg: str, value, allowed) -> None:
     if value not in allowed:
         raise ValueError(f"{arg}: expected one of {list(allowed)}, got {value!r}")
+
+
+DECODE_OPS = ("replay_decode", "conventional_decode")
+GDN_DIMS = (64, 128, 256)
+
+
+def _decode_spec(family: str, template: str, op: str, dims: tuple[tuple[str, int], ...], state_dtype, io_dtype,
+                 L: int | None) -> Specialization:
+    """The part every decode generator shares: op and window checks, dtype codes, T = 1."""
+    _check_choice("op", op, DECODE_OPS)
+    if op == "replay_decode":
+        _check_choice("L (window)", L, WINDOWS)
+    else:
+        L = None
+    return Specialization(family=family, op=op, template=template, dims=dims, state_dtype=dtype_code(state_dtype),
+                          io_dtype=dtype_code(io_dtype), L=L, T=1)
 
 
 def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None) -> Specialization:
@@ -25,27 +40,10 @@ def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | 
     op: 'replay_decode' (needs L) or 'conventional_decode'; P in MAMBA2_P; N in MAMBA2_N;
     state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS.
     """
-    _check_choice("op", op, MAMBA2_OPS)
+    _check_choice("op", op, DECODE_OPS)
     _check_choice("P (head dim)", P, MAMBA2_P)
     _check_choice("N (state dim)", N, MAMBA2_N)
-    if op == "replay_decode":
-        _check_choice("L (window)", L, WINDOWS)
-    else:
-        L = None
-    return Specialization(
-        family="mamba2",
-        op=op,
-        template="mamba2_decode.cu.jinja",
-        dims=(("P", P), ("N", N)),
-        state_dtype=dtype_code(state_dtype),
-        io_dtype=dtype_code(io_dtype),
-        L=L,
-        T=1,
-    )
-
-
-GDN_DIMS = (64, 128, 256)
-GDN_OPS = ("replay_decode", "conventional_decode")
+    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, (("P", P), ("N", N)), state_dtype, io_dtype, L)
 
 
 def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None,
@@ -56,23 +54,10 @@ def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | Non
     op: 'replay_decode' (needs L) or 'conventional_decode'; K, V (key and value head dims) in
     GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS."""
     _check_choice("family", family, ("gdn", "kda"))
-    _check_choice("op", op, GDN_OPS)
+    _check_choice("op", op, DECODE_OPS)
     _check_choice("K (key head dim)", K, GDN_DIMS)
     _check_choice("V (value head dim)", V, GDN_DIMS)
-    if op == "replay_decode":
-        _check_choice("L (window)", L, WINDOWS)
-    else:
-        L = None
-    return Specialization(
-        family=family,
-        op=op,
-        template="gdn_decode.cu.jinja",
-        dims=(("K", K), ("V", V)),
-        state_dtype=dtype_code(state_dtype),
-        io_dtype=dtype_code(io_dtype),
-        L=L,
-        T=1,
-    )
+    return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L)
 
 
 # Model shapes of benchmarks.md: (P, N) per Mamba-2 model family.

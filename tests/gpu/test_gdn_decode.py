@@ -22,7 +22,7 @@ import torch
 
 from replayssm.reference import gdn_step, kda_step
 
-from .common import fresh_generator, rel_err, snapshot
+from .common import fresh_generator, rel_err, snapshot, tolerances
 
 pytestmark = pytest.mark.gpu
 
@@ -51,14 +51,6 @@ CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "K64", "V64
               "kda", "kda_io_f32", "kda_state_bf16", "kda_K64_V256", "kda_L8"]
 STEP = {"gdn": gdn_step, "kda": kda_step}
 ALGORITHMS = ["replay", "conventional"]
-
-
-def tolerances(cfg) -> tuple[float, float]:
-    if cfg["state"] == BF16:
-        return 3e-2, 3e-2
-    if cfg["state"] == F16:
-        return 4e-3, 4e-3
-    return {F32: 2e-5, BF16: 6e-3, F16: 1e-3}[cfg["io"]], 2e-5
 
 
 def make(cfg, algorithm, num_slots, max_batch, **kw):

@@ -19,7 +19,7 @@ import torch
 
 from replayssm.reference import mamba2_step
 
-from .common import rel_err, snapshot
+from .common import rel_err, snapshot, tolerances
 from .mamba2_inputs import layer_weights, per_head, step_inputs
 
 pytestmark = pytest.mark.gpu
@@ -41,14 +41,6 @@ CONFIGS = [
     {**BASE, "L": 32},
 ]
 CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "P80", "P128", "N64", "N256", "L8", "L32"]
-
-
-def tolerances(cfg) -> tuple[float, float]:
-    if cfg["state"] == BF16:
-        return 3e-2, 3e-2
-    if cfg["state"] == F16:
-        return 4e-3, 4e-3
-    return {F32: 2e-5, BF16: 6e-3, F16: 1e-3}[cfg["io"]], 2e-5
 
 
 def make(cfg, algorithm, num_slots, max_batch, **kw):
