@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # One device call: GPU test suite + benchmarks, everything written under $OUT.
-#   bash perf/device_check.sh [tests|bench|all] [bench args, e.g. --family gdn --batches 1 64 256]
+#   bash perf/device_check.sh [tests|bench|spec|all] [bench args, e.g. --family gdn --batches 1 64 256]
+#   (bench: perf/bench_decode.py; spec: perf/bench_spec.py; all: tests + bench)
+#   TESTS="tests/gpu/test_mamba2_verify.py" bash perf/device_check.sh tests   (a subset of the suite)
 set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-/tmp/replayssm_out}
@@ -18,11 +20,15 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -m gpu tests/gpu -q -rs --durations=15 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  python3 -m pytest -m gpu ${TESTS:-tests/gpu} -q -rs --durations=15 -o faulthandler_timeout=60 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then
   python3 perf/bench_decode.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench.log"
+  [[ $rc == 0 ]] && rc=${PIPESTATUS[0]}
+fi
+if [[ $what == spec ]]; then
+  python3 perf/bench_spec.py --out "$OUT" "$@" 2>&1 | tee "$OUT/bench_spec.log"
   [[ $rc == 0 ]] && rc=${PIPESTATUS[0]}
 fi
 exit $rc

@@ -9,7 +9,9 @@ from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
 from .ops.validate import check_tensor
 
-ERROR_BITS = {1: "slot index out of range (row skipped)", 2: "corrupt ring cursor (row skipped)"}
+ERROR_BITS = {1: "slot index out of range (row skipped)", 2: "corrupt ring cursor (row skipped)",
+              4: "draft count outside [1, T] or a parent not earlier in the tree (row skipped)",
+              8: "commit without a pending verify, num_accepted outside [1, n], or not a tree path (row unchanged)"}
 
 
 def _as_slots(name: str, slots, num_slots: int, device) -> torch.Tensor:
@@ -28,6 +30,7 @@ class ReplayCache:
         ring_start  [num_slots] int32   physical index of the oldest record since the checkpoint
         ring_len    [num_slots] int32   committed records since the checkpoint
         ring_done   [num_slots] int32   kernel-internal arrival counter (0 at rest)
+        ring_draft  [num_slots] int32   drafts of the last verify: n > 0 pending, -n committed, 0 none
         error_flag  [1]         int32   OR of error bits raised by kernels
     Rings hold R = window + max_draft records per slot. The kernels advance the cursors, so a
     decode step needs no host sync and can be captured in a CUDA graph.
@@ -47,6 +50,7 @@ class ReplayCache:
         self.ring_start = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_len = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_done = torch.zeros(num_slots, dtype=torch.int32, device=dev)
+        self.ring_draft = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=dev)
 
     def rings(self) -> tuple[torch.Tensor, ...]:
@@ -58,13 +62,14 @@ class ReplayCache:
 
     def ring_bytes_per_slot(self) -> int:
         """Extra bytes per slot that ReplaySSM adds on top of the state (rings + cursors)."""
-        return sum(r[0].numel() * r.element_size() for r in self.rings()) + 3 * 4
+        return sum(r[0].numel() * r.element_size() for r in self.rings()) + 4 * 4
 
     # -- sequence lifecycle ---------------------------------------------------------------
     def _empty_rings(self, s: torch.Tensor) -> None:
         self.ring_start[s] = 0
         self.ring_len[s] = 0
         self.ring_done[s] = 0
+        self.ring_draft[s] = 0
 
     def reset(self, slots) -> None:
         """Start new sequences: zero state, empty ring."""
@@ -140,7 +145,8 @@ class Mamba2Cache(ReplayCache):
         x, B, dt = self.x_ring, self.B_ring, self.dt_ring
         return m2_ops.Ring(x.data_ptr(), x.stride(0), x.stride(1), B.data_ptr(), B.stride(0), B.stride(1),
                            dt.data_ptr(), dt.stride(0), dt.stride(1), self.ring_start.data_ptr(),
-                           self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.capacity, 0)
+                           self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.ring_draft.data_ptr(),
+                           self.capacity, 0)
 
     def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
@@ -203,7 +209,8 @@ class GDNCache(ReplayCache):
         u, k, g = self.u_ring, self.k_ring, self.g_ring
         return gdn_ops.Ring(u.data_ptr(), u.stride(0), u.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
                             g.data_ptr(), g.stride(0), g.stride(1), self.ring_start.data_ptr(),
-                            self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.capacity, 0)
+                            self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.ring_draft.data_ptr(),
+                           self.capacity, 0)
 
     def materialize(self, slots) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), HV, V, K] (nothing is modified)."""

@@ -21,8 +21,10 @@ from .cache import GDNCache, KDACache, Mamba2Cache, ReplayCache
 from .configs import check_gdn_config, check_mamba2_config, supported  # noqa: F401 (supported re-exported)
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
-from .ops.abi import SlotArg, current_stream
+from .ops.abi import CommitParams, SlotArg, current_stream
+from .ops.generators import verify_capacity
 from .ops.validate import check_slot_indices
+from .speculative import DraftPlan
 
 ALGORITHMS = ("replay", "conventional")
 
@@ -43,12 +45,26 @@ class _DecodeWrapper:
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
         self._slots = torch.full((max_batch,), pad_slot_id, dtype=torch.int64, device=self.device)
         self._batch: int | None = None
+        self._modules: dict = {}
         self._module = None
         self._rows = 16
+        self._drafts = DraftPlan(max_batch, self.device)
+        self._verified = False
+
+    @property
+    def draft_len(self) -> int | None:
+        """T of the current verify plan, or None for standard decode."""
+        return self._drafts.T or None
 
     @property
     def op(self) -> str:
-        return "replay_decode" if self.algorithm == "replay" else "conventional_decode"
+        kind = "verify" if self._drafts.T else "decode"
+        return f"{self.algorithm}_{kind}"
+
+    @property
+    def draft_capacity(self) -> int:
+        """The compiled draft capacity serving the plan (1 for standard decode)."""
+        return verify_capacity(self._drafts.T) if self._drafts.T else 1
 
     def _load_module(self):
         raise NotImplementedError
@@ -56,13 +72,30 @@ class _DecodeWrapper:
     def _default_rows(self, batch: int) -> int:
         raise NotImplementedError
 
-    def plan(self, slot_indices: torch.Tensor) -> None:
-        """Host side, outside capture: load/compile the module and fix the batch's slots.
+    def plan(self, slot_indices: torch.Tensor, *, draft_len: int | None = None, parents=None, draft_counts=None,
+             state_slots=None) -> None:
+        """Host side, outside capture: load/compile the module and fix the batch's slots and drafts.
 
         slot_indices: [batch] int32/int64 on the wrapper's device; ``pad_slot_id`` marks rows to skip.
-        Slots must be unique within a batch (debug=True checks this and the range)."""
+        Slots must be unique within a batch (debug=True checks this and the range).
+        Speculative decoding (a verify plan) — draft_len: T drafts per row (1..16, at most the
+        window and the cache's max_draft); parents: None (a chain) or int [T] / [batch, T] with
+        parents[0] = -1 and -1 <= parents[i] < i (a token tree; replay only); draft_counts: None or
+        int [batch] in [1, T] (rows with fewer drafts, e.g. 1 for rows that did not draft);
+        state_slots: conventional verify only, int [batch, T], the pool slot receiving the state
+        after each draft (per-draft snapshots). CPU tensors and lists are checked here; GPU tensors
+        by the kernel (row skipped, error bit)."""
         if torch.cuda.is_current_stream_capturing():
             raise RuntimeError("plan(): must run outside CUDA-graph capture; capture run() only")
+        if draft_len is not None and self.algorithm == "conventional":
+            if parents is not None:
+                raise ValueError("parents: the conventional verify supports chains only (tree drafts need "
+                                 "algorithm='replay')")
+            if state_slots is None:
+                raise ValueError("state_slots: the conventional verify writes each draft's state to a slot; pass "
+                                 "state_slots [batch, draft_len]")
+        elif state_slots is not None:
+            raise ValueError("state_slots: only the conventional verify takes per-draft state slots")
         if not isinstance(slot_indices, torch.Tensor):
             raise TypeError(f"slot_indices: expected a torch.Tensor, got {type(slot_indices).__name__}")
         batch = slot_indices.shape[0] if slot_indices.dim() == 1 else -1
@@ -70,8 +103,12 @@ class _DecodeWrapper:
             raise ValueError(f"slot_indices: expected shape [batch] with 1 <= batch <= {self.max_batch}, "
                              f"got {list(slot_indices.shape)}")
         check_slot_indices("slot_indices", slot_indices, batch, self.device)
-        if self._module is None:
-            self._module = self._load_module()
+        self._drafts.set(batch, draft_len, parents, draft_counts, state_slots, self.window)
+        key = (self.op, self.draft_capacity)
+        if key not in self._modules:
+            self._modules[key] = self._load_module()
+        self._module = self._modules[key]
+        self._verified = False
         if self.debug:
             s = slot_indices[slot_indices != self.pad_slot_id]
             if s.numel() and (int(s.min()) < 0):
@@ -91,13 +128,49 @@ class _DecodeWrapper:
         s = self._slots[: self._batch]
         return SlotArg(s.data_ptr(), self.pad_slot_id, cache.num_slots, 1, 0)
 
+    def _check_drafts(self, cache: ReplayCache) -> int:
+        """T of a verify plan after checking that the cache's ring holds it (0: standard decode)."""
+        T = self._drafts.T
+        if T and T > cache.max_draft:
+            raise ValueError(f"draft_len: the plan has {T} drafts but the cache's ring holds max_draft="
+                             f"{cache.max_draft} (create_cache(num_slots, max_draft={T}))")
+        return T
+
+    def commit(self, cache: ReplayCache, num_accepted: torch.Tensor | None = None,
+               accepted_path: torch.Tensor | None = None) -> None:
+        """Accept drafts of the last verify on the device (cursor move): capturable, no sync.
+
+        num_accepted: int32 [batch] in [1, n_row] — keep the first n drafts (a chain prefix), or
+        accepted_path: int32 [batch, T] — draft ids root first (each the previous one's child),
+        then -1 (the accepted records are copied into ring order). Pad rows are ignored. A row whose
+        commit is invalid (nothing pending, n out of range, not a path) is left unchanged and
+        raises an error bit (cache.check_errors()); repeating the same commit is a no-op."""
+        batch = self._planned_batch()
+        self._check_cache(cache)
+        if not self._drafts.T:
+            raise RuntimeError("commit(): the plan has no drafts; plan(..., draft_len=T) and run() a verify first")
+        if self.algorithm == "conventional":
+            raise ValueError("commit(): the conventional verify has nothing to commit; the state after draft n-1 "
+                             "is already in state_slots[b, n-1] (resume the row from that slot)")
+        if not self._verified:
+            raise RuntimeError("commit(): no verify has run since plan(); call run() first")
+        p = self._drafts.commit_params(cache, self._slot_arg(cache), batch, num_accepted, accepted_path)
+        self._module.check_params(1, CommitParams)
+        self._module.launch(1, p, current_stream(self.device))
+        if self.debug:
+            self._raise_errors(cache, "commit()")
+
+    def _raise_errors(self, cache: ReplayCache, what: str) -> None:
+        bits = cache.check_errors()
+        if bits:
+            raise RuntimeError(f"{what}: kernel reported: {cache.describe_errors(bits)}")
+
     def _launch(self, params, params_type, cache: ReplayCache) -> None:
         self._module.check_params(0, params_type)
         self._module.launch(0, params, current_stream(self.device))
+        self._verified = bool(self._drafts.T)
         if self.debug:
-            bits = cache.check_errors()
-            if bits:
-                raise RuntimeError(f"run(): kernel reported: {cache.describe_errors(bits)}")
+            self._raise_errors(cache, "run()")
 
     def _check_cache(self, cache) -> None:
         if not isinstance(cache, self.cache_type):
@@ -147,20 +220,28 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
                                   self.window).name
 
     def _load_module(self):
-        return m2.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window)
+        return m2.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.draft_capacity)
 
     def _default_rows(self, batch: int) -> int:
         return m2.default_rows_per_cta(self.dims.head_dim, batch, self.dims.nheads, self.algorithm)
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
-        """One decode step for the planned rows. Launch only: capturable in a CUDA graph.
+        """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.
 
-        x, z: [batch, H, P] io dtype; dt: [batch, H] (or stride-0 [batch, H, P]); A: [H] (or
-        stride-0 [H, P, N]); B, C: [batch, G, N] io dtype; D, dt_bias: [H] (or stride-0 [H, P]);
-        out: optional [batch, H, P] io dtype. Returns out."""
+        Standard decode — x, z: [batch, H, P] io dtype; dt: [batch, H] (or stride-0 [batch, H, P]);
+        B, C: [batch, G, N] io dtype; out: optional [batch, H, P] io dtype.
+        Verify (plan with draft_len=T) — the same with a T dim after batch: x, z, out [batch, T, H, P],
+        dt [batch, T, H], B, C [batch, T, G, N]; outputs of drafts beyond a row's count are zeros.
+        A: [H] (or stride-0 [H, P, N]); D, dt_bias: [H] (or stride-0 [H, P]). Returns out."""
         batch = self._planned_batch()
         self._check_cache(cache)
-        inputs, out = m2.step_inputs(self.dims, self.io_dtype, self.device, batch, x, dt, A, B, C, D, z, dt_bias, out)
+        T = self._check_drafts(cache)
+        if T:
+            inputs, out = m2.verify_inputs(self.dims, self.io_dtype, self.device, batch, T, x, dt, A, B, C, D, z,
+                                           dt_bias, out)
+        else:
+            inputs, out = m2.step_inputs(self.dims, self.io_dtype, self.device, batch, x, dt, A, B, C, D, z,
+                                         dt_bias, out)
         p = m2.DecodeParams()
         p.pool = cache.pool_struct()
         if self.algorithm == "replay":
@@ -171,7 +252,10 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         p.batch, p.nheads, p.ngroups = batch, self.dims.nheads, self.dims.ngroups
         p.dt_softplus, p.rows_per_cta = int(self.dt_softplus), self._rows
         cache.A = A
-        self._launch(p, m2.DecodeParams, cache)
+        if T:
+            self._launch(m2.VerifyParams(p, self._drafts.draft_args()), m2.VerifyParams, cache)
+        else:
+            self._launch(p, m2.DecodeParams, cache)
         return out
 
 
@@ -209,23 +293,28 @@ class GDNDecodeWrapper(_DecodeWrapper):
                         max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype, device=self.device)
 
     def _load_module(self):
-        return gdn_ops.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family)
+        return gdn_ops.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family,
+                            self.draft_capacity)
 
     def _default_rows(self, batch: int) -> int:
         return gdn_ops.default_rows_per_cta(self.dims.head_v_dim, self.dims.head_k_dim, batch, self.dims.num_v_heads)
 
     def run(self, cache: GDNCache, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
             out=None) -> torch.Tensor:
-        """One decode step for the planned rows. Launch only: capturable in a CUDA graph.
+        """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.
 
-        q, k: [batch, HK, K] io dtype; v: [batch, HV, V] io dtype; the gate as g [batch, HV] (log
-        decay) or a [batch, HV] with A_log [HV] and optional dt_bias [HV]; beta [batch, HV] or b
-        [batch, HV] (beta = sigmoid(b)); out: optional [batch, HV, V] io dtype. Returns out."""
+        Standard decode — q, k: [batch, HK, K] io dtype; v: [batch, HV, V] io dtype; the gate as g
+        [batch, HV] (log decay) or a [batch, HV] with A_log [HV] and optional dt_bias [HV]; beta
+        [batch, HV] or b [batch, HV] (beta = sigmoid(b)); out: optional [batch, HV, V] io dtype.
+        Verify (plan with draft_len=T) — the same with a T dim after batch on q, k, v, g/a, beta/b
+        and out; outputs of drafts beyond a row's count are zeros. Returns out."""
         batch = self._planned_batch()
         self._check_cache(cache)
-        inputs, out = gdn_ops.step_inputs(self.dims, self.io_dtype, self.device, batch, q, k, v, g=g, beta=beta,
-                                          A_log=A_log, a=a, dt_bias=dt_bias, b=b, out=out,
-                                          per_channel=self.cache_type.per_channel)
+        T = self._check_drafts(cache)
+        make = gdn_ops.verify_inputs if T else gdn_ops.step_inputs
+        lead = (batch, T) if T else (batch,)
+        inputs, out = make(self.dims, self.io_dtype, self.device, *lead, q, k, v, g=g, beta=beta, A_log=A_log, a=a,
+                           dt_bias=dt_bias, b=b, out=out, per_channel=self.cache_type.per_channel)
         p = gdn_ops.DecodeParams()
         p.pool = cache.pool_struct()
         if self.algorithm == "replay":
@@ -235,7 +324,10 @@ class GDNDecodeWrapper(_DecodeWrapper):
         p.error_flag = cache.error_flag.data_ptr()
         p.batch, p.nv_heads, p.nk_heads = batch, self.dims.num_v_heads, self.dims.num_k_heads
         p.use_l2norm, p.scale, p.rows_per_cta = int(self.use_l2norm), self.scale, self._rows
-        self._launch(p, gdn_ops.DecodeParams, cache)
+        if T:
+            self._launch(gdn_ops.VerifyParams(p, self._drafts.draft_args()), gdn_ops.VerifyParams, cache)
+        else:
+            self._launch(p, gdn_ops.DecodeParams, cache)
         return out
 
 

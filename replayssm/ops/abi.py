@@ -29,3 +29,37 @@ def scalar_arg(t: torch.Tensor | None, stride0: int = 0, stride1: int = 0) -> Sc
 
 def current_stream(device: torch.device) -> int:
     return torch.cuda.current_stream(device).cuda_stream
+
+
+class DraftArgs(ctypes.Structure):
+    """Mirror of common/drafts.cuh DraftArgs."""
+
+    _fields_ = [("counts", c_ptr), ("parents", c_ptr), ("parents_stride", i64), ("state_slots", c_ptr),
+                ("state_slots_stride", i64), ("T", i32), ("reserved", i32)]
+
+
+class RingArray(ctypes.Structure):
+    """Mirror of common/commit.cuh RingArray (strides in 4-byte words)."""
+
+    _fields_ = [("ptr", c_ptr), ("stride_slot", i64), ("stride_head", i64), ("heads", i32), ("record_words", i32)]
+
+
+MAX_RING_ARRAYS = 4
+
+
+class CommitParams(ctypes.Structure):
+    """Mirror of common/commit.cuh CommitParams."""
+
+    _fields_ = [("arrays", RingArray * MAX_RING_ARRAYS), ("slots", SlotArg), ("start", c_ptr), ("len", c_ptr),
+                ("draft", c_ptr), ("num_accepted", c_ptr), ("paths", c_ptr), ("paths_stride", i64),
+                ("parents", c_ptr), ("parents_stride", i64), ("error_flag", c_ptr), ("num_arrays", i32),
+                ("capacity", i32), ("T", i32), ("batch", i32)]
+
+
+def ring_array(t: torch.Tensor) -> RingArray:
+    """A ring tensor [slots, heads, R, *record] (record dims and R contiguous) as a RingArray."""
+    if t.element_size() > 4 or (t[0, 0].numel() * t.element_size()) % (4 * t.shape[2]):
+        raise ValueError(f"ring: records must be whole 4-byte words, got shape {list(t.shape)} {t.dtype}")
+    words = t.element_size() / 4
+    rec_words = t[0, 0, 0].numel() * t.element_size() // 4 if t.dim() > 3 else 1
+    return RingArray(t.data_ptr(), int(t.stride(0) * words), int(t.stride(1) * words), t.shape[1], rec_words)

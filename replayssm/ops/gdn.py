@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import gdn_decode_spec
-from .validate import FLOAT_DTYPES, check_tensor, per_head_stride
+from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = (16, 32, 64)
 
@@ -34,7 +34,7 @@ class Ring(ctypes.Structure):
         ("u", c_ptr), ("u_stride_slot", i64), ("u_stride_head", i64),
         ("k", c_ptr), ("k_stride_slot", i64), ("k_stride_head", i64),
         ("g", c_ptr), ("g_stride_slot", i64), ("g_stride_head", i64),
-        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr),
+        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr), ("draft", c_ptr),
         ("capacity", i32), ("reserved", i32),
     ]
 
@@ -57,6 +57,10 @@ class DecodeParams(ctypes.Structure):
         ("batch", i32), ("nv_heads", i32), ("nk_heads", i32), ("use_l2norm", i32),
         ("scale", ctypes.c_float), ("rows_per_cta", i32),
     ]
+
+
+class VerifyParams(ctypes.Structure):
+    _fields_ = [("d", DecodeParams), ("drafts", DraftArgs)]
 
 
 @dataclass(frozen=True)
@@ -148,9 +152,33 @@ def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None,
     return s, out
 
 
-def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None, family: str = "gdn"):
-    """Build or load the module and put its kernels on the current device (outside capture)."""
-    mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family))
-    mod.check_params(0, DecodeParams)
+def verify_inputs(dims: GDNDims, io_dtype, device, batch: int, T: int, q, k, v, *, g=None, beta=None, A_log=None,
+                  a=None, dt_bias=None, b=None, out=None, per_channel: bool = False) -> tuple[StepInputs, torch.Tensor]:
+    """Validate T draft tokens per row and fill StepInputs over token rows b * T + i.
+
+    q, k: [batch, T, HK, K]; v, out: [batch, T, HV, V]; g, a: [batch, T, HV] (KDA [batch, T, HV, K]);
+    beta, b: [batch, T, HV]. Returns (struct, out [batch, T, HV, V])."""
+    HV, HK, K, V = dims.num_v_heads, dims.num_k_heads, dims.head_k_dim, dims.head_v_dim
+    if out is None:
+        out = torch.empty((batch, T, HV, V), dtype=io_dtype, device=device)
+    gate_rest = (HV, K) if per_channel else None
+    flat = {name: merge_token_dims(name, t, batch, T, rest)
+            for name, t, rest in (("q", q, (HK, K)), ("k", k, (HK, K)), ("v", v, (HV, V)), ("out", out, (HV, V)),
+                                  ("g", g, gate_rest), ("a", a, gate_rest), ("beta", beta, None), ("b", b, None))}
+    s, _ = step_inputs(dims, io_dtype, device, batch * T, flat["q"], flat["k"], flat["v"], g=flat["g"],
+                       beta=flat["beta"], A_log=A_log, a=flat["a"], dt_bias=dt_bias, b=flat["b"], out=flat["out"],
+                       per_channel=per_channel)
+    return s, out
+
+
+def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None, family: str = "gdn", T: int = 1):
+    """Build or load the module and put its kernels on the current device (outside capture).
+    Verify modules: T is the draft capacity; replay_verify's entry 1 is the commit."""
+    from .abi import CommitParams
+
+    mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T))
+    mod.check_params(0, VerifyParams if op.endswith("verify") else DecodeParams)
+    if op == "replay_verify":
+        mod.check_params(1, CommitParams)
     mod.prepare()
     return mod

@@ -18,46 +18,63 @@ def _check_choice(arg: str, value, allowed) -> None:
         raise ValueError(f"{arg}: expected one of {list(allowed)}, got {value!r}")
 
 
-DECODE_OPS = ("replay_decode", "conventional_decode")
+DECODE_OPS = ("replay_decode", "conventional_decode", "replay_verify", "conventional_verify")
+#: Compiled draft capacities of the verify ops; a plan for T drafts uses the smallest >= T.
+VERIFY_T = (2, 4, 8, 16)
 GDN_DIMS = (64, 128, 256)
 
 
+def verify_capacity(T: int) -> int:
+    """The compiled draft capacity (a VERIFY_T value) that serves a plan of T drafts (1..16)."""
+    if isinstance(T, bool) or not isinstance(T, int) or not 1 <= T <= VERIFY_T[-1]:
+        raise ValueError(f"draft_len (T): expected an int in [1, {VERIFY_T[-1]}], got {T!r}")
+    return next(t for t in VERIFY_T if t >= T)
+
+
 def _decode_spec(family: str, template: str, op: str, dims: tuple[tuple[str, int], ...], state_dtype, io_dtype,
-                 L: int | None) -> Specialization:
-    """The part every decode generator shares: op and window checks, dtype codes, T = 1."""
+                 L: int | None, T: int = 1) -> Specialization:
+    """The part every decode generator shares: op, window and draft-capacity checks, dtype codes.
+    Decode ops have T = 1; verify ops T in VERIFY_T (their draft capacity)."""
     _check_choice("op", op, DECODE_OPS)
-    if op == "replay_decode":
+    if op.startswith("replay"):
         _check_choice("L (window)", L, WINDOWS)
     else:
         L = None
+    if op.endswith("verify"):
+        _check_choice("T (draft capacity)", T, VERIFY_T)
+    else:
+        _check_choice("T (tokens per row)", T, (1,))
     return Specialization(family=family, op=op, template=template, dims=dims, state_dtype=dtype_code(state_dtype),
-                          io_dtype=dtype_code(io_dtype), L=L, T=1)
+                          io_dtype=dtype_code(io_dtype), L=L, T=T)
 
 
-def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None) -> Specialization:
-    """Specialization of a Mamba-2 decode module.
+def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None,
+                       T: int = 1) -> Specialization:
+    """Specialization of a Mamba-2 decode or verify module.
 
-    op: 'replay_decode' (needs L) or 'conventional_decode'; P in MAMBA2_P; N in MAMBA2_N;
-    state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS.
+    op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
+    P in MAMBA2_P; N in MAMBA2_N; state_dtype, io_dtype in {float32, bfloat16, float16}; L in
+    WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops.
     """
     _check_choice("op", op, DECODE_OPS)
     _check_choice("P (head dim)", P, MAMBA2_P)
     _check_choice("N (state dim)", N, MAMBA2_N)
-    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, (("P", P), ("N", N)), state_dtype, io_dtype, L)
+    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, (("P", P), ("N", N)), state_dtype, io_dtype, L, T)
 
 
 def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None,
-                    family: str = "gdn") -> Specialization:
+                    family: str = "gdn", T: int = 1) -> Specialization:
     """Specialization of a Gated DeltaNet (family 'gdn') or KDA (family 'kda', per-channel decay)
     decode module.
 
-    op: 'replay_decode' (needs L) or 'conventional_decode'; K, V (key and value head dims) in
-    GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16}; L in WINDOWS."""
+    op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
+    K, V (key and value head dims) in GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16};
+    L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops."""
     _check_choice("family", family, ("gdn", "kda"))
     _check_choice("op", op, DECODE_OPS)
     _check_choice("K (key head dim)", K, GDN_DIMS)
     _check_choice("V (value head dim)", V, GDN_DIMS)
-    return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L)
+    return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T)
 
 
 # Model shapes of benchmarks.md: (P, N) per Mamba-2 model family.
@@ -99,4 +116,10 @@ def compile_check_specializations() -> list[Specialization]:
         gdn_decode_spec("replay_decode", 64, 256, "bfloat16", "float16", L=32),
         gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16, family="kda"),
         gdn_decode_spec("conventional_decode", 256, 64, "float16", "float32", family="kda"),
+        mamba2_decode_spec("replay_verify", 64, 128, "float32", "bfloat16", L=16, T=4),
+        mamba2_decode_spec("replay_verify", 80, 256, "bfloat16", "float16", L=32, T=16),
+        mamba2_decode_spec("conventional_verify", 64, 128, "float32", "bfloat16", T=8),
+        gdn_decode_spec("replay_verify", 128, 128, "float32", "bfloat16", L=16, T=4),
+        gdn_decode_spec("replay_verify", 128, 128, "float32", "bfloat16", L=16, family="kda", T=8),
+        gdn_decode_spec("conventional_verify", 128, 128, "float32", "bfloat16", family="kda", T=4),
     ]

@@ -18,9 +18,9 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import mamba2_decode_spec
-from .validate import FLOAT_DTYPES, check_aligned, check_tensor, per_head_stride
+from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = (16, 32, 64, 80)
 
@@ -34,7 +34,7 @@ class Ring(ctypes.Structure):
         ("x", c_ptr), ("x_stride_slot", i64), ("x_stride_head", i64),
         ("B", c_ptr), ("B_stride_slot", i64), ("B_stride_group", i64),
         ("dt", c_ptr), ("dt_stride_slot", i64), ("dt_stride_head", i64),
-        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr),
+        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr), ("draft", c_ptr),
         ("capacity", i32), ("reserved", i32),
     ]
 
@@ -57,6 +57,10 @@ class DecodeParams(ctypes.Structure):
         ("batch", i32), ("nheads", i32), ("ngroups", i32), ("dt_softplus", i32),
         ("rows_per_cta", i32), ("reserved", i32),
     ]
+
+
+class VerifyParams(ctypes.Structure):
+    _fields_ = [("d", DecodeParams), ("drafts", DraftArgs)]
 
 
 @dataclass(frozen=True)
@@ -143,12 +147,34 @@ def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, 
     return s, out
 
 
-def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None):
-    """Build or load the module and put its kernels on the current device (outside capture)."""
-    mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L))
-    mod.check_params(0, DecodeParams)
+def verify_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, T: int, x, dt, A, B, C, D=None, z=None,
+                  dt_bias=None, out=None) -> tuple[StepInputs, torch.Tensor]:
+    """Validate T draft tokens per row and fill StepInputs over token rows b * T + i.
+
+    x, z: [batch, T, H, P]; dt: [batch, T, H] (or stride-0 [batch, T, H, P]); B, C: [batch, T, G, N];
+    out: [batch, T, H, P] or None. Returns (struct, out [batch, T, H, P])."""
+    H, P, N, G = dims.nheads, dims.head_dim, dims.state_dim, dims.ngroups
+    if out is None:
+        out = torch.empty((batch, T, H, P), dtype=io_dtype, device=device)
+    flat = {name: merge_token_dims(name, t, batch, T, rest)
+            for name, t, rest in (("x", x, (H, P)), ("z", z, (H, P)), ("B", B, (G, N)), ("C", C, (G, N)),
+                                  ("dt", dt, None), ("out", out, (H, P)))}
+    s, _ = step_inputs(dims, io_dtype, device, batch * T, flat["x"], flat["dt"], A, flat["B"], flat["C"], D,
+                       flat["z"], dt_bias, flat["out"])
+    return s, out
+
+
+def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None, T: int = 1):
+    """Build or load the module and put its kernels on the current device (outside capture).
+    Verify modules: T is the draft capacity; replay_verify's entry 1 is the commit."""
+    from .abi import CommitParams
+
+    mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T))
+    mod.check_params(0, VerifyParams if op.endswith("verify") else DecodeParams)
+    if op == "replay_verify":
+        mod.check_params(1, CommitParams)
     mod.prepare()
     return mod
 
 
-__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool"]
+__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "VerifyParams"]

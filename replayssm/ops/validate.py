@@ -83,3 +83,22 @@ def check_slot_indices(name: str, t, batch: int, device) -> torch.Tensor:
     if t.dim() == 1 and batch > 1 and t.stride(0) != 1:
         raise ValueError(f"{name}: must be contiguous, got stride {t.stride(0)}")
     return t
+
+
+def merge_token_dims(name: str, t, batch: int, T: int, rest: Sequence[int] | None) -> torch.Tensor | None:
+    """A verify input [batch, T, *rest] as a view over token rows [batch * T, *rest] (row b * T + i).
+
+    rest: the trailing sizes (None: any). The batch and T dims must merge without a copy
+    (stride(0) == T * stride(1)); None passes through."""
+    if t is None:
+        return None
+    if not isinstance(t, torch.Tensor):
+        raise TypeError(f"{name}: expected a torch.Tensor, got {type(t).__name__}")
+    lead_ok = t.dim() >= 2 and t.shape[0] == batch and t.shape[1] == T
+    if not lead_ok or (rest is not None and list(t.shape[2:]) != list(rest)):
+        want = [batch, T, *(rest if rest is not None else ["..."])]
+        raise ValueError(f"{name}: expected shape [{', '.join(map(str, want))}] (batch, T, ...), got {list(t.shape)}")
+    if batch > 1 and T > 1 and t.stride(0) != T * t.stride(1):
+        raise ValueError(f"{name}: the batch and T dims must merge into token rows (stride(0) == T * stride(1)), "
+                         f"got strides {list(t.stride())}")
+    return t.view(batch * T, *t.shape[2:])  # a view by the check above: outputs land in t

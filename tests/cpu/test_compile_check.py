@@ -41,13 +41,18 @@ def compiled(tmp_path_factory):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_specialization_compiles_for_sm90a_and_exports_the_abi(spec, compiled):
     from replayssm.ops import gdn, mamba2
+    from replayssm.ops.abi import CommitParams
 
-    DecodeParams = {"mamba2": mamba2.DecodeParams, "gdn": gdn.DecodeParams, "kda": gdn.DecodeParams}[spec.family]  # the ctypes mirror
+    ops = {"mamba2": mamba2, "gdn": gdn, "kda": gdn}[spec.family]
+    verify = spec.op.endswith("verify")
+    params = ops.VerifyParams if verify else ops.DecodeParams  # the ctypes mirror of entry 0
     d = compiled[spec.name]
     assert jb.module_is_current(d, jb.plan(spec, ("90a",)))
     mod = load_module(d / f"{spec.name}.so", spec.name)  # checks ABI version and embedded name
     assert mod._lib.replayssm_abi_version() == ABI_VERSION
-    assert mod.params_size(0) == ctypes.sizeof(DecodeParams)
+    assert mod.params_size(0) == ctypes.sizeof(params)
+    # Entry 1 is the commit of a replay verify module, absent elsewhere.
+    assert mod.params_size(1) == (ctypes.sizeof(CommitParams) if spec.op == "replay_verify" else 0)
 
 
 @needs_nvcc

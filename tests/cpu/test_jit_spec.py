@@ -14,7 +14,7 @@ import torch
 from replayssm._version import __version__
 from replayssm.jit import env
 from replayssm.jit.spec import CTYPES, Specialization, dtype_code, fingerprint, header_digest, render, source_hash
-from replayssm.ops.generators import (MAMBA2_MODEL_SHAPES, MAMBA2_N, MAMBA2_P, WINDOWS, aot_specializations,
+from replayssm.ops.generators import (DECODE_OPS, MAMBA2_MODEL_SHAPES, MAMBA2_N, MAMBA2_P, WINDOWS, aot_specializations,
                                       compile_check_specializations, mamba2_decode_spec)
 
 REPLAY = mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16)
@@ -106,7 +106,8 @@ def test_generator_rejects_unsupported(kwargs, arg, got):
 def test_compile_check_set_covers_every_option():
     specs = compile_check_specializations()
     seen = {k: {getattr(s, k) for s in specs} for k in ("op", "state_dtype", "io_dtype")}
-    assert seen["op"] == {"replay_decode", "conventional_decode"}
+    assert seen["op"] == set(DECODE_OPS)
+    assert {s.T for s in specs if s.op.endswith("verify")} >= {4, 8, 16}
     assert seen["state_dtype"] == set(CTYPES) and seen["io_dtype"] == set(CTYPES)
     m2 = [s for s in specs if s.family == "mamba2"]
     assert {dict(s.dims)["P"] for s in m2} == set(MAMBA2_P)
@@ -114,7 +115,8 @@ def test_compile_check_set_covers_every_option():
     assert {s.family for s in specs} == {"mamba2", "gdn", "kda"}
     gdn = [s for s in specs if s.family == "gdn"]
     assert {d for s in gdn for d in (dict(s.dims)["K"], dict(s.dims)["V"])} == {64, 128, 256}
-    assert {s.op for s in gdn} == {"replay_decode", "conventional_decode"}
+    assert {s.op for s in gdn} == {"replay_decode", "conventional_decode", "replay_verify"}
+    assert {s.op for s in specs if s.family == "kda"} >= {"replay_verify", "conventional_verify"}
     assert {s.L for s in specs if s.L is not None} == set(WINDOWS)
 
 
@@ -156,12 +158,16 @@ def test_render_fixes_the_specialization(spec):
     assert _typedef(src, "io_t") == CTYPES[spec.io_dtype]
     for dim, value in spec.dims:  # kP/kN (Mamba-2), kK/kV (GDN)
         assert _constant(src, f"k{dim}") == value
-    if spec.op == "replay_decode":
+    if spec.op.startswith("replay"):
         assert _constant(src, "kL") == spec.L
-        assert "ReplayDecode<" in src and "ConventionalDecode<" not in src
     else:
         assert "kL" not in src
-        assert "ConventionalDecode<" in src and "ReplayDecode<" not in src
+    if spec.op.endswith("verify"):
+        assert _constant(src, "kT") == spec.T
+    op_class = {"replay_decode": "ReplayDecode<", "conventional_decode": "ConventionalDecode<",
+                "replay_verify": "ReplayVerify<", "conventional_verify": "ConventionalVerify<"}
+    for op, cls in op_class.items():
+        assert (cls in src) == (op == spec.op), f"{cls} in the source of {spec.op}"
     assert "REPLAYSSM_DEFINE_MODULE" in src
     assert "{{" not in src and "{%" not in src
 

@@ -289,7 +289,7 @@ def test_cache_construction_on_cpu():
         assert t.shape == (6,) and t.dtype == torch.int32 and int(t.abs().sum()) == 0
     assert c.error_flag.shape == (1,)
     assert c.state_bytes_per_slot() == H * P * N * 4
-    assert c.ring_bytes_per_slot() == H * R * P * 2 + G * R * N * 2 + H * R * 4 + 12
+    assert c.ring_bytes_per_slot() == H * R * P * 2 + G * R * N * 2 + H * R * 4 + 16
     pool, ring = c.pool_struct(), c.ring_struct()
     assert (pool.state, pool.stride_slot, pool.stride_head) == (c.checkpoint.data_ptr(), H * P * N, P * N)
     assert (ring.x, ring.x_stride_slot, ring.x_stride_head) == (c.x_ring.data_ptr(), H * R * P, R * P)

@@ -22,6 +22,21 @@ def _mamba2_specs():
     return list(specs.values())
 
 
+def _mamba2_verify_specs():
+    from replayssm.ops.generators import mamba2_decode_spec, verify_capacity
+
+    from .test_mamba2_verify import BASE, CONFIGS as VERIFY_CONFIGS
+
+    specs = {}
+    for cfg in VERIFY_CONFIGS + [{**BASE, "T": 8}]:
+        s = mamba2_decode_spec("replay_verify", cfg["P"], cfg["N"], cfg["state"], cfg["io"], cfg["L"],
+                               verify_capacity(cfg["T"]))
+        specs[s.name] = s
+    s = mamba2_decode_spec("conventional_verify", 64, 128, BASE["state"], BASE["io"], T=4)
+    specs[s.name] = s
+    return list(specs.values())
+
+
 def _gdn_specs():
     from replayssm.ops.generators import gdn_decode_spec
 
@@ -35,13 +50,40 @@ def _gdn_specs():
     return list(specs.values())
 
 
+def _delta_verify_specs():
+    from replayssm.ops.generators import gdn_decode_spec, verify_capacity
+
+    from .test_delta_verify import BASE, CONFIGS, KDA
+
+    specs = {}
+    for cfg in CONFIGS + [{**BASE, "T": 8}, {**KDA, "T": 4}, {**KDA, "T": 8}]:
+        s = gdn_decode_spec("replay_verify", cfg["K"], cfg["V"], cfg["state"], cfg["io"], cfg["L"], cfg["family"],
+                            verify_capacity(cfg["T"]))
+        specs[s.name] = s
+    for family in ("gdn", "kda"):
+        s = gdn_decode_spec("conventional_verify", 128, 128, BASE["state"], BASE["io"], family=family, T=4)
+        specs[s.name] = s
+    return list(specs.values())
+
+
+# Which modules each test file needs (only the collected files' modules are pre-warmed).
+_SPECS_BY_FILE = {
+    "test_mamba2_decode": _mamba2_specs,
+    "test_mamba2_verify": _mamba2_verify_specs,
+    "test_gdn_decode": _gdn_specs,
+    "test_fla_crosscheck": _gdn_specs,
+    "test_delta_verify": _delta_verify_specs,
+}
+
+
 @pytest.fixture(scope="session", autouse=True)
-def prewarm_jit():
+def prewarm_jit(request):
     if not HAS_GPU:
         return
     from replayssm.jit import build, settings
 
-    specs = _mamba2_specs() + _gdn_specs()
+    files = {item.module.__name__.rsplit(".", 1)[-1] for item in request.session.items}
+    specs = list({s.name: s for f, fn in _SPECS_BY_FILE.items() if f in files for s in fn()}.values())
     t0 = time.perf_counter()
     with cf.ThreadPoolExecutor(max(1, settings().max_jobs)) as ex:
         list(ex.map(build, specs))

@@ -9,6 +9,8 @@ namespace replayssm {
 enum ErrorBits : int32_t {
   kErrSlotOutOfRange = 1,  // a slot index outside [0, num_slots) that is not the pad id
   kErrCorruptCursor = 2,   // ring cursor outside its valid range: the row was skipped
+  kErrBadDrafts = 4,       // verify: draft count outside [1, T] or a parent not earlier in the tree (row skipped)
+  kErrBadCommit = 8,       // commit: no pending verify, num_accepted outside [1, T], or not a tree path (row unchanged)
 };
 
 struct SlotArg {

@@ -43,24 +43,47 @@ __device__ __forceinline__ bool resolve_slot(const DecodeParams& p, const CtaCoo
   return false;
 }
 
-// Log decay of this step: given, or -exp(A_log) * softplus(a + dt_bias).
+// Log decay of input row `row` (a batch row, or a verify's token row b * T + i): given, or
+// -exp(A_log) * softplus(a + dt_bias).
+__device__ __forceinline__ float step_log_decay(const DecodeParams& p, int64_t row, int hv) {
+  if (p.in.g.ptr != nullptr) return load_scalar(p.in.g, row, hv);
+  const float x = load_scalar(p.in.a, row, hv) + load_scalar(p.in.dt_bias, hv);
+  return -expf(load_scalar(p.in.A_log, hv)) * softplus(x);
+}
 __device__ __forceinline__ float step_log_decay(const DecodeParams& p, const CtaCoords& c) {
-  if (p.in.g.ptr != nullptr) return load_scalar(p.in.g, c.b, c.hv);
-  const float x = load_scalar(p.in.a, c.b, c.hv) + load_scalar(p.in.dt_bias, c.hv);
-  return -expf(load_scalar(p.in.A_log, c.hv)) * softplus(x);
+  return step_log_decay(p, c.b, c.hv);
 }
 
-// KDA: log decay of key channel `kc`, given (g [batch, HV, K]) or -exp(A_log) * softplus(a + dt_bias)
-// with a [batch, HV, K] and dt_bias [HV, K].
+// KDA: log decay of key channel `kc`, given (g [rows, HV, K]) or -exp(A_log) * softplus(a + dt_bias)
+// with a [rows, HV, K] and dt_bias [HV, K].
+__device__ __forceinline__ float step_log_decay_channel(const DecodeParams& p, int64_t row, int hv, int kc) {
+  if (p.in.g.ptr != nullptr) return load_channel(p.in.g, row, hv, kc);
+  const float x = load_channel(p.in.a, row, hv, kc) + load_channel(p.in.dt_bias, hv, 0, kc);
+  return -expf(load_scalar(p.in.A_log, hv)) * softplus(x);
+}
 __device__ __forceinline__ float step_log_decay_channel(const DecodeParams& p, const CtaCoords& c, int kc) {
-  if (p.in.g.ptr != nullptr) return load_channel(p.in.g, c.b, c.hv, kc);
-  const float x = load_channel(p.in.a, c.b, c.hv, kc) + load_channel(p.in.dt_bias, c.hv, 0, kc);
-  return -expf(load_scalar(p.in.A_log, c.hv)) * softplus(x);
+  return step_log_decay_channel(p, c.b, c.hv, kc);
 }
 
-__device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoords& c) {
-  if (p.in.beta.ptr != nullptr) return load_scalar(p.in.beta, c.b, c.hv);
-  return 1.f / (1.f + expf(-load_scalar(p.in.b, c.b, c.hv)));
+__device__ __forceinline__ float step_beta(const DecodeParams& p, int64_t row, int hv) {
+  if (p.in.beta.ptr != nullptr) return load_scalar(p.in.beta, row, hv);
+  return 1.f / (1.f + expf(-load_scalar(p.in.b, row, hv)));
+}
+__device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoords& c) { return step_beta(p, c.b, c.hv); }
+
+// Output rows of this CTA for token i of a verify (token row b * T + i).
+template <typename TI>
+__device__ __forceinline__ TI* token_out_rows(const DecodeParams& p, const CtaCoords& c, int T, int i) {
+  return static_cast<TI*>(p.in.out) + (c.b * T + i) * p.in.out_stride_batch + c.hv * p.in.out_stride_head + c.v0;
+}
+
+// A verify's skipped row: zeros for tokens first..T-1, and the error bit when nonzero.
+template <typename TI, int ROWS>
+__device__ __forceinline__ void zero_token_rows(const DecodeParams& p, const CtaCoords& c, int T, int first,
+                                                int32_t error_bits) {
+  if (error_bits && threadIdx.x == 0) raise_error(p.error_flag, error_bits);
+  for (int idx = first * ROWS + threadIdx.x; idx < T * ROWS; idx += blockDim.x)
+    token_out_rows<TI>(p, c, T, idx / ROWS)[idx % ROWS] = from_float<TI>(0.f);
 }
 
 // q^ and k^ of this CTA's key head into shared memory (fp32). Needs q_s/k_s pre-filled with the

@@ -294,6 +294,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     p.ring.start[slot] = flush ? pos : start;
     p.ring.len[slot] = flush ? 1 : m + 1;
     p.ring.done[slot] = 0;
+    p.ring.draft[slot] = 0;  // a standard step leaves nothing to commit
   }
 }
 

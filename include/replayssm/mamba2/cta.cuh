@@ -52,10 +52,27 @@ __device__ __forceinline__ bool resolve_slot(const DecodeParams& p, const CtaCoo
   return false;
 }
 
-// Processed dt of this step: softplus(dt + dt_bias) (or the plain sum).
-__device__ __forceinline__ float step_delta(const DecodeParams& p, const CtaCoords& c) {
-  float dt = load_scalar(p.in.dt, c.b, c.h) + load_scalar(p.in.dt_bias, c.h);
+// Processed dt of input row `row` (a batch row, or a verify's token row): softplus(dt + dt_bias)
+// (or the plain sum).
+__device__ __forceinline__ float step_delta(const DecodeParams& p, int64_t row, int h) {
+  float dt = load_scalar(p.in.dt, row, h) + load_scalar(p.in.dt_bias, h);
   return p.dt_softplus ? softplus(dt) : dt;
+}
+__device__ __forceinline__ float step_delta(const DecodeParams& p, const CtaCoords& c) { return step_delta(p, c.b, c.h); }
+
+// Output rows of this CTA for token i of a verify (token row b * T + i).
+template <typename TI>
+__device__ __forceinline__ TI* token_out_rows(const DecodeParams& p, const CtaCoords& c, int T, int i) {
+  return static_cast<TI*>(p.in.out) + (c.b * T + i) * p.in.out_stride_batch + c.h * p.in.out_stride_head + c.p0;
+}
+
+// A verify's skipped row: zeros for tokens first..T-1, and the error bit when nonzero.
+template <typename TI, int ROWS>
+__device__ __forceinline__ void zero_token_rows(const DecodeParams& p, const CtaCoords& c, int T, int first,
+                                                int32_t error_bits) {
+  if (error_bits && threadIdx.x == 0) raise_error(p.error_flag, error_bits);
+  for (int idx = first * ROWS + threadIdx.x; idx < T * ROWS; idx += blockDim.x)
+    token_out_rows<TI>(p, c, T, idx / ROWS)[idx % ROWS] = from_float<TI>(0.f);
 }
 
 }  // namespace mamba2

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "../common/drafts.cuh"
 #include "../common/slots.cuh"
 #include "../common/types.cuh"
 
@@ -31,6 +32,7 @@ struct Ring {
   int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
   int32_t* len;    // [slots] committed records since the checkpoint
   int32_t* done;   // [slots] CTA arrival counter for the in-kernel cursor update (0 between launches)
+  int32_t* draft;  // [slots] pending drafts of the last verify (see common/commit.cuh)
   int32_t capacity;
   int32_t reserved;
 };
@@ -70,6 +72,14 @@ struct DecodeParams {
   int32_t dt_softplus;
   int32_t rows_per_cta;  // runtime tiling choice: 16, 32, 64 or 80 (must divide P)
   int32_t reserved;
+};
+
+// A verify: T draft tokens per batch row. Every per-token input of `d.in` (x, z, B, C, out, dt)
+// is indexed by the token row b * T + i, so its "batch" stride is the stride between tokens
+// ([batch, T, ...] tensors whose first two dims merge). d.batch counts batch rows.
+struct VerifyParams {
+  DecodeParams d;
+  DraftArgs drafts;
 };
 
 }  // namespace mamba2

@@ -1,0 +1,147 @@
+// Commit of a verify's accepted drafts: a cursor move, plus (tree path) a copy of the accepted
+// records into ring order. Family independent: it sees the rings as arrays of fixed-size records.
+//
+// Cursors per slot: start, len (committed records since the checkpoint) and draft:
+//   draft > 0   a verify appended `draft` records after the committed ones (pending);
+//   draft = -n  the pending drafts were committed with n accepted (a repeat with the same n is a
+//               no-op, so a commit is idempotent for its step);
+//   draft = 0   nothing pending (a standard step clears it).
+// A rejected commit (nothing pending, n outside [1, draft], not a tree path) raises kErrBadCommit
+// and leaves the row unchanged.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "drafts.cuh"
+#include "slots.cuh"
+
+namespace replayssm {
+
+// One ring array [slots, heads, R, record]: `record_words` 4-byte words per record, R records
+// contiguous per head.
+struct RingArray {
+  void* ptr;
+  int64_t stride_slot;  // in 4-byte words
+  int64_t stride_head;  // in 4-byte words
+  int32_t heads;
+  int32_t record_words;
+};
+
+constexpr int kMaxRingArrays = 4;
+
+struct CommitParams {
+  RingArray arrays[kMaxRingArrays];
+  SlotArg slots;
+  int32_t* start;
+  int32_t* len;
+  int32_t* draft;
+  const int32_t* num_accepted;  // [batch] in [1, pending], or nullptr when paths are given
+  const int32_t* paths;         // [batch, T] accepted draft ids root first, then -1; or nullptr
+  int64_t paths_stride;
+  const int32_t* parents;       // the verify's tree ([batch, T], stride below) or nullptr: a chain
+  int64_t parents_stride;
+  int32_t* error_flag;
+  int32_t num_arrays;
+  int32_t capacity;
+  int32_t T;
+  int32_t batch;
+};
+
+// One CTA per batch row.
+__global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
+  const int64_t b = blockIdx.x;
+  int64_t slot;
+  const SlotKind kind = decode_slot(p.slots, b, &slot);
+  if (kind != SlotKind::kValid) {
+    if (kind == SlotKind::kOutOfRange && threadIdx.x == 0) raise_error(p.error_flag, kErrSlotOutOfRange);
+    return;
+  }
+  __shared__ int n_s, m_s, start_s, copy_s;
+  __shared__ int path_s[kMaxDrafts];
+  if (threadIdx.x == 0) {
+    const int pending = p.draft[slot];
+    const int m = p.len[slot];
+    int n = 0;
+    bool ok = true, copy = false;
+    if (p.paths != nullptr) {
+      const int32_t* path = p.paths + b * p.paths_stride;
+      int prev = -1;
+      for (int k = 0; k < p.T && k < kMaxDrafts; ++k) {
+        const int node = path[k];
+        if (node < 0) break;
+        const int limit = pending > 0 ? pending : -pending;
+        const int par = p.parents != nullptr ? p.parents[b * p.parents_stride + node] : node - 1;
+        if (node >= limit || par != prev) {
+          ok = false;
+          break;
+        }
+        path_s[k] = node;
+        copy = copy || node != k;
+        prev = node;
+        ++n;
+      }
+    } else {
+      n = p.num_accepted[b];
+      if (pending > 0 && n >= 1 && n <= pending && p.parents != nullptr)
+        for (int k = 0; k < n; ++k) ok = ok && p.parents[b * p.parents_stride + k] == k - 1;
+    }
+    if (pending < 0) {  // already committed: the same commit again is a no-op
+      ok = ok && n == -pending;
+      n = 0;
+    } else {
+      ok = ok && pending > 0 && n >= 1 && n <= pending && m >= 0 && m + pending <= p.capacity;
+    }
+    if (!ok) raise_error(p.error_flag, kErrBadCommit);
+    n_s = ok ? n : 0;
+    copy_s = ok && copy;
+    m_s = m;
+    start_s = p.start[slot];
+  }
+  __syncthreads();
+  const int n = n_s;
+  if (n == 0) return;
+  if (copy_s) {
+    // Record path[k] -> record k (k ascending): path[k] >= k, and a later source path[k'] > path[k]
+    // >= k is never an earlier destination; the barrier orders the reads of step k before the
+    // writes of later steps.
+    const int R = p.capacity;
+    for (int k = 0; k < n; ++k) {
+      const int src = (start_s + m_s + path_s[k]) % R, dst = (start_s + m_s + k) % R;
+      if (src != dst) {
+        for (int a = 0; a < p.num_arrays; ++a) {
+          const RingArray& ra = p.arrays[a];
+          uint32_t* base = static_cast<uint32_t*>(ra.ptr) + slot * ra.stride_slot;
+          const int words = ra.heads * ra.record_words;
+          for (int i = threadIdx.x; i < words; i += blockDim.x) {
+            const int h = i / ra.record_words, w = i % ra.record_words;
+            uint32_t* head = base + h * ra.stride_head;
+            head[static_cast<int64_t>(dst) * ra.record_words + w] = head[static_cast<int64_t>(src) * ra.record_words + w];
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+  if (threadIdx.x == 0) {
+    p.len[slot] = m_s + n;
+    p.draft[slot] = -n;
+  }
+}
+
+struct Commit {
+  using Params = CommitParams;
+  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+    if (p.num_arrays < 0 || p.num_arrays > kMaxRingArrays || p.T < 1 || p.T > kMaxDrafts) return cudaErrorInvalidValue;
+    if (p.batch == 0) return cudaSuccess;
+    commit_kernel<<<p.batch, 128, 0, stream>>>(p);
+    return cudaGetLastError();
+  }
+  static cudaError_t prepare() {
+    cudaFuncAttributes a;
+    return cudaFuncGetAttributes(&a, commit_kernel);
+  }
+};
+
+}  // namespace replayssm

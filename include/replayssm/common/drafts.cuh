@@ -1,0 +1,61 @@
+// Speculative drafts: the per-row draft count and tree of a verify, and the ancestor masks the
+// verify kernels evaluate them with.
+//
+// A verify appends n <= T draft records per row after its m committed ones. Draft i's parent is
+// parents[i] (-1: the committed prefix; a chain has parents[i] = i - 1). Draft i sees the
+// committed records and its ancestors-or-self: bit d of anc[i] is set when draft d is on the
+// path from the root to i.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+namespace replayssm {
+
+constexpr int kMaxDrafts = 16;
+
+// Dynamic shared memory one CTA may opt into on sm_90 (227 KB); verify tilings above it are refused.
+constexpr size_t kMaxDynamicSmem = 227 * 1024;
+
+struct DraftArgs {
+  const int32_t* counts;       // [batch] drafts of each row in [1, T], or nullptr: every row has T
+  const int32_t* parents;      // [batch, T] parent of each draft (-1 = root), or nullptr: a chain
+  int64_t parents_stride;      // batch stride of parents (0: one tree for every row)
+  const int32_t* state_slots;  // conventional verify only: [batch, T] pool slot receiving the
+  int64_t state_slots_stride;  //   state after each draft (per-draft snapshots); else nullptr
+  int32_t T;                   // planned drafts per row: dim 1 of every per-token input
+  int32_t reserved;
+};
+
+// Reads row b's draft count and tree into shared memory (every thread of the CTA must call it;
+// it ends with a barrier). anc_s[i] = ancestor-or-self mask of draft i. Returns the count, or 0
+// when the count or a parent is invalid.
+template <int TMAX>
+__device__ __forceinline__ int load_draft_tree(const DraftArgs& d, int64_t b, uint32_t* anc_s, int* n_s) {
+  __shared__ int par_s[TMAX];
+  const int tid = threadIdx.x;
+  if (tid < TMAX) {
+    int par = tid - 1;
+    if (d.parents != nullptr && tid < d.T) par = d.parents[b * d.parents_stride + tid];
+    par_s[tid] = par;
+  }
+  if (tid == 0) *n_s = d.counts == nullptr ? d.T : d.counts[b];
+  __syncthreads();
+  if (tid == 0) {
+    int n = *n_s;
+    if (n < 1 || n > d.T || n > TMAX) n = 0;
+    for (int i = 0; i < n; ++i) {
+      const int par = par_s[i];
+      if (par < -1 || par >= i) {
+        n = 0;
+        break;
+      }
+      anc_s[i] = (1u << i) | (par >= 0 ? anc_s[par] : 0u);
+    }
+    *n_s = n;
+  }
+  __syncthreads();
+  return *n_s;
+}
+
+}  // namespace replayssm

@@ -1,0 +1,165 @@
+"""GDN and KDA speculative decoding on the GPU: verify (chains, trees, per-row counts, the
+drafts' triangular correction recursion), device commit, the conventional per-draft-snapshot
+baseline, capture, bad input.
+
+Compared with the float64 reference pools (replayssm.reference.GDNReplayRef / KDAReplayRef, whose
+verify/commit equal running only the accepted tokens through the conventional recurrence: see
+tests/cpu/test_reference_delta.py) on the same io-dtype inputs; fresh random inputs each run;
+outputs poisoned with NaN. Tolerances as in test_gdn_decode.py (fp32 checkpoint, bf16 io:
+outputs 6e-3, state 2e-5).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm.reference import gdn_step, kda_step
+
+from .common import fresh_generator, rel_err, snapshot, tolerances
+from .delta_spec import DeltaSpec
+from .spec_driver import DEV, run_spec_sequence
+
+pytestmark = pytest.mark.gpu
+
+F32, BF16 = torch.float32, torch.bfloat16
+BASE = dict(family="gdn", HV=4, HK=2, K=128, V=128, state=F32, io=BF16, L=16, T=4)
+KDA = {**BASE, "family": "kda"}
+CONFIGS = [
+    BASE,
+    {**BASE, "T": 2},
+    {**BASE, "T": 16},
+    {**BASE, "io": F32},
+    {**BASE, "state": BF16},
+    {**BASE, "K": 64, "V": 256},
+    {**BASE, "L": 8, "T": 8},
+    KDA,
+    {**KDA, "T": 8},
+    {**KDA, "io": F32},
+    {**KDA, "K": 256, "V": 64, "L": 32, "T": 16},
+]
+CONFIG_IDS = ["gdn", "gdn_T2", "gdn_T16", "gdn_io_f32", "gdn_state_bf16", "gdn_K64_V256", "gdn_L8_T8",
+              "kda", "kda_T8", "kda_io_f32", "kda_K256_V64_L32_T16"]
+
+
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+class TestDeltaVerifyConfigs:
+    def test_chain_random_accepts(self, cfg):
+        gen = fresh_generator()
+        run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=cfg["T"], gen=gen)
+
+
+@pytest.mark.parametrize("cfg", [{**BASE, "T": 8}, {**KDA, "T": 8}], ids=["gdn", "kda"])
+class TestDeltaVerifyFeatures:
+    def test_trees_and_per_row_counts(self, cfg):
+        gen = fresh_generator()
+        run_spec_sequence(DeltaSpec(cfg, gen), steps=40, batch=5, num_slots=9, T=8, gen=gen, tree=True,
+                          varlen=True)
+
+    def test_thousands_of_steps(self, cfg):
+        gen = fresh_generator()
+        run_spec_sequence(DeltaSpec({**cfg, "T": 4}, gen), steps=1000, batch=3, num_slots=5, T=4, gen=gen,
+                          varlen=True, p_verify=0.8)
+
+    def test_verify_and_commit_in_one_graph(self, cfg):
+        gen = fresh_generator()
+        fam = DeltaSpec(cfg, gen)
+        batch, T, num = 3, 8, 5
+        w = fam.wrapper("replay", batch)
+        cache = w.create_cache(num, max_draft=T)
+        ref = fam.reference(num, T)
+        cache.reset(list(range(num)))
+        slots = torch.tensor([4, -1, 1], dtype=torch.int32, device=DEV)
+        rows, sl = [0, 2], [4, 1]
+        parents = torch.tensor([-1, 0, 0, 1, 1, 2, -1, 6], dtype=torch.int32)
+        static = fam.inputs(batch, T)
+        out = fam.out_like(static)
+        path = torch.full((batch, T), -1, dtype=torch.int32, device=DEV)
+        w.plan(slots, draft_len=T, parents=parents)
+        graph = torch.cuda.CUDAGraph()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
+            fam.run(w, cache, static, out)
+            w.commit(cache, accepted_path=path)
+        torch.cuda.current_stream().wait_stream(side)
+        torch.cuda.synchronize()
+        tol, state_tol = tolerances(cfg)
+        choices = [[0], [0, 1], [0, 2, 5], [0, 1, 4], [6, 7], [6], [0, 1, 3]]
+        for step in range(20):
+            new = fam.inputs(batch, T)
+            for k in static:
+                static[k].copy_(new[k])
+            pick = [choices[int(torch.randint(0, len(choices), (1,), generator=gen, device=DEV))] for _ in rows]
+            path.fill_(-1)
+            for r, pth in zip(rows, pick):
+                path[r, :len(pth)] = torch.tensor(pth, dtype=torch.int32)
+            out.fill_(float("nan"))
+            graph.replay()
+            torch.cuda.synchronize()
+            y = fam.ref_verify(ref, sl, static, rows, T, parents.tolist())
+            ref.commit_path(sl, pick)
+            assert rel_err(out[rows].cpu(), y) <= tol, f"replay {step}"
+            assert (out[1] == 0).all()
+        assert rel_err(fam.materialize(cache, sl).cpu(), ref.materialize(sl)) <= state_tol
+        assert cache.check_errors() == 0
+
+    def test_conventional_per_draft_snapshots(self, cfg):
+        gen = fresh_generator()
+        fam = DeltaSpec(cfg, gen)
+        batch, T = 3, 4
+        num = batch + batch * T
+        w = fam.wrapper("conventional", batch)
+        cache = w.create_cache(num)
+        S0 = torch.randn(batch, cfg["HV"], cfg["V"], cfg["K"], device=DEV, generator=gen) * 0.1
+        cache.load_state(list(range(batch)), S0)
+        slots = torch.arange(batch, dtype=torch.int32, device=DEV)
+        state_slots = (batch + torch.arange(batch * T, dtype=torch.int32)).reshape(batch, T)
+        counts = torch.tensor([4, 2, 1], dtype=torch.int32)
+        inp = fam.inputs(batch, T)
+        out = fam.out_like(inp)
+        w.plan(slots, draft_len=T, draft_counts=counts, state_slots=state_slots)
+        fam.run(w, cache, inp, out)
+        torch.cuda.synchronize()
+        tol, state_tol = tolerances(cfg)
+        step = kda_step if fam.kda else gdn_step
+        S = S0.double()
+        for i in range(T):
+            y, S = step(S, inp["q"][:, i].double(), inp["k"][:, i].double(), inp["v"][:, i].double(),
+                        a=inp["a"][:, i].double(), b=inp["b"][:, i].double(), A_log=fam.A_log.double(),
+                        dt_bias=fam.dt_bias.double())
+            for b in range(batch):
+                snap = cache.checkpoint[int(state_slots[b, i])]
+                if i < counts[b]:
+                    assert rel_err(out[b, i], y[b]) <= tol
+                    assert rel_err(snap, S[b]) <= state_tol
+                else:
+                    assert (out[b, i] == 0).all() and (snap == 0).all()
+        assert torch.equal(cache.checkpoint[:batch], S0)
+
+
+class TestDeltaVerifyBadInput:
+    def test_bad_accepts_and_trees_leave_rows_unchanged(self):
+        gen = fresh_generator()
+        fam = DeltaSpec(KDA, gen)
+        w = fam.wrapper("replay", 3)
+        cache = w.create_cache(6, max_draft=4)
+        cache.reset(list(range(6)))
+        slots = torch.tensor([0, 1, 2], dtype=torch.int32, device=DEV)
+        parents = torch.tensor([[-1, 0, 1, 2], [-1, 1, 0, 0], [-1, -1, 0, 1]], dtype=torch.int32, device=DEV)
+        before = snapshot(cache, [1])
+        w.plan(slots, draft_len=4, parents=parents)
+        inp = fam.inputs(3, 4)
+        out = fam.out_like(inp)
+        fam.run(w, cache, inp, out)
+        assert cache.check_errors() == 4
+        assert torch.isfinite(out).all() and (out[1] == 0).all()
+        for a, b in zip(before, snapshot(cache, [1])):
+            assert torch.equal(a, b)
+        w.commit(cache, num_accepted=torch.tensor([5, 1, 2], dtype=torch.int32, device=DEV))
+        assert cache.check_errors() == 8  # row 0: 5 > 4; row 1: nothing pending; row 2: not a chain
+        assert cache.ring_len.tolist()[:3] == [0, 0, 0]
+        w.commit(cache, accepted_path=torch.tensor([[0, 1, 2, -1], [0, -1, -1, -1], [1, 3, -1, -1]],
+                                                    dtype=torch.int32, device=DEV))
+        assert cache.check_errors() == 8  # row 1 still has nothing pending
+        assert cache.ring_len.tolist()[:3] == [3, 0, 2]
