@@ -129,9 +129,10 @@ class _DecodeWrapper:
         return SlotArg(s.data_ptr(), self.pad_slot_id, cache.num_slots, 1, 0)
 
     def _check_drafts(self, cache: ReplayCache) -> int:
-        """T of a verify plan after checking that the cache's ring holds it (0: standard decode)."""
+        """T of a verify plan after checking that the cache's ring holds it (0: standard decode).
+        The conventional verify keeps no ring (its drafts' states go to state_slots)."""
         T = self._drafts.T
-        if T and T > cache.max_draft:
+        if T and self.algorithm == "replay" and T > cache.max_draft:
             raise ValueError(f"draft_len: the plan has {T} drafts but the cache's ring holds max_draft="
                              f"{cache.max_draft} (create_cache(num_slots, max_draft={T}))")
         return T

@@ -71,8 +71,9 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
       for (int k = 0; k < p.T && k < kMaxDrafts; ++k) {
         const int node = path[k];
         if (node < 0) break;
-        const int limit = pending > 0 ? pending : -pending;
-        const int par = p.parents != nullptr ? p.parents[b * p.parents_stride + node] : node - 1;
+        // A pending verify bounds the nodes by its draft count; a repeat is checked against the tree.
+        const int limit = pending > 0 ? pending : p.T;
+        const int par = node < p.T ? (p.parents != nullptr ? p.parents[b * p.parents_stride + node] : node - 1) : -2;
         if (node >= limit || par != prev) {
           ok = false;
           break;

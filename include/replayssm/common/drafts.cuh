@@ -14,8 +14,9 @@ namespace replayssm {
 
 constexpr int kMaxDrafts = 16;
 
-// Dynamic shared memory one CTA may opt into on sm_90 (227 KB); verify tilings above it are refused.
-constexpr size_t kMaxDynamicSmem = 227 * 1024;
+// Dynamic shared memory a verify CTA may opt into on sm_90: 227 KB per block less room for the
+// kernels' static shared memory; tilings above it are refused at launch.
+constexpr size_t kMaxDynamicSmem = 223 * 1024;
 
 struct DraftArgs {
   const int32_t* counts;       // [batch] drafts of each row in [1, T], or nullptr: every row has T
