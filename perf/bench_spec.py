@@ -62,8 +62,8 @@ def bench_standard(fam, batch, reps):
     return us
 
 
-def bench_replay_verify(fam, batch, T, rounds, reps):
-    w = fam.wrapper(batch, "replay", None)
+def bench_replay_verify(fam, batch, T, rounds, reps, rows=None):
+    w = fam.wrapper(batch, "replay", rows)
     n = num_slots_for(fam, batch)
     cache = w.create_cache(n, max_draft=T)
     cache.checkpoint.normal_(generator=fam.gen)
@@ -82,7 +82,7 @@ def bench_replay_verify(fam, batch, T, rounds, reps):
     us = replay_us_per_step(g, rounds, reps=1, trials=reps)
     assert cache.check_errors() == 0
     mean_acc = float(torch.stack(acc).float().mean())
-    return us, mean_acc, cache.ring_bytes_per_slot()
+    return us, mean_acc, cache.ring_bytes_per_slot(), w._rows
 
 
 def bench_conventional_verify(fam, batch, T, rounds, reps):
@@ -135,7 +135,11 @@ def run(args):
             try:
                 t_std = bench_standard(fam, batch, args.reps)
                 for T in args.drafts:
-                    t_rep, mean_acc, ring_bytes = bench_replay_verify(fam, batch, T, args.rounds, args.reps)
+                    sweep = {}
+                    for rows in args.rows or [None]:
+                        sweep[rows] = bench_replay_verify(fam, batch, T, args.rounds, args.reps, rows)
+                    best = min(sweep, key=lambda r: sweep[r][0])
+                    t_rep, mean_acc, ring_bytes, rows_used = sweep[best]
                     t_conv = bench_conventional_verify(fam, batch, T, args.rounds, args.reps)
                     row = {"family": family, "shape": shape_name, "dims": SHAPES[family][shape_name], "batch": batch,
                            "T": T, "L": args.window, "state_dtype": str(args.state_dtype).removeprefix("torch."),
@@ -143,11 +147,14 @@ def run(args):
                            "us_standard_step": t_std, "us_replay_verify_commit": t_rep,
                            "us_conventional_verify": t_conv, "mean_accepted": mean_acc,
                            "verify_over_step": t_rep / t_std, "conventional_over_replay": t_conv / t_rep,
-                           "ring_bytes_per_slot": ring_bytes, "state_bytes_per_slot": fam.state_bytes()}
+                           "ring_bytes_per_slot": ring_bytes, "state_bytes_per_slot": fam.state_bytes(),
+                           "verify_rows_per_cta": rows_used,
+                           "verify_rows_sweep_us": {str(sweep[r][3]): sweep[r][0] for r in sweep}}
                     rows.append(row)
                     print(f"{family:6s} B={batch:4d} T={T:2d} step={t_std:8.2f}us verify+commit={t_rep:8.2f}us "
                           f"({row['verify_over_step']:.2f}x step) conventional={t_conv:8.2f}us "
-                          f"({row['conventional_over_replay']:.2f}x slower)", flush=True)
+                          f"({row['conventional_over_replay']:.2f}x slower) rows={rows_used} "
+                          f"sweep={row['verify_rows_sweep_us']}", flush=True)
                     torch.cuda.empty_cache()
             except torch.OutOfMemoryError:
                 print(f"skip {family} B={batch}: out of memory")
@@ -161,6 +168,8 @@ def main():
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 64, 256, 512])
     ap.add_argument("--drafts", nargs="+", type=int, default=[2, 4, 8])
     ap.add_argument("--rounds", type=int, default=16, help="verify+commit rounds per captured graph")
+    ap.add_argument("--rows", nargs="*", type=int, default=None,
+                    help="rows-per-CTA tilings of the replay verify to sweep (best reported; default: heuristic)")
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--io-dtype", default="bfloat16")

@@ -85,10 +85,10 @@ class Mamba2Spec:
 
 
 def run_spec_sequence(fam, *, steps, batch, num_slots, T, gen, tree=False, varlen=False, p_verify=0.7,
-                      repeat_commit=True):
+                      repeat_commit=True, rows_per_cta=None):
     """Random mix of standard steps and verify+commit rounds; returns the worst output error."""
     cfg = fam.cfg
-    w = fam.wrapper("replay", batch)
+    w = fam.wrapper("replay", batch, rows_per_cta=rows_per_cta)
     cache = w.create_cache(num_slots, max_draft=T)
     ref = fam.reference(num_slots, T)
     unused = list(range(num_slots - 2, num_slots))

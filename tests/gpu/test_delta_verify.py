@@ -56,6 +56,12 @@ class TestDeltaVerifyFeatures:
         run_spec_sequence(DeltaSpec(cfg, gen), steps=40, batch=5, num_slots=9, T=8, gen=gen, tree=True,
                           varlen=True)
 
+    @pytest.mark.parametrize("rows", [16, 64])
+    def test_every_tiling(self, cfg, rows):
+        gen = fresh_generator()
+        run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=8, gen=gen, tree=True,
+                          varlen=True, rows_per_cta=rows)
+
     def test_thousands_of_steps(self, cfg):
         gen = fresh_generator()
         run_spec_sequence(DeltaSpec({**cfg, "T": 4}, gen), steps=1000, batch=3, num_slots=5, T=4, gen=gen,

@@ -58,6 +58,18 @@ class TestMamba2VerifyFeatures:
         run_spec_sequence(Mamba2Spec(cfg, gen), steps=40, batch=5, num_slots=10, T=8, gen=gen, tree=True,
                           varlen=True)
 
+    @pytest.mark.parametrize("rows", [16, 64])
+    def test_every_tiling(self, rows):
+        gen = fresh_generator()
+        run_spec_sequence(Mamba2Spec(self.cfg, gen), steps=30, batch=4, num_slots=8, T=4, gen=gen, tree=True,
+                          varlen=True, rows_per_cta=rows)
+
+    def test_whole_head_tile_P80(self):
+        gen = fresh_generator()
+        cfg = {**self.cfg, "P": 80}
+        run_spec_sequence(Mamba2Spec(cfg, gen), steps=30, batch=4, num_slots=8, T=4, gen=gen, varlen=True,
+                          rows_per_cta=80)
+
     def test_thousands_of_steps(self):
         gen = fresh_generator()
         run_spec_sequence(Mamba2Spec(self.cfg, gen), steps=1000, batch=4, num_slots=6, T=4, gen=gen,

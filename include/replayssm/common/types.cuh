@@ -57,6 +57,30 @@ __device__ __forceinline__ uint4 load_stream16(const void* p) {
   return r;
 }
 
+// E consecutive T elements (E * sizeof(T) a multiple of 4 and aligned to it, at most 16 bytes per
+// access) to floats with the widest shared/global vector loads.
+template <typename T, int E>
+__device__ __forceinline__ void load_floats(const T* p, float (&out)[E]) {
+  constexpr int kBytes = E * static_cast<int>(sizeof(T));
+  if constexpr (kBytes % 16 == 0) {
+#pragma unroll
+    for (int w = 0; w < kBytes / 16; ++w) {
+      const uint4 raw = reinterpret_cast<const uint4*>(p)[w];
+      const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+      for (int i = 0; i < 16 / static_cast<int>(sizeof(T)); ++i) out[w * (16 / sizeof(T)) + i] = to_float(e[i]);
+    }
+  } else if constexpr (kBytes == 8) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(p);
+    const T* e = reinterpret_cast<const T*>(&raw);
+#pragma unroll
+    for (int i = 0; i < E; ++i) out[i] = to_float(e[i]);
+  } else {
+#pragma unroll
+    for (int i = 0; i < E; ++i) out[i] = to_float(p[i]);
+  }
+}
+
 // Streaming 16-byte global store (evict-first: written once per window).
 __device__ __forceinline__ void store_stream16(void* p, const uint4& v) {
   asm volatile("st.global.cs.v4.u32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)

@@ -240,16 +240,32 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       float ak = 0.f, aq = 0.f;
       if (seen && d < 0) {
         const float* kj = kr_s + phys(j) * K;
-        for (int e = gl; e < K; e += 8) {
-          ak = fmaf(kj[e], kx_s[i * K + e], ak);
-          aq = fmaf(kj[e], qx_s[i * K + e], aq);
+#pragma unroll 2
+        for (int e0 = gl * 4; e0 < K; e0 += 32) {  // 4 consecutive channels per lane and pass
+          float a[4], x[4], y[4];
+          load_floats<float, 4>(kj + e0, a);
+          load_floats<float, 4>(kx_s + i * K + e0, x);
+          load_floats<float, 4>(qx_s + i * K + e0, y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            ak = fmaf(a[e], x[e], ak);
+            aq = fmaf(a[e], y[e], aq);
+          }
         }
       } else if (seen) {
         const float* kdd = kh_s + d * K;
-        for (int e = gl; e < K; e += 8) {
-          const float w = PC ? expf(pth_s[i * kG + e % kG] - pth_s[d * kG + e % kG]) * kdd[e] : kdd[e];
-          ak = fmaf(w, kh_s[i * K + e], ak);
-          aq = fmaf(w, qh_s[i * K + e], aq);
+#pragma unroll 2
+        for (int e0 = gl * 4; e0 < K; e0 += 32) {
+          float a[4], x[4], y[4];
+          load_floats<float, 4>(kdd + e0, a);
+          load_floats<float, 4>(kh_s + i * K + e0, x);
+          load_floats<float, 4>(qh_s + i * K + e0, y);
+#pragma unroll
+          for (int e = 0; e < 4; ++e) {
+            const float w = PC ? expf(pth_s[i * kG + (e0 + e) % kG] - pth_s[d * kG + (e0 + e) % kG]) * a[e] : a[e];
+            ak = fmaf(w, x[e], ak);
+            aq = fmaf(w, y[e], aq);
+          }
         }
         if constexpr (!PC) {
           const float w = expf(pth_s[i] - pth_s[d]);

@@ -55,6 +55,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   constexpr int kNV = N / kBVec;            // 16-byte vectors per B/C row
   constexpr int kXV = ROWS / kBVec;         // 16-byte vectors per x-row chunk
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
+  static_assert(N % 64 == 0, "the coefficient dot products take 8 elements per lane of an 8-lane group");
   static_assert(TMAX <= kMaxDrafts && L <= 32, "one warp computes the committed decays");
 
   const CtaCoords c = cta_coords<P, ROWS>(p);
@@ -193,7 +194,14 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
         const TI* Bj = d < 0 ? Bring_s + phys(j) * N : Bd_s + d * N;
         w = d < 0 ? wcom_s[j] * expf(path_s[i]) : dd_s[d] * expf(path_s[i] - path_s[d]);
         const float* Ci = C_s + i * N;
-        for (int k = gl; k < N; k += 8) acc = fmaf(to_float(Bj[k]), Ci[k], acc);
+#pragma unroll
+        for (int k = gl * 8; k < N; k += 64) {  // 8 consecutive elements per lane and pass
+          float b[8], cc[8];
+          load_floats<TI, 8>(Bj + k, b);
+          load_floats<float, 8>(Ci + k, cc);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc = fmaf(b[e], cc[e], acc);
+        }
       }
       acc = group_sum<8>(acc);
       if (gl == 0 && pair < pairs) coef_s[i * kW + j] = w * acc;
@@ -230,9 +238,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       const TI* xj_s = xring_s + phys(j) * ROWS;
       float Bj[Tile::kVpl][kV];
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-        for (int e = 0; e < kV; ++e) Bj[v][e] = to_float(Bj_s[Tile::col(lane, v) + e]);
+      for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(Bj_s + Tile::col(lane, v), Bj[v]);
       const float wj = wcom_s[j];
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s) {
