@@ -136,8 +136,8 @@ def run(args):
                 t_std = bench_standard(fam, batch, args.reps)
                 for T in args.drafts:
                     sweep = {}
-                    for rows in args.rows or [None]:
-                        sweep[rows] = bench_replay_verify(fam, batch, T, args.rounds, args.reps, rows)
+                    for tiling in args.rows or [None]:
+                        sweep[tiling] = bench_replay_verify(fam, batch, T, args.rounds, args.reps, tiling)
                     best = min(sweep, key=lambda r: sweep[r][0])
                     t_rep, mean_acc, ring_bytes, rows_used = sweep[best]
                     t_conv = bench_conventional_verify(fam, batch, T, args.rounds, args.reps)

@@ -28,23 +28,25 @@ namespace gdn {
 template <int K, int ROWS, int L, bool PC>
 struct VerifySmem {
   static constexpr int kG = PC ? K : 1;
-  __host__ __device__ static size_t u(int) { return 0; }                                   // [R][ROWS] ring u rows
-  __host__ __device__ static size_t kr(int R, int) { return size_t(R) * ROWS * 4; }        // [R][K] ring keys
-  __host__ __device__ static size_t gr(int R, int T) { return kr(R, T) + size_t(R) * K * 4; }   // [R][kG] ring decays
-  __host__ __device__ static size_t kh(int R, int T) { return gr(R, T) + size_t(R) * kG * 4; }  // [T][K] k^ of drafts
-  __host__ __device__ static size_t qh(int R, int T) { return kh(R, T) + size_t(T) * K * 4; }   // [T][K] q^
-  __host__ __device__ static size_t kx(int R, int T) { return qh(R, T) + size_t(T) * K * 4; }   // [T][K] E(P_i) . k^_i
-  __host__ __device__ static size_t qx(int R, int T) { return kx(R, T) + size_t(T) * K * 4; }   // [T][K] E(P_i) . q^_i
-  __host__ __device__ static size_t gd(int R, int T) { return qx(R, T) + size_t(T) * K * 4; }   // [T][kG] drafts' g
-  __host__ __device__ static size_t pth(int R, int T) { return gd(R, T) + size_t(T) * kG * 4; } // [T][kG] P_i
-  __host__ __device__ static size_t tot(int R, int T) { return pth(R, T) + size_t(T) * kG * 4; }  // [kG] E(Gc)
-  __host__ __device__ static size_t ck(int R, int T) { return tot(R, T) + size_t(kG) * 4; }    // [T][L+T] coef (keys)
-  __host__ __device__ static size_t cq(int R, int T) { return ck(R, T) + size_t(T) * (L + T) * 4; }  // [T][L+T] (queries)
-  __host__ __device__ static size_t vd(int R, int T) { return cq(R, T) + size_t(T) * (L + T) * 4; }  // [T][ROWS] v
-  __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + size_t(T) * ROWS * 4; }     // [T][ROWS]
-  __host__ __device__ static size_t sq(int R, int T) { return sk(R, T) + size_t(T) * ROWS * 4; }
-  __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + size_t(T) * ROWS * 4; }     // drafts' u
-  __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + size_t(T) * ROWS * 4; }
+  // Every array starts 16-byte aligned (the dot products read 4 floats at a time).
+  __host__ __device__ static constexpr size_t a16(size_t b) { return (b + 15) / 16 * 16; }
+  __host__ __device__ static size_t u(int) { return 0; }                                           // [R][ROWS] ring u rows
+  __host__ __device__ static size_t kr(int R, int) { return a16(size_t(R) * ROWS * 4); }           // [R][K] ring keys
+  __host__ __device__ static size_t gr(int R, int T) { return kr(R, T) + a16(size_t(R) * K * 4); }      // [R][kG] ring decays
+  __host__ __device__ static size_t kh(int R, int T) { return gr(R, T) + a16(size_t(R) * kG * 4); }     // [T][K] k^ of drafts
+  __host__ __device__ static size_t qh(int R, int T) { return kh(R, T) + a16(size_t(T) * K * 4); }      // [T][K] q^
+  __host__ __device__ static size_t kx(int R, int T) { return qh(R, T) + a16(size_t(T) * K * 4); }      // [T][K] E(P_i) . k^_i
+  __host__ __device__ static size_t qx(int R, int T) { return kx(R, T) + a16(size_t(T) * K * 4); }      // [T][K] E(P_i) . q^_i
+  __host__ __device__ static size_t gd(int R, int T) { return qx(R, T) + a16(size_t(T) * K * 4); }      // [T][kG] drafts' g
+  __host__ __device__ static size_t pth(int R, int T) { return gd(R, T) + a16(size_t(T) * kG * 4); }    // [T][kG] P_i
+  __host__ __device__ static size_t tot(int R, int T) { return pth(R, T) + a16(size_t(T) * kG * 4); }   // [kG] E(Gc)
+  __host__ __device__ static size_t ck(int R, int T) { return tot(R, T) + a16(size_t(kG) * 4); }        // [T][L+T] coef (keys)
+  __host__ __device__ static size_t cq(int R, int T) { return ck(R, T) + a16(size_t(T) * (L + T) * 4); }  // [T][L+T] (queries)
+  __host__ __device__ static size_t vd(int R, int T) { return cq(R, T) + a16(size_t(T) * (L + T) * 4); }  // [T][ROWS] v
+  __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + a16(size_t(T) * ROWS * 4); }     // [T][ROWS]
+  __host__ __device__ static size_t sq(int R, int T) { return sk(R, T) + a16(size_t(T) * ROWS * 4); }
+  __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + a16(size_t(T) * ROWS * 4); }     // drafts' u
+  __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + a16(size_t(T) * ROWS * 4); }
 };
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC, int TMAX>
