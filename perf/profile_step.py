@@ -1,7 +1,8 @@
-"""Run a few decode steps of one configuration (for Nsight Compute: profile the last launches).
+"""Run a few decode steps (or verify + commit rounds) of one configuration, for Nsight Compute
+to profile the last launches, e.g.
 
-    ncu --clock-control none -k regex:decode_kernel --launch-skip 40 --launch-count 2 \
-        python perf/profile_step.py --algorithm replay --batch 256 --rows 64
+    ncu --clock-control none -k regex:replay_verify --launch-skip 20 --launch-count 1 \
+        python perf/profile_step.py --family mamba2 --batch 256 --draft-len 4
 """
 
 import argparse
@@ -12,27 +13,33 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_decode import mamba2_inputs, mamba2_weights  # noqa: E402
-
-from replayssm import Mamba2DecodeWrapper  # noqa: E402
+from bench_decode import FAMILIES, SHAPES  # noqa: E402
+from bench_spec import DEFAULT_SHAPES, draft_inputs, draft_out  # noqa: E402
 
 ap = argparse.ArgumentParser()
+ap.add_argument("--family", choices=list(FAMILIES), default="mamba2")
 ap.add_argument("--algorithm", default="replay")
 ap.add_argument("--batch", type=int, default=256)
-ap.add_argument("--rows", type=int, default=64)
+ap.add_argument("--rows", type=int, default=None)
+ap.add_argument("--draft-len", type=int, default=None, help="verify T drafts per round (default: decode steps)")
 ap.add_argument("--steps", type=int, default=48)
+ap.add_argument("--window", type=int, default=16)
 a = ap.parse_args()
-H, P, N, G = 128, 64, 128, 8
+a.state_dtype, a.io_dtype = torch.float32, torch.bfloat16
 gen = torch.Generator(device="cuda")
 gen.manual_seed(0)
-w = Mamba2DecodeWrapper(H, P, N, G, max_batch=a.batch, algorithm=a.algorithm, rows_per_cta=a.rows)
-cache = w.create_cache(2 * a.batch)
+fam = FAMILIES[a.family](SHAPES[a.family][DEFAULT_SHAPES[a.family]], a, gen)
+w = fam.wrapper(a.batch, a.algorithm, a.rows)
+T = a.draft_len
+cache = w.create_cache(2 * a.batch, max_draft=T or 1)
 cache.checkpoint.normal_(generator=gen)
-w.plan(torch.randperm(2 * a.batch, device="cuda", generator=gen)[: a.batch].to(torch.int32))
-A, D, dt_bias = mamba2_weights(H, gen)
-ins = mamba2_inputs(a.batch, H, P, N, G, torch.bfloat16, gen)
+w.plan(torch.randperm(2 * a.batch, device="cuda", generator=gen)[: a.batch].to(torch.int32), draft_len=T)
+inp = draft_inputs(fam, a.batch, T) if T else fam.inputs(a.batch)
+out = draft_out(fam, a.batch, T) if T else fam.out(a.batch)
+acc = torch.randint(1, (T or 1) + 1, (a.batch,), device="cuda", generator=gen, dtype=torch.int32)
 for _ in range(a.steps):
-    x, dt, B, C, z = ins
-    w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+    fam.run(w, cache, inp, out)
+    if T:
+        w.commit(cache, num_accepted=acc)
 torch.cuda.synchronize()
-print("done")
+print("done", cache.check_errors())

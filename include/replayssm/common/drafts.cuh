@@ -59,4 +59,12 @@ __device__ __forceinline__ int load_draft_tree(const DraftArgs& d, int64_t b, ui
   return *n_s;
 }
 
+// Sum of vals[d * stride] over the drafts d set in `mask` (a draft's ancestors-or-self), in
+// ascending d.
+__device__ __forceinline__ float path_sum(uint32_t mask, const float* vals, int stride = 1) {
+  float s = 0.f;
+  for (; mask != 0u; mask &= mask - 1u) s += vals[(__ffs(static_cast<int>(mask)) - 1) * stride];
+  return s;
+}
+
 }  // namespace replayssm

@@ -19,4 +19,18 @@ __device__ __forceinline__ float group_sum(float v) {
   return v;
 }
 
+// Suffix sums over the lanes of a full warp: lane j gets incl = sum_{j<=i<32} v_i and
+// excl = sum_{j<i<32} v_i. Every lane of the warp must call it.
+__device__ __forceinline__ void warp_suffix_sums(float v, int lane, float* incl, float* excl) {
+  float s = v;
+#pragma unroll
+  for (int off = 1; off < 32; off *= 2) {
+    const float o = __shfl_down_sync(0xffffffffu, s, off);
+    if (lane + off < 32) s += o;
+  }
+  float e = __shfl_down_sync(0xffffffffu, s, 1);
+  *incl = s;
+  *excl = lane == 31 ? 0.f : e;
+}
+
 }  // namespace replayssm

@@ -35,6 +35,22 @@ struct StateTile {
   // First element of vector v of this lane within its row.
   __device__ __forceinline__ static int col(int lane, int v) { return ((lane % kLanes) + v * kLanes) * kVec; }
   __device__ __forceinline__ static bool row_leader(int lane) { return lane % kLanes == 0; }
+
+  // Issue this thread's streaming 16-byte loads of the tile whose first row is at `src`.
+  __device__ __forceinline__ static void load(uint4 (&raw)[kPasses][kVpl], const TS* src, int warp, int lane) {
+#pragma unroll
+    for (int s = 0; s < kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < kVpl; ++v) raw[s][v] = load_stream16(src + row(warp, lane, s) * N + col(lane, v));
+  }
+
+  // This thread's part of the tile as floats.
+  __device__ __forceinline__ static void unpack(const uint4 (&raw)[kPasses][kVpl], float (&sv)[kPasses][kVpl][kVec]) {
+#pragma unroll
+    for (int s = 0; s < kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < kVpl; ++v) unpack16<TS>(raw[s][v], sv[s][v]);
+  }
 };
 
 }  // namespace replayssm

@@ -24,11 +24,7 @@ __global__ void __launch_bounds__(128) conventional_decode_kernel(const DecodePa
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
            static_cast<int64_t>(c.v0) * K;
   uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * K + Tile::col(lane, v));
+  Tile::load(raw, st, warp, lane);
 
   __shared__ __align__(16) float q_s[K];
   __shared__ __align__(16) float k_s[K];

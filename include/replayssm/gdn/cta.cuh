@@ -2,6 +2,7 @@
 #pragma once
 
 #include "../common/math.cuh"
+#include "../common/token_rows.cuh"
 #include "params.cuh"
 
 namespace replayssm {
@@ -13,6 +14,8 @@ struct CtaCoords {
   int hk;     // key head of the value head
   int chunk;  // which ROWS-row chunk of V
   int v0;     // first row of the chunk
+  __device__ __forceinline__ int head() const { return hv; }
+  __device__ __forceinline__ int row0() const { return v0; }
 };
 
 template <int V, int ROWS>
@@ -70,21 +73,6 @@ __device__ __forceinline__ float step_beta(const DecodeParams& p, int64_t row, i
   return 1.f / (1.f + expf(-load_scalar(p.in.b, row, hv)));
 }
 __device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoords& c) { return step_beta(p, c.b, c.hv); }
-
-// Output rows of this CTA for token i of a verify (token row b * T + i).
-template <typename TI>
-__device__ __forceinline__ TI* token_out_rows(const DecodeParams& p, const CtaCoords& c, int T, int i) {
-  return static_cast<TI*>(p.in.out) + (c.b * T + i) * p.in.out_stride_batch + c.hv * p.in.out_stride_head + c.v0;
-}
-
-// A verify's skipped row: zeros for tokens first..T-1, and the error bit when nonzero.
-template <typename TI, int ROWS>
-__device__ __forceinline__ void zero_token_rows(const DecodeParams& p, const CtaCoords& c, int T, int first,
-                                                int32_t error_bits) {
-  if (error_bits && threadIdx.x == 0) raise_error(p.error_flag, error_bits);
-  for (int idx = first * ROWS + threadIdx.x; idx < T * ROWS; idx += blockDim.x)
-    token_out_rows<TI>(p, c, T, idx / ROWS)[idx % ROWS] = from_float<TI>(0.f);
-}
 
 // q^ and k^ of this CTA's key head into shared memory (fp32). Needs q_s/k_s pre-filled with the
 // raw values; every thread must call it (two barriers inside). Returns nothing: q_s, k_s updated.

@@ -54,11 +54,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   // 1. One round trip: checkpoint tile (registers), whole ring (async copies), cursors, inputs.
   uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * K + Tile::col(lane, v));
+  Tile::load(raw, st, warp, lane);
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
   float* u_s = reinterpret_cast<float*>(ring_smem);                                // [R][ROWS]
@@ -136,14 +132,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if (warp == 0) {  // one lane per record, suffix sums by shuffles
       const int j = lane;
       const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
-      float incl = gj;  // sum_{j<=i<=last} g_i
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const float o = __shfl_down_sync(0xffffffffu, incl, off);
-        if (lane + off < 32) incl += o;
-      }
-      float excl = __shfl_down_sync(0xffffffffu, incl, 1);  // sum_{j<i<=last} g_i
-      if (lane == 31) excl = 0.f;
+      // incl = sum_{j<=i<=last} g_i, excl = sum_{j<i<=last} g_i
+      float incl, excl;
+      warp_suffix_sums(gj, lane, &incl, &excl);
       if (j < m) w_s[j] = expf(excl);
       if (j == 0) ck_s = expf(incl);
     }

@@ -64,13 +64,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const int T = vp.drafts.T;
   const int kW = L + T;  // coefficient columns: committed records, then drafts
   int64_t slot;
-  {
-    const SlotKind kind = decode_slot(p.slots, c.b, &slot);
-    if (kind != SlotKind::kValid) {
-      zero_token_rows<TI, ROWS>(p, c, T, 0, kind == SlotKind::kOutOfRange ? kErrSlotOutOfRange : 0);
-      return;
-    }
-  }
+  if (!resolve_verify_slot<TI, ROWS>(p, c, T, &slot)) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int R = p.ring.capacity;
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
@@ -78,11 +72,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
 
   // 1. One round trip: checkpoint tile (registers), whole ring (async copies), drafts, cursors.
   uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * K + Tile::col(lane, v));
+  Tile::load(raw, st, warp, lane);
 
   extern __shared__ __align__(16) unsigned char smem[];
   float* u_s = reinterpret_cast<float*>(smem + Smem::u(R));
@@ -142,16 +132,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const int m = p.ring.len[slot];
   const int n = load_draft_tree<TMAX>(vp.drafts, c.b, anc_s, &n_s);  // ends with a barrier
 
-  if (n == 0 || n > L || n > R - L) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrBadDrafts);
-    return;
-  }
-  if (m < 0 || m > L || start < 0 || start >= R) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrCorruptCursor);
-    return;
-  }
+  if (!verify_row_ok<TI, ROWS>(p, c, T, n, m, start, L, R)) return;
   const bool flush = m + n > L;
   const int me = flush ? 0 : m;  // committed records replayed in the outputs (not folded)
   cp_async_wait_all();
@@ -185,21 +166,12 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   if constexpr (!PC) {
     if (warp == 0) {  // one lane per committed record, suffix sums by shuffles
       const float gj = lane < m ? gr_s[phys(lane)] : 0.f;
-      float incl = gj;
-#pragma unroll
-      for (int off = 1; off < 32; off *= 2) {
-        const float o = __shfl_down_sync(0xffffffffu, incl, off);
-        if (lane + off < 32) incl += o;
-      }
-      float excl = __shfl_down_sync(0xffffffffu, incl, 1);
-      if (lane == 31) excl = 0.f;
+      float incl, excl;
+      warp_suffix_sums(gj, lane, &incl, &excl);
       if (lane < m) wcom_s[lane] = expf(excl);
       if (lane == 0) tot_s[0] = expf(incl);
     } else if (warp == 1 && lane < n) {
-      float sum = 0.f;
-      for (int d = 0; d <= lane; ++d)
-        if ((anc_s[lane] >> d) & 1u) sum += gd_s[d];
-      pth_s[lane] = sum;
+      pth_s[lane] = path_sum(anc_s[lane], gd_s);
     }
     __syncthreads();
     for (int i = tid; i < m * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= wcom_s[i / K];
@@ -218,9 +190,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       }
       tot_s[e] = expf(sum);
       for (int i = 0; i < n; ++i) {
-        float pi = 0.f;
-        for (int d = 0; d <= i; ++d)
-          if ((anc_s[i] >> d) & 1u) pi += gd_s[d * K + e];
+        const float pi = path_sum(anc_s[i], gd_s + e, K);
         pth_s[i * K + e] = pi;
         const float x = expf(pi);
         kx_s[i * K + e] = x * kh_s[i * K + e];

@@ -23,11 +23,7 @@ __global__ void __launch_bounds__(128) conventional_decode_kernel(const DecodePa
 
   // Issue every state load first: this is the whole memory traffic of the CTA.
   uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
+  Tile::load(raw, st, warp, lane);
 
   const float delta = step_delta(p, c);
   const float alpha = expf(delta * load_scalar(p.in.A, c.h));

@@ -20,13 +20,7 @@ __global__ void __launch_bounds__(128) conventional_verify_kernel(const VerifyPa
   const CtaCoords c = cta_coords<P, ROWS>(p);
   const int T = vp.drafts.T;
   int64_t slot;
-  {
-    const SlotKind kind = decode_slot(p.slots, c.b, &slot);
-    if (kind != SlotKind::kValid) {
-      zero_token_rows<TI, ROWS>(p, c, T, 0, kind == SlotKind::kOutOfRange ? kErrSlotOutOfRange : 0);
-      return;
-    }
-  }
+  if (!resolve_verify_slot<TI, ROWS>(p, c, T, &slot)) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t head_off = c.h * p.pool.stride_head + static_cast<int64_t>(c.p0) * N;
   const TS* st = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + head_off;
@@ -34,14 +28,8 @@ __global__ void __launch_bounds__(128) conventional_verify_kernel(const VerifyPa
   float sv[Tile::kPasses][Tile::kVpl][kV];
   {
     uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) unpack16<TS>(raw[s][v], sv[s][v]);
+    Tile::load(raw, st, warp, lane);
+    Tile::unpack(raw, sv);
   }
   const int n = vp.drafts.counts == nullptr ? T : vp.drafts.counts[c.b];
   if (n < 1 || n > T) {

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../common/math.cuh"
+#include "../common/token_rows.cuh"
 #include "params.cuh"
 
 namespace replayssm {
@@ -14,6 +15,8 @@ struct CtaCoords {
   int g;       // group of the head
   int chunk;   // which ROWS-row chunk of P
   int p0;      // first row of the chunk
+  __device__ __forceinline__ int head() const { return h; }
+  __device__ __forceinline__ int row0() const { return p0; }
 };
 
 template <int P, int ROWS>
@@ -59,21 +62,6 @@ __device__ __forceinline__ float step_delta(const DecodeParams& p, int64_t row, 
   return p.dt_softplus ? softplus(dt) : dt;
 }
 __device__ __forceinline__ float step_delta(const DecodeParams& p, const CtaCoords& c) { return step_delta(p, c.b, c.h); }
-
-// Output rows of this CTA for token i of a verify (token row b * T + i).
-template <typename TI>
-__device__ __forceinline__ TI* token_out_rows(const DecodeParams& p, const CtaCoords& c, int T, int i) {
-  return static_cast<TI*>(p.in.out) + (c.b * T + i) * p.in.out_stride_batch + c.h * p.in.out_stride_head + c.p0;
-}
-
-// A verify's skipped row: zeros for tokens first..T-1, and the error bit when nonzero.
-template <typename TI, int ROWS>
-__device__ __forceinline__ void zero_token_rows(const DecodeParams& p, const CtaCoords& c, int T, int first,
-                                                int32_t error_bits) {
-  if (error_bits && threadIdx.x == 0) raise_error(p.error_flag, error_bits);
-  for (int idx = first * ROWS + threadIdx.x; idx < T * ROWS; idx += blockDim.x)
-    token_out_rows<TI>(p, c, T, idx / ROWS)[idx % ROWS] = from_float<TI>(0.f);
-}
 
 }  // namespace mamba2
 }  // namespace replayssm

@@ -59,11 +59,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   // 1. One round trip for everything that depends on the slot: checkpoint tile (registers),
   //    whole ring (async copies into shared memory), cursors.
   uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
+  Tile::load(raw, st, warp, lane);
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
   TI* Bring_s = reinterpret_cast<TI*>(ring_smem);                               // [R][N]
@@ -144,14 +140,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     const int last = flush ? m - 1 : m;  // records folded (flush) or replayed (non-flush): 0..last
     const int j = lane;
     const float dj = j > last ? 0.f : (j == m ? dcur_s : dring_s[phys(j)]);
-    float incl = dj;                     // inclusive suffix sum: sum_{j<=i<=last} delta_i
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const float o = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += o;
-    }
-    float excl = __shfl_down_sync(0xffffffffu, incl, 1);  // sum_{j<i<=last} delta_i
-    if (lane == 31) excl = 0.f;
+    // incl = sum_{j<=i<=last} delta_i, excl = sum_{j<i<=last} delta_i
+    float incl, excl;
+    warp_suffix_sums(dj, lane, &incl, &excl);
     if (j <= last) w_s[j] = dj * expf(A * excl);
     if (j == 0) ck_s = expf(A * incl);
   }

@@ -61,13 +61,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const CtaCoords c = cta_coords<P, ROWS>(p);
   const int T = vp.drafts.T;
   int64_t slot;
-  {
-    const SlotKind kind = decode_slot(p.slots, c.b, &slot);
-    if (kind != SlotKind::kValid) {
-      zero_token_rows<TI, ROWS>(p, c, T, 0, kind == SlotKind::kOutOfRange ? kErrSlotOutOfRange : 0);
-      return;
-    }
-  }
+  if (!resolve_verify_slot<TI, ROWS>(p, c, T, &slot)) return;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int R = p.ring.capacity;
@@ -77,11 +71,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   // 1. One round trip: checkpoint tile (registers); whole ring and the drafts' B (async copies);
   //    drafts' x and C; cursors; the tree.
   uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-      raw[s][v] = load_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
+  Tile::load(raw, st, warp, lane);
 
   extern __shared__ __align__(16) unsigned char smem[];
   TI* Bring_s = reinterpret_cast<TI*>(smem + Smem::Bring(R));
@@ -136,16 +126,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   if (tid < Tl) dd_s[tid] = step_delta(p, c.b * T + tid, c.h);
   const int n = load_draft_tree<TMAX>(vp.drafts, c.b, anc_s, &n_s);  // ends with a barrier
 
-  if (n == 0 || n > L || n > R - L) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrBadDrafts);
-    return;
-  }
-  if (m < 0 || m > L || start < 0 || start >= R) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrCorruptCursor);
-    return;
-  }
+  if (!verify_row_ok<TI, ROWS>(p, c, T, n, m, start, L, R)) return;
   const bool flush = m + n > L;
   const int me = flush ? 0 : m;  // committed records replayed in the outputs (not folded)
   cp_async_wait_all();
@@ -161,21 +142,12 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const float A = load_scalar(p.in.A, c.h);
   if (warp == 0) {
     const float dj = lane < m ? dring_s[phys(lane)] : 0.f;
-    float incl = dj;
-#pragma unroll
-    for (int off = 1; off < 32; off *= 2) {
-      const float o = __shfl_down_sync(0xffffffffu, incl, off);
-      if (lane + off < 32) incl += o;
-    }
-    float excl = __shfl_down_sync(0xffffffffu, incl, 1);
-    if (lane == 31) excl = 0.f;
+    float incl, excl;
+    warp_suffix_sums(dj, lane, &incl, &excl);
     if (lane < m) wcom_s[lane] = dj * expf(A * excl);
     if (lane == 0) tot_s = expf(A * incl);
   } else if (warp == 1 && lane < n) {
-    float sum = 0.f;
-    for (int d = 0; d <= lane; ++d)
-      if ((anc_s[lane] >> d) & 1u) sum += dd_s[d];
-    path_s[lane] = A * sum;
+    path_s[lane] = A * path_sum(anc_s[lane], dd_s);
   }
   __syncthreads();
 
@@ -220,10 +192,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
 
   float sv[Tile::kPasses][Tile::kVpl][kV];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v) unpack16<TS>(raw[s][v], sv[s][v]);
+  Tile::unpack(raw, sv);
   if (flush) {
     // Fold the m committed records into the tile, write it, and read out what was stored.
     const float tot = tot_s;

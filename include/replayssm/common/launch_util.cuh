@@ -1,0 +1,71 @@
+// Host-side helpers shared by the families' launchers: the runtime tiling switch, the grid of
+// one CTA per (batch row, head, row chunk), and the ring-capacity bound.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <type_traits>
+
+namespace replayssm {
+
+// Calls f(std::integral_constant<int, ROWS>) for a runtime tiling `rows` that divides DIM.
+template <int DIM, typename F>
+cudaError_t dispatch_rows(int rows, F&& f) {
+  switch (rows) {
+    case 16:
+      if constexpr (DIM % 16 == 0) return f(std::integral_constant<int, 16>{});
+      break;
+    case 32:
+      if constexpr (DIM % 32 == 0) return f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      if constexpr (DIM % 64 == 0) return f(std::integral_constant<int, 64>{});
+      break;
+    case 80:
+      if constexpr (DIM % 80 == 0) return f(std::integral_constant<int, 80>{});
+      break;
+    default:
+      break;
+  }
+  return cudaErrorInvalidValue;
+}
+
+// Calls f(std::integral_constant<int, ROWS>) for every tiling that divides DIM, stopping at the
+// first error (used by prepare() to load every instantiated kernel).
+template <int DIM, typename F>
+cudaError_t for_each_rows(F&& f) {
+  cudaError_t e = cudaSuccess;
+  if constexpr (DIM % 16 == 0) e = f(std::integral_constant<int, 16>{});
+  if constexpr (DIM % 32 == 0)
+    if (e == cudaSuccess) e = f(std::integral_constant<int, 32>{});
+  if constexpr (DIM % 64 == 0)
+    if (e == cudaSuccess) e = f(std::integral_constant<int, 64>{});
+  if constexpr (DIM % 80 == 0)
+    if (e == cudaSuccess) e = f(std::integral_constant<int, 80>{});
+  return e;
+}
+
+// One 128-thread CTA per (batch row, head, rows-row chunk of DIM).
+template <typename Kernel, typename Params>
+cudaError_t launch_grid(Kernel kernel, const Params& params, int64_t batch, int heads, int rows, int dim,
+                        cudaStream_t stream, size_t smem_bytes = 0) {
+  const int64_t ctas = batch * heads * (dim / rows);
+  if (ctas == 0) return cudaSuccess;
+  if (ctas > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(ctas), 128, smem_bytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
+// Largest ring capacity a replay module supports: L + 16 drafts.
+template <int L>
+constexpr int kMaxRingCapacity = L + 16;
+
+// Loads a kernel onto the current device (prepare() of ops without shared-memory opt-in).
+template <typename Kernel>
+cudaError_t touch_kernel(Kernel kernel) {
+  cudaFuncAttributes a;
+  return cudaFuncGetAttributes(&a, kernel);
+}
+
+}  // namespace replayssm
