@@ -132,7 +132,16 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const int m = p.ring.len[slot];
   const int n = load_draft_tree<TMAX>(vp.drafts, c.b, anc_s, &n_s);  // ends with a barrier
 
-  if (!verify_row_ok<TI, ROWS>(p, c, T, n, m, start, L, R)) return;
+  if (n == 0 || n > L || n > R - L) {
+    cp_async_wait_all();
+    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrBadDrafts);
+    return;
+  }
+  if (m < 0 || m > L || start < 0 || start >= R) {
+    cp_async_wait_all();
+    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrCorruptCursor);
+    return;
+  }
   const bool flush = m + n > L;
   const int me = flush ? 0 : m;  // committed records replayed in the outputs (not folded)
   cp_async_wait_all();
@@ -171,7 +180,10 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       if (lane < m) wcom_s[lane] = expf(excl);
       if (lane == 0) tot_s[0] = expf(incl);
     } else if (warp == 1 && lane < n) {
-      pth_s[lane] = path_sum(anc_s[lane], gd_s);
+      float sum = 0.f;
+      for (int d = 0; d <= lane; ++d)
+        if ((anc_s[lane] >> d) & 1u) sum += gd_s[d];
+      pth_s[lane] = sum;
     }
     __syncthreads();
     for (int i = tid; i < m * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= wcom_s[i / K];
@@ -190,7 +202,9 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       }
       tot_s[e] = expf(sum);
       for (int i = 0; i < n; ++i) {
-        const float pi = path_sum(anc_s[i], gd_s + e, K);
+        float pi = 0.f;
+        for (int d = 0; d <= i; ++d)
+          if ((anc_s[i] >> d) & 1u) pi += gd_s[d * K + e];
         pth_s[i * K + e] = pi;
         const float x = expf(pi);
         kx_s[i * K + e] = x * kh_s[i * K + e];
