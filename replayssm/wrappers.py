@@ -115,6 +115,10 @@ class _DecodeWrapper:
                 raise ValueError(f"slot_indices: negative slot id {int(s.min())} that is not pad_slot_id")
             if s.unique().numel() != s.numel():
                 raise ValueError("slot_indices: a slot appears twice in one batch")
+            if state_slots is not None:
+                ss = torch.as_tensor(state_slots).reshape(-1).to(s.device, torch.int64)
+                if ss.unique().numel() != ss.numel() or bool(torch.isin(ss, s.long()).any()):
+                    raise ValueError("state_slots: per-draft slots must be distinct and must not be a row's own slot")
         self._slots[:batch].copy_(slot_indices, non_blocking=True)
         self._batch = batch
         self._rows = self._rows_override or self._default_rows(batch)

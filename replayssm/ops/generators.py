@@ -89,17 +89,25 @@ MAMBA2_MODEL_SHAPES = {
 DELTA_MODEL_SHAPES = {"gdn": ((128, 128),), "kda": ((128, 128),)}
 
 
+#: Draft capacities the AOT set carries for speculative decoding (a plan of T <= 8 drafts).
+AOT_VERIFY_T = (4, 8)
+
+
 def aot_specializations() -> list[Specialization]:
-    """The declared AOT set: model shapes x {fp32, bf16 state} x bf16 io, L=16, both ops."""
+    """The declared AOT set: model shapes x {fp32, bf16 state} x bf16 io, L=16, both decode ops,
+    and the ReplaySSM verify (with its commit) for draft capacities AOT_VERIFY_T."""
     specs = []
     for state in ("float32", "bfloat16"):
         for P, N in MAMBA2_MODEL_SHAPES.values():
             specs.append(mamba2_decode_spec("replay_decode", P, N, state, "bfloat16", L=16))
             specs.append(mamba2_decode_spec("conventional_decode", P, N, state, "bfloat16"))
+            specs += [mamba2_decode_spec("replay_verify", P, N, state, "bfloat16", L=16, T=T) for T in AOT_VERIFY_T]
         for family, shapes in DELTA_MODEL_SHAPES.items():
             for K, V in shapes:
                 specs.append(gdn_decode_spec("replay_decode", K, V, state, "bfloat16", L=16, family=family))
                 specs.append(gdn_decode_spec("conventional_decode", K, V, state, "bfloat16", family=family))
+                specs += [gdn_decode_spec("replay_verify", K, V, state, "bfloat16", L=16, family=family, T=T)
+                          for T in AOT_VERIFY_T]
     return specs
 
 

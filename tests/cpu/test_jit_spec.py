@@ -135,6 +135,9 @@ def test_aot_set_covers_the_benchmark_model_shapes():
         for op in ("replay_decode", "conventional_decode"):
             assert any(s.family == family and s.op == op and dict(s.dims) == {"K": 128, "V": 128}
                        and s.state_dtype == "f32" for s in specs), (family, op)
+    # Speculative decoding: the replay verify (with its commit) at draft capacities 4 and 8.
+    for family in ("mamba2", "gdn", "kda"):
+        assert {s.T for s in specs if s.family == family and s.op == "replay_verify"} == {4, 8}, family
 
 
 # ------------------------------------------------------------------------------ rendering
