@@ -4,9 +4,13 @@ from __future__ import annotations
 
 import torch
 
+from functools import cached_property
+
 from .configs import check_gdn_config, check_mamba2_config, positive_int
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
+from .ops.abi import RingArray, ring_array
+from .ops.generators import MAX_DRAFTS
 from .ops.validate import check_tensor
 
 ERROR_BITS = {1: "slot index out of range (row skipped)", 2: "corrupt ring cursor (row skipped)",
@@ -39,8 +43,8 @@ class ReplayCache:
     def __init__(self, num_slots: int, state_shape: tuple[int, ...], *, window: int, max_draft: int,
                  state_dtype: torch.dtype, io_dtype: torch.dtype, device):
         positive_int("num_slots", num_slots)
-        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or not 1 <= max_draft <= 16:
-            raise ValueError(f"max_draft: expected an int in [1, 16], got {max_draft!r}")
+        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or not 1 <= max_draft <= MAX_DRAFTS:
+            raise ValueError(f"max_draft: expected an int in [1, {MAX_DRAFTS}], got {max_draft!r}")
         self.num_slots, self.window, self.max_draft = num_slots, window, max_draft
         self.state_dtype, self.io_dtype = state_dtype, io_dtype
         self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
@@ -56,20 +60,27 @@ class ReplayCache:
     def rings(self) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
 
+    def cursors(self) -> tuple[torch.Tensor, ...]:
+        """The per-slot cursor tensors (int32 [num_slots] each)."""
+        return self.ring_start, self.ring_len, self.ring_done, self.ring_draft
+
+    @cached_property
+    def ring_arrays(self) -> tuple[RingArray, ...]:
+        """The rings as the commit kernel sees them (records of 4-byte words); built once."""
+        return tuple(ring_array(r) for r in self.rings())
+
     # -- sizes --------------------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
         return self.checkpoint[0].numel() * self.checkpoint.element_size()
 
     def ring_bytes_per_slot(self) -> int:
         """Extra bytes per slot that ReplaySSM adds on top of the state (rings + cursors)."""
-        return sum(r[0].numel() * r.element_size() for r in self.rings()) + 4 * 4
+        return sum(t[0].numel() * t.element_size() for t in (*self.rings(), *self.cursors()))
 
     # -- sequence lifecycle ---------------------------------------------------------------
     def _empty_rings(self, s: torch.Tensor) -> None:
-        self.ring_start[s] = 0
-        self.ring_len[s] = 0
-        self.ring_done[s] = 0
-        self.ring_draft[s] = 0
+        for c in self.cursors():
+            c[s] = 0
 
     def reset(self, slots) -> None:
         """Start new sequences: zero state, empty ring."""

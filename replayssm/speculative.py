@@ -12,14 +12,13 @@ from __future__ import annotations
 
 import torch
 
-from .ops.abi import CommitParams, DraftArgs, SlotArg, ring_array
+from .ops.abi import CommitParams, DraftArgs, SlotArg
+from .ops.generators import MAX_DRAFTS
 from .ops.validate import INDEX_DTYPES, check_tensor
 
-MAX_DRAFTS = 16
 
-
-def _int_rows(name: str, value, shape: tuple[int, ...], device) -> torch.Tensor:
-    """Check an int tensor or nested list of the given shape (the caller copies it into a buffer)."""
+def _int_rows(name: str, value, shape: tuple[int, ...]) -> torch.Tensor:
+    """An int tensor or nested list of the given shape, as a tensor (the caller copies it into a buffer)."""
     t = value if isinstance(value, torch.Tensor) else torch.as_tensor(value)
     if t.dtype not in INDEX_DTYPES:
         raise TypeError(f"{name}: expected an int32/int64 tensor or a list of ints, got dtype {t.dtype}")
@@ -53,7 +52,7 @@ class DraftPlan:
         self.has_state_slots = False
 
     def set(self, batch: int, T: int | None, parents, draft_counts, state_slots, window: int) -> None:
-        """Validate and copy one plan's draft arguments (see the wrappers' plan())."""
+        """Validate one plan's draft arguments, then copy them (a rejected plan changes nothing)."""
         if T is None:
             for name, v in (("parents", parents), ("draft_counts", draft_counts), ("state_slots", state_slots)):
                 if v is not None:
@@ -61,29 +60,29 @@ class DraftPlan:
             self.T = 0
             return
         if isinstance(T, bool) or not isinstance(T, int) or not 1 <= T <= min(MAX_DRAFTS, window):
-            raise ValueError(f"draft_len: expected an int in [1, {min(MAX_DRAFTS, window)}] (at most 16 and the "
-                             f"window), got {T!r}")
-        self.is_tree = parents is not None
+            raise ValueError(f"draft_len: expected an int in [1, {min(MAX_DRAFTS, window)}] (at most "
+                             f"{MAX_DRAFTS} and the window), got {T!r}")
+        par = cnt = ss = None
         if parents is not None:
             par = parents if isinstance(parents, torch.Tensor) else torch.as_tensor(parents)
-            if par.dim() == 1:
-                par = _int_rows("parents", par, (T,), None).expand(batch, T)
-            else:
-                par = _int_rows("parents", par, (batch, T), None)
+            par = _int_rows("parents", par, (T,)).expand(batch, T) if par.dim() == 1 else \
+                _int_rows("parents", par, (batch, T))
             if par.device.type == "cpu":
                 check_parents_host("parents", par)
-            self.parents[:batch, :T].copy_(par, non_blocking=True)
-        self.has_counts = draft_counts is not None
         if draft_counts is not None:
-            cnt = _int_rows("draft_counts", draft_counts, (batch,), None)
+            cnt = _int_rows("draft_counts", draft_counts, (batch,))
             if cnt.device.type == "cpu" and cnt.numel() and (int(cnt.min()) < 1 or int(cnt.max()) > T):
                 raise ValueError(f"draft_counts: expected values in [1, draft_len={T}], got min {int(cnt.min())} "
                                  f"max {int(cnt.max())}")
-            self.counts[:batch].copy_(cnt, non_blocking=True)
-        self.has_state_slots = state_slots is not None
         if state_slots is not None:
-            ss = _int_rows("state_slots", state_slots, (batch, T), None)
+            ss = _int_rows("state_slots", state_slots, (batch, T))
+        if par is not None:
+            self.parents[:batch, :T].copy_(par, non_blocking=True)
+        if cnt is not None:
+            self.counts[:batch].copy_(cnt, non_blocking=True)
+        if ss is not None:
             self.state_slots[:batch, :T].copy_(ss, non_blocking=True)
+        self.is_tree, self.has_counts, self.has_state_slots = par is not None, cnt is not None, ss is not None
         self.T = T
 
     def draft_args(self) -> DraftArgs:
@@ -98,10 +97,10 @@ class DraftPlan:
             raise ValueError("commit(): pass exactly one of num_accepted ([batch] int32) or accepted_path "
                              "([batch, T] int32, -1 after the path)")
         p = CommitParams()
-        rings = cache.rings()
-        for i, r in enumerate(rings):
-            p.arrays[i] = ring_array(r)
-        p.num_arrays = len(rings)
+        arrays = cache.ring_arrays
+        for i, a in enumerate(arrays):
+            p.arrays[i] = a
+        p.num_arrays = len(arrays)
         p.slots = slots
         p.start, p.len, p.draft = cache.ring_start.data_ptr(), cache.ring_len.data_ptr(), cache.ring_draft.data_ptr()
         if num_accepted is not None:

@@ -66,6 +66,13 @@ class _DecodeWrapper:
         """The compiled draft capacity serving the plan (1 for standard decode)."""
         return verify_capacity(self._drafts.T) if self._drafts.T else 1
 
+    @property
+    def module_name(self) -> str:
+        """Name of the compiled module serving the current plan."""
+        if self._module is None:
+            raise RuntimeError("module_name: call plan() first")
+        return self._module.name
+
     def _load_module(self):
         raise NotImplementedError
 
@@ -85,7 +92,7 @@ class _DecodeWrapper:
         state_slots: conventional verify only, int [batch, T], the pool slot receiving the state
         after each draft (per-draft snapshots). CPU tensors and lists are checked here; GPU tensors
         by the kernel (row skipped, error bit)."""
-        if torch.cuda.is_current_stream_capturing():
+        if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("plan(): must run outside CUDA-graph capture; capture run() only")
         if draft_len is not None and self.algorithm == "conventional":
             if parents is not None:
@@ -170,8 +177,17 @@ class _DecodeWrapper:
         if bits:
             raise RuntimeError(f"{what}: kernel reported: {cache.describe_errors(bits)}")
 
-    def _launch(self, params, params_type, cache: ReplayCache) -> None:
-        self._module.check_params(0, params_type)
+    def _launch(self, ops, p, cache: ReplayCache) -> None:
+        """Fill what every family's DecodeParams ``p`` shares and launch the step (or the verify,
+        wrapping ``p`` with the draft plan). ops: the family's module (replayssm.ops.mamba2 / gdn)."""
+        p.pool = cache.pool_struct()
+        if self.algorithm == "replay":
+            p.ring = cache.ring_struct()
+        p.slots = self._slot_arg(cache)
+        p.error_flag = cache.error_flag.data_ptr()
+        p.batch, p.rows_per_cta = self._batch, self._rows
+        params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
+        self._module.check_params(0, type(params))
         self._module.launch(0, params, current_stream(self.device))
         self._verified = bool(self._drafts.T)
         if self.debug:
@@ -217,13 +233,6 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
                            max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype,
                            device=self.device)
 
-    @property
-    def module_name(self) -> str:
-        from .ops.generators import mamba2_decode_spec
-
-        return mamba2_decode_spec(self.op, self.dims.head_dim, self.dims.state_dim, self.state_dtype, self.io_dtype,
-                                  self.window).name
-
     def _load_module(self):
         return m2.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.draft_capacity)
 
@@ -247,20 +256,10 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         else:
             inputs, out = m2.step_inputs(self.dims, self.io_dtype, self.device, batch, x, dt, A, B, C, D, z,
                                          dt_bias, out)
-        p = m2.DecodeParams()
-        p.pool = cache.pool_struct()
-        if self.algorithm == "replay":
-            p.ring = cache.ring_struct()
-        p.inputs = inputs
-        p.slots = self._slot_arg(cache)
-        p.error_flag = cache.error_flag.data_ptr()
-        p.batch, p.nheads, p.ngroups = batch, self.dims.nheads, self.dims.ngroups
-        p.dt_softplus, p.rows_per_cta = int(self.dt_softplus), self._rows
+        p = m2.DecodeParams(inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups,
+                            dt_softplus=int(self.dt_softplus))
         cache.A = A
-        if T:
-            self._launch(m2.VerifyParams(p, self._drafts.draft_args()), m2.VerifyParams, cache)
-        else:
-            self._launch(p, m2.DecodeParams, cache)
+        self._launch(m2, p, cache)
         return out
 
 
@@ -320,19 +319,9 @@ class GDNDecodeWrapper(_DecodeWrapper):
         lead = (batch, T) if T else (batch,)
         inputs, out = make(self.dims, self.io_dtype, self.device, *lead, q, k, v, g=g, beta=beta, A_log=A_log, a=a,
                            dt_bias=dt_bias, b=b, out=out, per_channel=self.cache_type.per_channel)
-        p = gdn_ops.DecodeParams()
-        p.pool = cache.pool_struct()
-        if self.algorithm == "replay":
-            p.ring = cache.ring_struct()
-        p.inputs = inputs
-        p.slots = self._slot_arg(cache)
-        p.error_flag = cache.error_flag.data_ptr()
-        p.batch, p.nv_heads, p.nk_heads = batch, self.dims.num_v_heads, self.dims.num_k_heads
-        p.use_l2norm, p.scale, p.rows_per_cta = int(self.use_l2norm), self.scale, self._rows
-        if T:
-            self._launch(gdn_ops.VerifyParams(p, self._drafts.draft_args()), gdn_ops.VerifyParams, cache)
-        else:
-            self._launch(p, gdn_ops.DecodeParams, cache)
+        p = gdn_ops.DecodeParams(inputs=inputs, nv_heads=self.dims.num_v_heads, nk_heads=self.dims.num_k_heads,
+                                 use_l2norm=int(self.use_l2norm), scale=self.scale)
+        self._launch(gdn_ops, p, cache)
         return out
 
 
@@ -346,6 +335,3 @@ class KDADecodeWrapper(GDNDecodeWrapper):
 
     cache_type = KDACache
     family = "kda"
-
-    def create_cache(self, num_slots: int, max_draft: int = 1) -> KDACache:
-        return super().create_cache(num_slots, max_draft)

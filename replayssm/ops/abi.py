@@ -28,7 +28,8 @@ def scalar_arg(t: torch.Tensor | None, stride0: int = 0, stride1: int = 0) -> Sc
 
 
 def current_stream(device: torch.device) -> int:
-    return torch.cuda.current_stream(device).cuda_stream
+    """torch's current CUDA stream handle on ``device`` (0, the default stream, off CUDA)."""
+    return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
 
 
 class DraftArgs(ctypes.Structure):
@@ -57,9 +58,10 @@ class CommitParams(ctypes.Structure):
 
 
 def ring_array(t: torch.Tensor) -> RingArray:
-    """A ring tensor [slots, heads, R, *record] (record dims and R contiguous) as a RingArray."""
-    if t.element_size() > 4 or (t[0, 0].numel() * t.element_size()) % (4 * t.shape[2]):
-        raise ValueError(f"ring: records must be whole 4-byte words, got shape {list(t.shape)} {t.dtype}")
-    words = t.element_size() / 4
-    rec_words = t[0, 0, 0].numel() * t.element_size() // 4 if t.dim() > 3 else 1
-    return RingArray(t.data_ptr(), int(t.stride(0) * words), int(t.stride(1) * words), t.shape[1], rec_words)
+    """A ring tensor [slots, heads, R, *record] (each record contiguous) as a RingArray of 4-byte words."""
+    rec_bytes = t[0, 0, 0].numel() * t.element_size()
+    strides = [t.stride(d) * t.element_size() for d in range(3)]
+    if rec_bytes % 4 or strides[2] != rec_bytes or any(b % 4 for b in strides):
+        raise ValueError(f"ring: records must be contiguous whole 4-byte words, got shape {list(t.shape)} "
+                         f"strides {list(t.stride())} {t.dtype}")
+    return RingArray(t.data_ptr(), strides[0] // 4, strides[1] // 4, t.shape[1], rec_bytes // 4)

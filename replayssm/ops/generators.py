@@ -21,13 +21,15 @@ def _check_choice(arg: str, value, allowed) -> None:
 DECODE_OPS = ("replay_decode", "conventional_decode", "replay_verify", "conventional_verify")
 #: Compiled draft capacities of the verify ops; a plan for T drafts uses the smallest >= T.
 VERIFY_T = (2, 4, 8, 16)
+#: Most drafts per row (kMaxDrafts in include/replayssm/common/drafts.cuh).
+MAX_DRAFTS = VERIFY_T[-1]
 GDN_DIMS = (64, 128, 256)
 
 
 def verify_capacity(T: int) -> int:
     """The compiled draft capacity (a VERIFY_T value) that serves a plan of T drafts (1..16)."""
-    if isinstance(T, bool) or not isinstance(T, int) or not 1 <= T <= VERIFY_T[-1]:
-        raise ValueError(f"draft_len (T): expected an int in [1, {VERIFY_T[-1]}], got {T!r}")
+    if isinstance(T, bool) or not isinstance(T, int) or not 1 <= T <= MAX_DRAFTS:
+        raise ValueError(f"draft_len (T): expected an int in [1, {MAX_DRAFTS}], got {T!r}")
     return next(t for t in VERIFY_T if t >= T)
 
 

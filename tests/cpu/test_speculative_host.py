@@ -180,3 +180,81 @@ class TestTokenRows:
         with pytest.raises(ValueError, match="a: expected shape"):
             gdn_ops.verify_inputs(dims, BF16, CPU, b, T, q, q, v, a=a[..., :64], A_log=torch.zeros(4), beta=beta,
                                   per_channel=True)
+
+
+class _RecordingModule:
+    """Stands in for a compiled module: records what the wrapper launches (no GPU needed)."""
+
+    name = "recording"
+
+    def __init__(self):
+        self.launches = []
+
+    def check_params(self, entry, struct_type):
+        pass
+
+    def launch(self, entry, params, stream):
+        self.launches.append((entry, type(params).__name__, params))
+
+
+class TestWrapperPlumbing:
+    """run()/commit() fill the params structs the kernels read (module replaced by a recorder)."""
+
+    def wrapper(self, cls, *dims, **kw):
+        w = cls(*dims, window=16, max_batch=4, device=CPU, **kw)
+        rec = _RecordingModule()
+        for key in (("replay_decode", 1), ("replay_verify", 4), ("conventional_decode", 1),
+                    ("conventional_verify", 4)):
+            w._modules[key] = rec
+        return w, rec
+
+    def test_mamba2_decode_then_verify_then_commit(self):
+        from replayssm import Mamba2DecodeWrapper
+
+        w, rec = self.wrapper(Mamba2DecodeWrapper, H, P, N, G)
+        cache = w.create_cache(6, max_draft=4)
+        slots = torch.tensor([2, -1, 5], dtype=torch.int32)
+        g = torch.Generator().manual_seed(0)
+        x, B = torch.randn(3, H, P, generator=g).to(BF16), torch.randn(3, G, N, generator=g).to(BF16)
+        w.plan(slots)
+        assert w.module_name == "recording"
+        w.run(cache, x, torch.zeros(3, H), -torch.ones(H), B, B)
+        entry, kind, p = rec.launches[-1]
+        assert (entry, kind) == (0, "DecodeParams")
+        assert (p.batch, p.nheads, p.ngroups, p.dt_softplus, p.rows_per_cta) == (3, H, G, 1, w._rows)
+        assert p.ring.draft == cache.ring_draft.data_ptr() and p.pool.state == cache.checkpoint.data_ptr()
+        assert p.error_flag == cache.error_flag.data_ptr() and p.slots.num_slots == 6
+        with pytest.raises(RuntimeError, match="no drafts"):
+            w.commit(cache, num_accepted=torch.ones(3, dtype=torch.int32))
+        w.plan(slots, draft_len=4, parents=[-1, 0, 0, 2])
+        with pytest.raises(RuntimeError, match="no verify has run"):
+            w.commit(cache, num_accepted=torch.ones(3, dtype=torch.int32))
+        xd, Bd = torch.randn(3, 4, H, P, generator=g).to(BF16), torch.randn(3, 4, G, N, generator=g).to(BF16)
+        out = w.run(cache, xd, torch.zeros(3, 4, H), -torch.ones(H), Bd, Bd)
+        entry, kind, p = rec.launches[-1]
+        assert (entry, kind, out.shape) == (0, "VerifyParams", (3, 4, H, P))
+        assert p.d.batch == 3 and p.d.inputs.x_stride_batch == H * P and p.drafts.T == 4
+        assert p.drafts.parents == w._drafts.parents.data_ptr() and p.drafts.counts is None
+        w.commit(cache, num_accepted=torch.ones(3, dtype=torch.int32))
+        entry, kind, c = rec.launches[-1]
+        assert (entry, kind, c.T, c.batch, c.num_arrays, c.capacity) == (1, "CommitParams", 4, 3, 3, 20)
+        assert c.parents == w._drafts.parents.data_ptr()
+
+    def test_rejected_plan_keeps_the_previous_one(self):
+        from replayssm import KDADecodeWrapper
+
+        w, rec = self.wrapper(KDADecodeWrapper, 4, 2, 128, 128)
+        slots = torch.tensor([0, 1], dtype=torch.int32)
+        w.plan(slots, draft_len=4, parents=[-1, 0, 1, 1], draft_counts=[4, 2])
+        with pytest.raises(ValueError, match="draft_counts"):
+            w.plan(slots, draft_len=4, parents=[-1, -1, 0, 0], draft_counts=[4, 7])
+        assert w._drafts.parents[:2, :4].tolist() == [[-1, 0, 1, 1]] * 2 and w._drafts.counts[:2].tolist() == [4, 2]
+        assert w._drafts.is_tree and w._drafts.has_counts and w.draft_len == 4
+        cache = w.create_cache(3, max_draft=4)
+        assert isinstance(cache, KDACache)
+        q, v = torch.randn(2, 4, 2, 128).to(BF16), torch.randn(2, 4, 4, 128).to(BF16)
+        w.run(cache, q, q, v, g=-torch.rand(2, 4, 4, 128), beta=torch.rand(2, 4, 4))
+        entry, kind, p = rec.launches[-1]
+        assert (entry, kind, p.drafts.T, p.d.batch, p.d.nv_heads, p.d.nk_heads) == (0, "VerifyParams", 4, 2, 4, 2)
+        assert p.d.use_l2norm == 1 and abs(p.d.scale - 128 ** -0.5) < 1e-7 and p.drafts.counts is not None
+        assert p.d.ring.g == cache.g_ring.data_ptr() and p.d.inputs.g.stride0 == 4 * 128

@@ -14,6 +14,7 @@ import pytest
 import torch
 
 from replayssm.reference import mamba2_step
+from replayssm.timing import capture
 
 from .common import fresh_generator, rel_err, snapshot, tolerances
 from .spec_driver import DEV, Mamba2Spec, run_spec_sequence
@@ -138,14 +139,7 @@ class TestMamba2VerifyGraphs:
         out = fam.out_like(static)
         acc = torch.ones(batch, dtype=torch.int32, device=DEV)
         w.plan(slots, draft_len=T)
-        graph = torch.cuda.CUDAGraph()
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side), torch.cuda.graph(graph, stream=side):
-            fam.run(w, cache, static, out)
-            w.commit(cache, num_accepted=acc)
-        torch.cuda.current_stream().wait_stream(side)
-        torch.cuda.synchronize()
+        graph = capture(lambda: (fam.run(w, cache, static, out), w.commit(cache, num_accepted=acc)), warmup=0)
         tol, state_tol = tolerances(cfg)
         for step in range(3 * cfg["L"]):
             new = fam.inputs(batch, T)
