@@ -61,10 +61,11 @@ class Mamba2Family:
         dt0 = log_uniform(H, 1e-3, 1e-1, gen)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows):
+    def wrapper(self, batch, algorithm, rows, persistent=None):
         s, a = self.s, self.args
         return Mamba2DecodeWrapper(s["H"], s["P"], s["N"], s["G"], window=a.window, state_dtype=a.state_dtype,
-                                   io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows)
+                                   io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows,
+                                   persistent=persistent)
 
     def inputs(self, batch):
         s, io, g = self.s, self.args.io_dtype, self.gen
@@ -108,10 +109,11 @@ class GDNFamily:
         dt0 = log_uniform(HV * (shape["K"] if self.per_channel else 1), 1e-3, 1e-1, gen).reshape(HV, *self.gate_tail)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows):
+    def wrapper(self, batch, algorithm, rows, persistent=None):
         s, a = self.s, self.args
         return self.wrapper_cls(s["HV"], s["HK"], s["K"], s["V"], window=a.window, state_dtype=a.state_dtype,
-                                io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows)
+                                io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows,
+                                persistent=persistent)
 
     def inputs(self, batch):
         s, io, g = self.s, self.args.io_dtype, self.gen
@@ -149,14 +151,17 @@ class KDAFamily(GDNFamily):
     per_channel = True
 
 
+# --persistent: which replay kernels to run: the wrapper's choice, one, or both.
+PERSISTENT_CHOICES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
+
 FAMILIES = {"mamba2": Mamba2Family, "gdn": GDNFamily, "kda": KDAFamily}
 
 
-def bench_pool(fam, batch, algorithm, rows, reps):
+def bench_pool(fam, batch, algorithm, rows, reps, persistent=None):
     """One pool; a graph of L consecutive steps, plus one graph per step for non-flush/flush."""
     L = fam.args.window
     num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
-    w = fam.wrapper(batch, algorithm, rows)
+    w = fam.wrapper(batch, algorithm, rows, persistent)
     cache = w.create_cache(num_slots)
     cache.checkpoint.normal_(generator=fam.gen)
     w.plan(torch.randperm(num_slots, device="cuda", generator=fam.gen)[:batch].to(torch.int32))
@@ -182,14 +187,14 @@ def bench_pool(fam, batch, algorithm, rows, reps):
     flush_pos = max(range(L), key=lambda i: by_pos[i]) if algorithm == "replay" else None
     nonflush = statistics.median([t for i, t in enumerate(by_pos) if i != flush_pos])
     assert cache.check_errors() == 0
-    return dict(rows_used=w._rows, us_per_step=t_window, us_nonflush=nonflush,
+    return dict(rows_used=w._rows, persistent=getattr(w, "persistent", False), us_per_step=t_window, us_nonflush=nonflush,
                 us_flush=by_pos[flush_pos] if flush_pos is not None else None)
 
 
-def bench_layers(fam, batch, algorithm, rows, reps, layers=16):
+def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
     L = fam.args.window
-    w = fam.wrapper(batch, algorithm, rows)
+    w = fam.wrapper(batch, algorithm, rows, persistent)
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
         c.checkpoint.normal_(generator=fam.gen)
@@ -199,7 +204,7 @@ def bench_layers(fam, batch, algorithm, rows, reps, layers=16):
     g = capture(lambda: [fam.run(w, c, i, o) for c, i, o in zip(caches, ins, outs)])
     g1 = capture(lambda: fam.run(w, caches[0], ins[0], outs[0]))
     per_step = replay_us_per_step(g, layers, reps=L, trials=max(5, reps // 5))  # whole windows
-    return dict(rows_used=w._rows, us_per_step=per_step, us_single_replay=time_graph(g1, reps=reps))
+    return dict(rows_used=w._rows, persistent=getattr(w, "persistent", False), us_per_step=per_step, us_single_replay=time_graph(g1, reps=reps))
 
 
 def run(args):
@@ -213,11 +218,12 @@ def run(args):
         shape = SHAPES[args.family][shape_name]
         fam = FAMILIES[args.family](shape, args, gen)
         for batch in args.batches:
-            for algorithm in ("replay", "conventional"):
+            variants = [("replay", pv) for pv in PERSISTENT_CHOICES[args.persistent]] + [("conventional", None)]
+            for algorithm, persistent in variants:
                 for rows in args.rows or [None]:
                     try:
                         bench = bench_layers if batch <= 8 else bench_pool
-                        r = bench(fam, batch, algorithm, rows, args.reps)
+                        r = bench(fam, batch, algorithm, rows, args.reps, persistent)
                     except torch.OutOfMemoryError:
                         print(f"skip {shape_name} B={batch} {algorithm}: out of memory")
                         torch.cuda.empty_cache()
@@ -235,6 +241,7 @@ def run(args):
                     row["fraction_of_floor"] = floor / r["us_per_step"]
                     rows_out.append(row)
                     print(f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} rows={r['rows_used']} "
+                          f"{'persistent ' if r['persistent'] else ''}"
                           f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
                           f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
                           f"({row['fraction_of_floor']:.2f}) {row['bandwidth_TBps']:.2f} TB/s", flush=True)
@@ -254,6 +261,8 @@ def main():
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--io-dtype", default="bfloat16")
     ap.add_argument("--rows", nargs="*", type=int, default=None, help="rows-per-CTA tilings to sweep")
+    ap.add_argument("--persistent", choices=list(PERSISTENT_CHOICES), default="auto",
+                    help="replay: persistent pipelined kernel, one CTA per tile, or both")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default=None)

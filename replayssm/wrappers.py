@@ -79,6 +79,28 @@ class _DecodeWrapper:
     def _default_rows(self, batch: int) -> int:
         raise NotImplementedError
 
+    def _default_persistent(self, batch: int) -> bool:
+        raise NotImplementedError
+
+    def _set_persistent(self, persistent: bool | None) -> None:
+        if persistent is not None and not isinstance(persistent, bool):
+            raise TypeError(f"persistent: expected a bool or None, got {type(persistent).__name__}")
+        self._persistent_override = persistent
+
+    def _persistent_for(self, batch: int) -> bool:
+        """Whether a standard replay step of ``batch`` rows runs the persistent pipelined kernel
+        (constructor ``persistent``: True/False forces it, None picks by batch)."""
+        if self.algorithm != "replay" or self._drafts.T:
+            return False
+        if self._persistent_override is not None:
+            return self._persistent_override
+        return self._default_persistent(batch)
+
+    @property
+    def persistent(self) -> bool:
+        """Whether the current plan runs the persistent pipelined replay kernel."""
+        return self._batch is not None and self._persistent_for(self._batch)
+
     def plan(self, slot_indices: torch.Tensor, *, draft_len: int | None = None, parents=None, draft_counts=None,
              state_slots=None) -> None:
         """Host side, outside capture: load/compile the module and fix the batch's slots and drafts.
@@ -186,6 +208,7 @@ class _DecodeWrapper:
         p.slots = self._slot_arg(cache)
         p.error_flag = cache.error_flag.data_ptr()
         p.batch, p.rows_per_cta = self._batch, self._rows
+        p.persistent = int(self._persistent_for(self._batch))
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
         self._module.check_params(0, type(params))
         self._module.launch(0, params, current_stream(self.device))
@@ -217,7 +240,8 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     def __init__(self, nheads: int, head_dim: int, state_dim: int, ngroups: int, *, window: int = 16,
                  state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int,
                  algorithm: str = "replay", dt_softplus: bool = True, pad_slot_id: int = -1,
-                 rows_per_cta: int | None = None, device=None, debug: bool = False):
+                 rows_per_cta: int | None = None, persistent: bool | None = None, device=None,
+                 debug: bool = False):
         state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype,
                                                     io_dtype)
         self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, device, debug)
@@ -226,6 +250,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self.dt_softplus = dt_softplus
         self._rows_override = rows_per_cta
+        self._set_persistent(persistent)
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> Mamba2Cache:
         d = self.dims
@@ -237,7 +262,12 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         return m2.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.draft_capacity)
 
     def _default_rows(self, batch: int) -> int:
+        if self._persistent_for(batch):
+            return m2.persistent_rows_per_cta(self.dims, self.state_dtype)
         return m2.default_rows_per_cta(self.dims.head_dim, batch, self.dims.nheads, self.algorithm)
+
+    def _default_persistent(self, batch: int) -> bool:
+        return m2.default_persistent(self.dims, batch)
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
         """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.
@@ -278,7 +308,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
     def __init__(self, num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int, *, window: int = 16,
                  state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int, algorithm: str = "replay",
                  use_l2norm: bool = True, scale: float | None = None, pad_slot_id: int = -1,
-                 rows_per_cta: int | None = None, device=None, debug: bool = False):
+                 rows_per_cta: int | None = None, persistent: bool | None = None, device=None,
+                 debug: bool = False):
         state_dtype, io_dtype = check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window,
                                                  state_dtype, io_dtype)
         self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, device, debug)
@@ -290,6 +321,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
         self.use_l2norm = bool(use_l2norm)
         self.scale = float(scale) if scale is not None else head_k_dim ** -0.5
         self._rows_override = rows_per_cta
+        self._set_persistent(persistent)
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims
@@ -301,7 +333,12 @@ class GDNDecodeWrapper(_DecodeWrapper):
                             self.draft_capacity)
 
     def _default_rows(self, batch: int) -> int:
+        if self._persistent_for(batch):
+            return gdn_ops.persistent_rows_per_cta(self.dims, self.state_dtype)
         return gdn_ops.default_rows_per_cta(self.dims.head_v_dim, self.dims.head_k_dim, batch, self.dims.num_v_heads)
+
+    def _default_persistent(self, batch: int) -> bool:
+        return gdn_ops.default_persistent(self.dims, batch, self.cache_type.per_channel)
 
     def run(self, cache: GDNCache, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
             out=None) -> torch.Tensor:

@@ -55,7 +55,7 @@ class DecodeParams(ctypes.Structure):
         ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
         ("error_flag", c_ptr),
         ("batch", i32), ("nv_heads", i32), ("nk_heads", i32), ("use_l2norm", i32),
-        ("scale", ctypes.c_float), ("rows_per_cta", i32),
+        ("scale", ctypes.c_float), ("rows_per_cta", i32), ("persistent", i32),
     ]
 
 
@@ -77,6 +77,27 @@ def default_rows_per_cta(V: int, K: int, batch: int, nv_heads: int) -> int:
     while V % rows:
         rows //= 2
     return rows
+
+
+def persistent_rows_per_cta(dims: "GDNDims", state_dtype) -> int:
+    """Tile of the persistent kernel: the largest of 64/32/16 rows of V dividing V whose checkpoint
+    tile is at most 32 KB. At K = 128, fp32, 64-row tiles (two stages per CTA) beat 32-row tiles
+    (five stages): 165 vs 212 µs for GDN and 189 vs 223 µs for KDA at B = 256 (perf/README.md)."""
+    esize = torch.empty((), dtype=state_dtype).element_size()
+    for rows in (64, 32, 16):
+        if dims.head_v_dim % rows == 0 and rows * dims.head_k_dim * esize <= 32 * 1024:
+            return rows
+    return 16
+
+
+def default_persistent(dims: "GDNDims", batch: int, per_channel: bool) -> bool:
+    """Persistent pipelined replay step once there are enough units (GDN: batch rows x key heads;
+    KDA: x value heads) to fill the GPU (see perf/README.md)."""
+    units = batch * (dims.num_v_heads if per_channel else dims.num_k_heads)
+    return units >= PERSISTENT_MIN_UNITS
+
+
+PERSISTENT_MIN_UNITS = 256
 
 
 def check_rows_per_cta(rows: int, V: int) -> int:

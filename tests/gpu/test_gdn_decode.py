@@ -90,12 +90,13 @@ def step_inputs(batch, cfg, gen, *, gates="raw"):
 
 
 def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", use_l2norm=True, rows_per_cta=None,
-                 churn=True):
+                 churn=True, persistent=None):
     """Continuous batching over a pool (random permutations, pad rows, sequences reset or loaded
     mid-window); returns the worst output error and the state error."""
     dev = torch.device("cuda")
     HV, HK, K, V = cfg["HV"], cfg["HK"], cfg["K"], cfg["V"]
-    w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm)
+    w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm,
+                    persistent=persistent)
     A_log, dt_bias = layer_weights(cfg, gen)
     unused = list(range(num_slots - 2, num_slots))
     active = list(range(num_slots - 2))
@@ -121,6 +122,8 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", u
         q, k, v, gate = step_inputs(batch, cfg, gen, gates=gates)
         out = torch.full((batch, HV, V), float("nan"), dtype=cfg["io"], device=dev)
         w.plan(slots)
+        if persistent is not None and algorithm == "replay":
+            assert w.persistent == persistent
         extra = dict(A_log=A_log, dt_bias=dt_bias) if gates == "raw" else {}
         w.run(cache, q, k, v, out=out, **gate, **extra)
         torch.cuda.synchronize()
@@ -172,13 +175,51 @@ class TestGDNDecodeFeatures:
         run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=fresh_generator(), churn=False)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+class TestGDNPersistentConfigs:
+    """The persistent pipelined replay kernel, forced on, on every configuration."""
+
+    def test_matches_reference(self, cfg):
+        run_sequence(cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=fresh_generator(),
+                     persistent=True)
+
+
+class TestGDNPersistentFeatures:
+    @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
+    def test_given_log_decay_and_beta(self, cfg):
+        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(), gates="given",
+                     persistent=True)
+
+    @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
+    def test_without_l2norm(self, cfg):
+        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(), use_l2norm=False,
+                     persistent=True)
+
+    @pytest.mark.parametrize("rows", [16, 32, 64])
+    def test_every_tiling(self, rows):
+        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(), rows_per_cta=rows,
+                     persistent=True)
+
+    def test_kda_key_head_shared_by_two_value_heads(self):
+        run_sequence({**KDA, "HV": 4, "HK": 2}, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(),
+                     persistent=True)
+
+    @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
+                             ids=["qwen3-next", "kimi-linear"])
+    def test_many_units_per_cta(self, cfg):
+        """More units than resident CTAs: every CTA walks several units and its buffers wrap."""
+        run_sequence(cfg, "replay", steps=20, batch=96, num_slots=100, gen=fresh_generator(), churn=False,
+                     persistent=True)
+
+
 class TestGDNFidelity:
+    @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
     @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
                              ids=["gdn-qwen3-next", "kda-kimi-linear"])
-    def test_fp32_checkpoint_4096_steps(self, cfg):
+    def test_fp32_checkpoint_4096_steps(self, cfg, persistent):
         """16 sequences, 4,096 steps: replayed state within 2e-5 of the float64 recurrence."""
         gen = fresh_generator()
-        w, cache = make(cfg, "replay", 16, 16)
+        w, cache = make(cfg, "replay", 16, 16, persistent=persistent)
         A_log, dt_bias = layer_weights(cfg, gen)
         slots = torch.arange(16, device="cuda", dtype=torch.int32)
         cache.reset(slots)
@@ -199,13 +240,14 @@ class TestGDNFidelity:
 
 
 class TestGDNGraphsAndSlots:
-    @pytest.mark.parametrize("algorithm", ALGORITHMS)
+    @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent"])
     def test_cuda_graph_capture_and_replay(self, algorithm):
         from replayssm.timing import capture
 
         gen = fresh_generator()
         cfg = BASE
-        w, cache = make(cfg, algorithm, 8, 4)
+        w, cache = make(cfg, algorithm.removesuffix("-persistent"), 8, 4,
+                        persistent=algorithm.endswith("-persistent"))
         A_log, dt_bias = layer_weights(cfg, gen)
         slots = torch.tensor([3, 0, -1, 5], device="cuda", dtype=torch.int32)
         cache.reset([0, 3, 5])
@@ -233,16 +275,18 @@ class TestGDNGraphsAndSlots:
             assert rel_err(out[rows], o_ref) <= 6e-3
         assert rel_err(cache.materialize([3, 0, 5]), S_ref[sv]) <= 2e-5
 
-    @pytest.mark.parametrize("algorithm", ALGORITHMS)
+    @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent", "kda-replay-persistent"])
     def test_out_of_range_slot_is_skipped_and_flagged(self, algorithm):
         gen = fresh_generator()
-        w, cache = make(BASE, algorithm, 4, 3)
+        cfg = KDA if algorithm.startswith("kda-") else BASE
+        w, cache = make(cfg, algorithm.removeprefix("kda-").removesuffix("-persistent"), 4, 3,
+                        persistent=algorithm.endswith("-persistent"))
         cache.reset([0, 1, 2, 3])
-        A_log, dt_bias = layer_weights(BASE, gen)
+        A_log, dt_bias = layer_weights(cfg, gen)
         before = snapshot(cache, [0, 2, 3])
         w.plan(torch.tensor([1, 4, 1000], device="cuda", dtype=torch.int64))
-        q, k, v, gate = step_inputs(3, BASE, gen)
-        out = torch.full((3, BASE["HV"], BASE["V"]), float("nan"), dtype=BF16, device="cuda")
+        q, k, v, gate = step_inputs(3, cfg, gen)
+        out = torch.full((3, cfg["HV"], cfg["V"]), float("nan"), dtype=BF16, device="cuda")
         w.run(cache, q, k, v, A_log=A_log, dt_bias=dt_bias, out=out, **gate)
         torch.cuda.synchronize()
         assert (out[1:] == 0).all() and torch.isfinite(out[0]).all()
@@ -250,10 +294,11 @@ class TestGDNGraphsAndSlots:
         for a_, b_ in zip(before, snapshot(cache, [0, 2, 3])):
             assert torch.equal(a_, b_), "a slot not named by a valid row was written"
 
-    def test_nan_input_stays_in_its_row(self):
+    @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
+    def test_nan_input_stays_in_its_row(self, persistent):
         """NaN/inf in one row's inputs reach that row's outputs only, never other slots."""
         gen = fresh_generator()
-        w, cache = make(BASE, "replay", 4, 2)
+        w, cache = make(BASE, "replay", 4, 2, persistent=persistent)
         cache.reset([0, 1, 2, 3])
         A_log, dt_bias = layer_weights(BASE, gen)
         w.plan(torch.tensor([0, 1], device="cuda", dtype=torch.int32))

@@ -52,12 +52,12 @@ def make(cfg, algorithm, num_slots, max_batch, **kw):
 
 
 def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False, with_z=True,
-                 rows_per_cta=None, churn=True):
+                 rows_per_cta=None, churn=True, persistent=None):
     """Continuous batching over a pool: random slot permutations, pad rows, sequences reset or
     loaded mid-window. Returns the worst output error, the state error and the cache."""
     dev = torch.device("cuda")
     H, P, N, G = cfg["H"], cfg["P"], cfg["N"], cfg["G"]
-    w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta)
+    w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, persistent=persistent)
     A, D, dt_bias = layer_weights(H, gen, dev, expanded=expanded, P=P, N=N)
     unused = list(range(num_slots - 2, num_slots))  # never named by any row
     active = list(range(num_slots - 2))
@@ -83,6 +83,8 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False
         x, dt, B, C, z = step_inputs(batch, H, P, N, G, cfg["io"], gen, dev, with_z=with_z, expanded_dt=expanded)
         out = torch.full((batch, H, P), float("nan"), dtype=cfg["io"], device=dev)
         w.plan(slots)
+        if persistent is not None and algorithm == "replay":
+            assert w.persistent == persistent
         w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite outputs"
@@ -152,15 +154,58 @@ class TestMamba2DecodeFeatures:
         run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=self.gen(), churn=False)
 
 
+@pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
+class TestMamba2PersistentConfigs:
+    """The persistent pipelined replay kernel, forced on, on every configuration."""
+
+    def test_matches_reference(self, cfg):
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        run_sequence(cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=gen, persistent=True)
+
+
+class TestMamba2PersistentFeatures:
+    """One feature changed at a time on the base configuration, persistent kernel forced on."""
+
+    def gen(self):
+        g = torch.Generator(device="cuda")
+        g.seed()
+        return g
+
+    def test_stride0_expanded_weights_and_dt(self):
+        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), expanded=True, persistent=True)
+
+    def test_without_z(self):
+        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), with_z=False, persistent=True)
+
+    def test_one_group(self):
+        run_sequence({**BASE, "G": 1}, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), persistent=True)
+
+    def test_heads_equal_groups(self):
+        run_sequence({**BASE, "G": 8}, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), persistent=True)
+
+    @pytest.mark.parametrize("rows", [16, 32, 64])
+    def test_every_tiling(self, rows):
+        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=rows,
+                     persistent=True)
+
+    def test_many_units_per_cta(self):
+        """More (row, group) units than resident CTAs: every CTA walks several units and its
+        stage and unit buffers wrap around many times."""
+        cfg = {**BASE, "H": 128, "G": 8}
+        run_sequence(cfg, "replay", steps=20, batch=96, num_slots=100, gen=self.gen(), persistent=True)
+
+
 class TestMamba2Fidelity:
-    def test_fp32_checkpoint_4096_steps(self):
+    @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
+    def test_fp32_checkpoint_4096_steps(self, persistent):
         """Nemotron shape, 16 sequences, 4,096 steps: replayed state within 2e-5 of float64."""
         cfg = {**BASE, "H": 128, "G": 8}
         gen = torch.Generator(device="cuda")
         gen.seed()
         dev = torch.device("cuda")
         H, P, N, G = 128, 64, 128, 8
-        w, cache = make(cfg, "replay", 16, 16)
+        w, cache = make(cfg, "replay", 16, 16, persistent=persistent)
         A, D, dt_bias = layer_weights(H, gen, dev)
         slots = torch.arange(16, device=dev, dtype=torch.int32)
         cache.reset(slots)
@@ -182,14 +227,15 @@ class TestMamba2Fidelity:
 
 
 class TestMamba2Graphs:
-    @pytest.mark.parametrize("algorithm", ALGORITHMS)
+    @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent"])
     def test_cuda_graph_capture_and_replay(self, algorithm):
         gen = torch.Generator(device="cuda")
         gen.seed()
         dev = torch.device("cuda")
         cfg = BASE
         H, P, N, G = cfg["H"], cfg["P"], cfg["N"], cfg["G"]
-        w, cache = make(cfg, algorithm, 8, 4)
+        persistent = algorithm.endswith("-persistent")
+        w, cache = make(cfg, algorithm.removesuffix("-persistent"), 8, 4, persistent=persistent)
         A, D, dt_bias = layer_weights(H, gen, dev)
         slots = torch.tensor([3, 0, -1, 5], device=dev, dtype=torch.int32)
         cache.reset([0, 3, 5])
@@ -229,13 +275,14 @@ class TestMamba2Graphs:
 
 
 class TestMamba2BadSlots:
-    @pytest.mark.parametrize("algorithm", ALGORITHMS)
+    @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent"])
     def test_out_of_range_slot_is_skipped_and_flagged(self, algorithm):
         gen = torch.Generator(device="cuda")
         gen.seed()
         dev = torch.device("cuda")
         H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
-        w, cache = make(BASE, algorithm, 4, 3)
+        persistent = algorithm.endswith("-persistent")
+        w, cache = make(BASE, algorithm.removesuffix("-persistent"), 4, 3, persistent=persistent)
         cache.reset([0, 1, 2, 3])
         A, D, dt_bias = layer_weights(H, gen, dev)
         before = snapshot(cache, [0, 1, 2, 3])
@@ -249,6 +296,29 @@ class TestMamba2BadSlots:
         after = snapshot(cache, [0, 2, 3])
         for a, b in zip([t[[0, 2, 3]] for t in before], after):
             assert torch.equal(a, b), "a slot not named by a valid row was written"
+
+    @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
+    def test_corrupt_cursor_is_skipped_and_flagged(self, persistent):
+        """A slot whose ring length is out of range: its row is zeros, bit 2 is raised, nothing
+        of that slot is written; the other row is served."""
+        gen = torch.Generator(device="cuda")
+        gen.seed()
+        dev = torch.device("cuda")
+        H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
+        w, cache = make(BASE, "replay", 4, 2, persistent=persistent)
+        cache.reset([0, 1, 2, 3])
+        cache.ring_len[1] = BASE["L"] + 5
+        A, D, dt_bias = layer_weights(H, gen, dev)
+        before = snapshot(cache, [1])
+        w.plan(torch.tensor([0, 1], device=dev, dtype=torch.int32))
+        x, dt, B, C, z = step_inputs(2, H, P, N, G, BF16, gen, dev)
+        out = torch.full((2, H, P), float("nan"), dtype=BF16, device=dev)
+        w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
+        torch.cuda.synchronize()
+        assert (out[1] == 0).all() and torch.isfinite(out[0]).all()
+        assert cache.check_errors() & 2
+        for a, b in zip(before, snapshot(cache, [1])):
+            assert torch.equal(a, b), "a slot with a corrupt cursor was written"
 
     def test_debug_mode_raises(self):
         gen = torch.Generator(device="cuda")

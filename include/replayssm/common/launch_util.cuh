@@ -57,6 +57,24 @@ cudaError_t launch_grid(Kernel kernel, const Params& params, int64_t batch, int 
   return cudaGetLastError();
 }
 
+// Persistent grid: as many CTAs as fit on the device at once (occupancy of `kernel` with `threads`
+// and `smem_bytes`), at most `units`. Host queries only, so it may run during graph capture.
+template <typename Kernel, typename Params>
+cudaError_t launch_persistent(Kernel kernel, const Params& params, int64_t units, int threads, size_t smem_bytes,
+                              cudaStream_t stream) {
+  if (units == 0) return cudaSuccess;
+  int dev = 0, sms = 0, per_sm = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
+  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
+  if (e != cudaSuccess) return e;
+  if (per_sm < 1) return cudaErrorInvalidConfiguration;
+  const int64_t resident = static_cast<int64_t>(sms) * per_sm;
+  const unsigned ctas = static_cast<unsigned>(units < resident ? units : resident);
+  kernel<<<ctas, threads, smem_bytes, stream>>>(params);
+  return cudaGetLastError();
+}
+
 // Largest ring capacity a replay module supports: L + 16 drafts.
 template <int L>
 constexpr int kMaxRingCapacity = L + 16;

@@ -110,6 +110,20 @@ __device__ __forceinline__ float load_scalar(const ScalarArg& a, int64_t i0, int
   return a.ptr == nullptr ? absent : load_scalar_at(a, i0 * a.stride0 + i1 * a.stride1);
 }
 
+// Asynchronous scalar loads: the 4-byte-aligned word holding element `off` (what a 4-byte
+// cp.async can fetch), and the element decoded from a copy of that word (little-endian halves).
+__device__ __forceinline__ const void* scalar_word(const ScalarArg& a, int64_t off) {
+  const uintptr_t e = reinterpret_cast<uintptr_t>(a.ptr) + static_cast<uintptr_t>(off) * (a.dtype == kFloat32 ? 4 : 2);
+  return reinterpret_cast<const void*>(e & ~static_cast<uintptr_t>(3));
+}
+
+__device__ __forceinline__ float scalar_from_word(const ScalarArg& a, int64_t off, uint32_t word) {
+  if (a.dtype == kFloat32) return __uint_as_float(word);
+  const uintptr_t e = reinterpret_cast<uintptr_t>(a.ptr) + static_cast<uintptr_t>(off) * 2;
+  const unsigned short bits = static_cast<unsigned short>((e & 2) ? word >> 16 : word & 0xffffu);
+  return a.dtype == kBFloat16 ? __bfloat162float(__ushort_as_bfloat16(bits)) : __half2float(__ushort_as_half(bits));
+}
+
 // Element `c` of a contiguous innermost dim after (i0, i1): per-channel operands such as KDA's
 // gate a [batch, HV, K].
 __device__ __forceinline__ float load_channel(const ScalarArg& a, int64_t i0, int64_t i1, int c,

@@ -9,6 +9,7 @@
 #include "conventional_decode.cuh"
 #include "conventional_verify.cuh"
 #include "replay_decode.cuh"
+#include "replay_decode_persistent.cuh"
 #include "replay_verify.cuh"
 
 namespace replayssm {
@@ -17,10 +18,23 @@ namespace gdn {
 template <typename TS, typename TI, int K, int V, int L, bool PC>
 struct ReplayDecode {
   using Params = DecodeParams;
+  template <int ROWS>
+  using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PC>::Budget;
+  template <int ROWS>
+  static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32;
+
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
+      if (p.persistent) {
+        if constexpr (kPersistentOk<kRows>) {
+          const int64_t units = static_cast<int64_t>(p.batch) * (PC ? p.nv_heads : p.nk_heads);
+          return launch_persistent(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>, p, units,
+                                   kPersistentThreads, Persistent<kRows>::kBytes, stream);
+        }
+        // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
+      }
       return launch_grid(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>, p, p.batch, p.nv_heads, kRows, V, stream,
                          ReplayRingSmem<K, kRows, PC>::bytes(p.ring.capacity));
     });
@@ -28,9 +42,16 @@ struct ReplayDecode {
   static cudaError_t prepare() {
     return for_each_rows<V>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(ReplayRingSmem<K, kRows, PC>::bytes(kMaxRingCapacity<L>)));
+      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(ReplayRingSmem<K, kRows, PC>::bytes(kMaxRingCapacity<L>)));
+      if constexpr (kPersistentOk<kRows>) {
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(Persistent<kRows>::kBytes));
+      }
+      return e;
     });
   }
 };

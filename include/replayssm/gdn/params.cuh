@@ -73,6 +73,7 @@ struct DecodeParams {
   int32_t use_l2norm;   // normalise q and k (eps 1e-6) before use
   float scale;          // multiplies q (K^-1/2 by default)
   int32_t rows_per_cta; // runtime tiling choice over V: 16, 32 or 64
+  int32_t persistent;   // replay decode only: 1 = persistent pipelined kernel (see replay_decode_persistent.cuh)
 };
 
 // A verify: T draft tokens per batch row. Every per-token input of `d.in` (q, k, v, out, g, a,

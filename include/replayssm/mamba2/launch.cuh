@@ -9,6 +9,7 @@
 #include "conventional_decode.cuh"
 #include "conventional_verify.cuh"
 #include "replay_decode.cuh"
+#include "replay_decode_persistent.cuh"
 #include "replay_verify.cuh"
 
 namespace replayssm {
@@ -18,10 +19,23 @@ namespace mamba2 {
 template <typename TS, typename TI, int P, int N, int L>
 struct ReplayDecode {
   using Params = DecodeParams;
+  template <int ROWS>
+  using Persistent = typename PersistentLayout<TS, TI, N, L, ROWS>::Budget;
+  template <int ROWS>
+  static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32;
+
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
+      if (p.persistent) {
+        if constexpr (kPersistentOk<kRows>) {
+          return launch_persistent(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, p,
+                                   static_cast<int64_t>(p.batch) * p.ngroups, kPersistentThreads,
+                                   Persistent<kRows>::kBytes, stream);
+        }
+        // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
+      }
       return launch_grid(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, p.batch, p.nheads, kRows, P, stream,
                          ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity));
     });
@@ -29,11 +43,19 @@ struct ReplayDecode {
   static cudaError_t prepare() {
     return for_each_rows<P>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, kRows>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                  static_cast<int>(ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>)));
+      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, kRows>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>)));
+      if constexpr (kPersistentOk<kRows>) {
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>,
+                                   cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                   static_cast<int>(Persistent<kRows>::kBytes));
+      }
+      return e;
     });
   }
+
 };
 
 template <typename TS, typename TI, int P, int N>

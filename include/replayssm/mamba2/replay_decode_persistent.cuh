@@ -1,0 +1,390 @@
+// ReplaySSM Mamba-2 decode step, persistent and pipelined: the same math as replay_decode.cuh
+// (see its header), organised so that checkpoint bytes are always in flight.
+//
+// Work unit: one (batch row, group). A unit's heads share B, C and the group's B ring, so B_j . C
+// is computed once per unit instead of once per head. Each CTA walks units u = blockIdx.x,
+// blockIdx.x + gridDim.x, ... with one producer warp and four consumer warps:
+//   - the producer reads the unit's slot and cursors, copies the live part of the group's ring
+//     (C, current B, B_j for j < m) into a unit buffer, then streams the unit's checkpoint tiles
+//     (ROWS x N, one bulk copy each) into a ring of kStages stage buffers, together with each
+//     tile's live x ring rows, dt ring, current x and z rows and per-head scalars (cp.async);
+//   - the consumers wait on a stage's "full" barrier, compute that tile's outputs (each warp its
+//     own rows, no CTA-wide barrier per tile), fold and write the tile on a flush, append the
+//     record, and release the stage.
+// Two CTAs fit per SM, so up to 2 * kStages tiles per SM are in flight while others are computed.
+#pragma once
+
+#include "../common/persistent.cuh"
+#include "../common/persistent_units.cuh"
+#include "../common/state_tile.cuh"
+#include "cta.cuh"
+
+namespace replayssm {
+namespace mamba2 {
+
+// Shared-memory layout: unit and stage buffers (the pipeline adds barriers and picks how many of
+// each fit). Only the m <= L live ring records are copied, so every size is a compile-time constant.
+template <typename TS, typename TI, int N, int L, int ROWS>
+struct PersistentLayout {
+  static constexpr size_t a16(size_t b) { return (b + 15) / 16 * 16; }
+  static constexpr size_t a128(size_t b) { return (b + 127) / 128 * 128; }
+
+  struct UnitHeader {
+    int64_t slot;
+    int32_t start;
+    int32_t m;
+    int32_t status;  // kActive or why the unit is skipped
+    int32_t unused;
+  };
+
+  // Unit buffer: header, C [N], current B [N], B ring [L][N] (io dtype, logical record order),
+  // bc [L + 1] (fp32, written by the consumers).
+  static constexpr size_t kUC = a16(sizeof(UnitHeader));
+  static constexpr size_t kUBcur = kUC + a16(N * sizeof(TI));
+  static constexpr size_t kUBring = kUBcur + a16(N * sizeof(TI));
+  static constexpr size_t kUBc = kUBring + a16(static_cast<size_t>(L) * N * sizeof(TI));
+  static constexpr size_t kUnitBytes = a128(kUBc + a16((L + 1) * sizeof(float)));
+
+  // Stage buffer: checkpoint tile [ROWS][N] (TS), x ring [L][ROWS], x [ROWS], z [ROWS] (io
+  // dtype), dt ring [L] (fp32), scalar words (dt, A, D, dt_bias).
+  static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);
+  static constexpr size_t kSXring = a128(kTileBytes);
+  static constexpr size_t kSXcur = kSXring + a16(static_cast<size_t>(L) * ROWS * sizeof(TI));
+  static constexpr size_t kSZ = kSXcur + a16(ROWS * sizeof(TI));
+  static constexpr size_t kSDring = kSZ + a16(ROWS * sizeof(TI));
+  static constexpr size_t kSWords = kSDring + a16(L * sizeof(float));
+  static constexpr size_t kStageBytes = a128(kSWords + 4 * sizeof(uint32_t));
+
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes>;
+  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
+};
+
+template <typename TS, typename TI, int P, int N, int L, int ROWS>
+struct PersistentReplay {
+  using Lay = PersistentLayout<TS, TI, N, L, ROWS>;
+  using Header = typename Lay::UnitHeader;
+  using Tile = StateTile<TS, N, ROWS, 4>;
+  static constexpr int kChunks = P / ROWS;
+  static constexpr int kV = Tile::kVec;
+  static constexpr int kBVec = Vec16<TI>::kElems;
+  static constexpr int kNV = N / kBVec;    // 16-byte vectors per B/C row
+  static constexpr int kXV = ROWS / kBVec;  // 16-byte vectors per x-row chunk
+  static constexpr int kRW = Tile::kRowsPerWarp;
+  static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
+  static_assert(kRW <= 32, "a consumer warp's rows must fit one lane each");
+  static_assert(L <= 32, "decay weights are one lane per record");
+
+  const DecodeParams& p;
+  typename Lay::Pipeline pipe;
+  int hpg;        // heads per group
+  int64_t units;  // batch * groups
+
+  __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
+      : p(params), pipe(smem), hpg(params.nheads / params.ngroups),
+        units(static_cast<int64_t>(params.batch) * params.ngroups) {}
+
+  // ---- producer (one warp) ----
+  __device__ void produce(int lane) const {
+    const int R = p.ring.capacity;
+    int64_t slot = 0;
+    int start = 0, m = 0;
+    auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+
+    auto fill_unit = [&](int64_t u, unsigned char* U) {
+      const int64_t b = u / p.ngroups;
+      const int g = static_cast<int>(u % p.ngroups);
+      int status = kUnitActive;
+      if (lane == 0) {
+        status = read_unit_cursors(p.slots, p.ring, b, L, &slot, &start, &m);
+        Header* h = reinterpret_cast<Header*>(U);
+        h->slot = slot;
+        h->start = start;
+        h->m = m;
+        h->status = status;
+      }
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+      start = __shfl_sync(0xffffffffu, start, 0);
+      m = __shfl_sync(0xffffffffu, m, 0);
+      status = __shfl_sync(0xffffffffu, status, 0);
+      if (status != kUnitActive) return false;
+      const TI* Cp = static_cast<const TI*>(p.in.C) + b * p.in.C_stride_batch + g * p.in.C_stride_group;
+      const TI* Bp = static_cast<const TI*>(p.in.B) + b * p.in.B_stride_batch + g * p.in.B_stride_group;
+      TI* UC = reinterpret_cast<TI*>(U + Lay::kUC);
+      TI* UB = reinterpret_cast<TI*>(U + Lay::kUBcur);
+      for (int i = lane; i < kNV; i += 32) {
+        cp_async16(UC + i * kBVec, Cp + i * kBVec);
+        cp_async16(UB + i * kBVec, Bp + i * kBVec);
+      }
+      const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + g * p.ring.B_stride_group;
+      TI* UR = reinterpret_cast<TI*>(U + Lay::kUBring);
+      for (int i = lane; i < m * kNV; i += 32) {
+        const int j = i / kNV, q = i % kNV;
+        cp_async16(UR + j * N + q * kBVec, Bring + static_cast<int64_t>(phys(j)) * N + q * kBVec);
+      }
+      return true;
+    };
+
+    auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
+      const int64_t b = u / p.ngroups;
+      const int h = static_cast<int>(u % p.ngroups) * hpg + t / kChunks, p0 = (t % kChunks) * ROWS;
+      if (lane == 0) {
+        const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+                        static_cast<int64_t>(p0) * N;
+        mbar_arrive_expect_tx(bar, Lay::kTileBytes);
+        bulk_copy_g2s(S, src, Lay::kTileBytes, bar);
+      }
+      const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
+      TI* Sx = reinterpret_cast<TI*>(S + Lay::kSXring);
+      for (int i = lane; i < m * kXV; i += 32) {
+        const int j = i / kXV, q = i % kXV;
+        cp_async16(Sx + j * ROWS + q * kBVec, xr + static_cast<int64_t>(phys(j)) * P + q * kBVec);
+      }
+      const float* dr = p.ring.dt + slot * p.ring.dt_stride_slot + h * p.ring.dt_stride_head;
+      float* Sd = reinterpret_cast<float*>(S + Lay::kSDring);
+      for (int j = lane; j < m; j += 32) cp_async4(Sd + j, dr + phys(j));
+      const TI* xp = static_cast<const TI*>(p.in.x) + b * p.in.x_stride_batch + h * p.in.x_stride_head + p0;
+      TI* Sxc = reinterpret_cast<TI*>(S + Lay::kSXcur);
+      for (int q = lane; q < kXV; q += 32) cp_async16(Sxc + q * kBVec, xp + q * kBVec);
+      if (p.in.z != nullptr) {
+        const TI* zp = static_cast<const TI*>(p.in.z) + b * p.in.z_stride_batch + h * p.in.z_stride_head + p0;
+        TI* Sz = reinterpret_cast<TI*>(S + Lay::kSZ);
+        for (int q = lane; q < kXV; q += 32) cp_async16(Sz + q * kBVec, zp + q * kBVec);
+      }
+      uint32_t* W = reinterpret_cast<uint32_t*>(S + Lay::kSWords);
+      if (lane == 0) cp_async_scalar(&W[0], p.in.dt, b * p.in.dt.stride0 + h * p.in.dt.stride1);
+      if (lane == 1) cp_async_scalar(&W[1], p.in.A, h * p.in.A.stride0);
+      if (lane == 2) cp_async_scalar(&W[2], p.in.D, h * p.in.D.stride0);
+      if (lane == 3) cp_async_scalar(&W[3], p.in.dt_bias, h * p.in.dt_bias.stride0);
+    };
+
+    pipe.produce(units, hpg * kChunks, fill_unit, fill_stage);
+  }
+
+  // ---- consumers (warps 0..3) ----
+  __device__ void consume(int tid) const {
+    const int warp = tid / 32, lane = tid % 32;
+    const int R = p.ring.capacity;
+    int64_t slot = 0;
+    int start = 0, m = 0, pos = 0;
+    bool flush = false;
+    float Cv[Tile::kVpl][kV];
+    float bcj = 0.f, bcm = 0.f;
+    const unsigned char* Ucur = nullptr;
+
+    auto begin_unit = [&](int64_t u, const unsigned char* U) {
+      const Header hd = *reinterpret_cast<const Header*>(U);
+      if (hd.status != kUnitActive) {
+        const int64_t b = u / p.ngroups;
+        const int h0 = static_cast<int>(u % p.ngroups) * hpg;
+        skip_unit(p.error_flag, hd.status);
+        TI* out_b = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch;
+        for (int i = tid; i < hpg * P; i += kPersistentConsumers)
+          out_b[static_cast<int64_t>(h0 + i / P) * p.in.out_stride_head + i % P] = from_float<TI>(0.f);
+        return false;
+      }
+      slot = hd.slot;
+      start = hd.start;
+      m = hd.m;
+      flush = m + 1 > L;
+      pos = start + m >= R ? start + m - R : start + m;
+      Ucur = U;
+      const TI* UC = reinterpret_cast<const TI*>(U + Lay::kUC);
+      const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
+      const TI* UR = reinterpret_cast<const TI*>(U + Lay::kUBring);
+      float* Ubc = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Lay::kUBc);
+      // B_j . C for the unit (j = m: the current B), one warp per record.
+      for (int j = warp; j <= m; j += kPersistentConsumers / 32) {
+        const TI* Bj = j == m ? UB : UR + j * N;
+        float acc = 0.f;
+        for (int q = lane; q < kNV; q += 32) {
+          float bf[kBVec], cf[kBVec];
+          load_floats<TI, kBVec>(Bj + q * kBVec, bf);
+          load_floats<TI, kBVec>(UC + q * kBVec, cf);
+#pragma unroll
+          for (int e = 0; e < kBVec; ++e) acc = fmaf(bf[e], cf[e], acc);
+        }
+        acc = group_sum<32>(acc);
+        if (lane == 0) Ubc[j] = acc;
+      }
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UC + Tile::col(lane, v), Cv[v]);
+      Lay::Pipeline::consumer_sync();
+      bcj = lane <= m ? Ubc[lane] : 0.f;  // lane j: B_j . C (j < 32)
+      bcm = Ubc[m];                       // m may be 32 (a flush at L = 32)
+      return true;
+    };
+
+    auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
+      const int64_t b = u / p.ngroups;
+      const int h = static_cast<int>(u % p.ngroups) * hpg + t / kChunks, p0 = (t % kChunks) * ROWS;
+      tile(Ucur, S, release, Cv, bcj, bcm, b, slot, h, p0, m, flush, pos, warp, lane);
+    };
+
+    auto end_unit = [&](int64_t u, const unsigned char* U) {
+      // Append the group's B record.
+      const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
+      TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot +
+                 static_cast<int>(u % p.ngroups) * p.ring.B_stride_group + static_cast<int64_t>(pos) * N;
+      for (int q = tid; q < kNV; q += kPersistentConsumers)
+        *reinterpret_cast<uint4*>(Bout + q * kBVec) = *reinterpret_cast<const uint4*>(UB + q * kBVec);
+    };
+
+    auto counted_in = [&](int64_t) { count_unit_in(p.ring, slot, p.ngroups, flush, start, m, pos); };
+
+    pipe.consume(units, hpg * kChunks, begin_unit, tile_fn, end_unit, counted_in);
+  }
+
+  // One checkpoint tile (head h, rows p0..p0+ROWS) from stage buffer S: this warp's rows.
+  template <class Release>
+  __device__ __forceinline__ void tile(const unsigned char* U, const unsigned char* S, Release&& release,
+                                       const float (&Cv)[Tile::kVpl][kV],
+                                       float bcj, float bcm, int64_t b, int64_t slot, int h, int p0, int m, bool flush, int pos,
+                                       int warp, int lane) const {
+    const TS* T = reinterpret_cast<const TS*>(S);
+    const TI* Sx = reinterpret_cast<const TI*>(S + Lay::kSXring);
+    const TI* Sxc = reinterpret_cast<const TI*>(S + Lay::kSXcur);
+    const TI* Sz = reinterpret_cast<const TI*>(S + Lay::kSZ);
+    const float* Sd = reinterpret_cast<const float*>(S + Lay::kSDring);
+    const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Lay::kSWords);
+
+    float dcur = scalar_from_word(p.in.dt, b * p.in.dt.stride0 + h * p.in.dt.stride1, W[0]);
+    if (p.in.dt_bias.ptr != nullptr) dcur += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[3]);
+    if (p.dt_softplus) dcur = softplus(dcur);
+    const float A = scalar_from_word(p.in.A, h * p.in.A.stride0, W[1]);
+    const float Dh = p.in.D.ptr == nullptr ? 0.f : scalar_from_word(p.in.D, h * p.in.D.stride0, W[2]);
+
+    // Decay weights, lane j = record j: w_j = delta_j exp(A sum_{j<i<=last} delta_i).
+    const int last = flush ? m - 1 : m;
+    const float dj = lane > last ? 0.f : (lane == m ? dcur : Sd[lane]);
+    float incl, excl;
+    warp_suffix_sums(dj, lane, &incl, &excl);
+    const float wj = lane <= last ? dj * expf(A * excl) : 0.f;
+    const float ck = expf(A * __shfl_sync(0xffffffffu, incl, 0));
+
+    // Ring part of row r = this warp's row `lane` (lanes >= kRW compute a copy of the last row).
+    const int rl = warp * kRW + (lane < kRW ? lane : kRW - 1);
+    const float xr_cur = to_float(Sxc[rl]);
+    float rs;
+    if (!flush) {
+      const float coef = wj * bcj;  // lane m: delta_m (B_m . C)
+      float acc = 0.f;
+      for (int j = 0; j < m; ++j) acc = fmaf(__shfl_sync(0xffffffffu, coef, j), to_float(Sx[j * ROWS + rl]), acc);
+      rs = fmaf(__shfl_sync(0xffffffffu, coef, m), xr_cur, acc);
+    } else {
+      rs = dcur * bcm * xr_cur;
+    }
+
+    // What the epilogue and the append read from the stage, so it can be released early.
+    const TI x_app = Sxc[rl];
+    float xs[Tile::kPasses], zs[Tile::kPasses];
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      xs[s] = to_float(Sxc[Tile::row(warp, lane, s)]);
+      zs[s] = p.in.z != nullptr ? to_float(Sz[Tile::row(warp, lane, s)]) : 0.f;
+    }
+
+    float ypre[Tile::kPasses];
+    if (!flush) {
+      uint4 raw[Tile::kPasses][Tile::kVpl];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+          raw[s][v] = *reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
+      release();
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float dot = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          float sv[kV];
+          unpack16<TS>(raw[s][v], sv);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+        }
+        ypre[s] = ck * group_sum<Tile::kLanes>(dot);
+      }
+    } else {
+      // Fold the m records into this warp's rows of the tile, write them, read the output out.
+      const TI* UR = reinterpret_cast<const TI*>(U + Lay::kUBring);
+      float sv[Tile::kPasses][Tile::kVpl][kV];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          unpack16<TS>(*reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * N + Tile::col(lane, v)), sv[s][v]);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
+        }
+      for (int j = 0; j < m; ++j) {
+        const float w = __shfl_sync(0xffffffffu, wj, j);
+        float Bj[Tile::kVpl][kV];
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UR + j * N + Tile::col(lane, v), Bj[v]);
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          const float xw = w * to_float(Sx[j * ROWS + Tile::row(warp, lane, s)]);
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
+        }
+      }
+      release();
+      const float decay_cur = expf(A * dcur);
+      TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+               static_cast<int64_t>(p0) * N;
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const int r = Tile::row(warp, lane, s);
+        float dot = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          const uint4 packed = pack16<TS>(sv[s][v]);
+          store_stream16(st + r * N + Tile::col(lane, v), packed);
+          float q[kV];  // read out what was stored, so outputs match the stored checkpoint
+          unpack16<TS>(packed, q);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v][e], dot);
+        }
+        ypre[s] = decay_cur * group_sum<Tile::kLanes>(dot);
+      }
+    }
+
+    // Epilogue: each row's leader lane writes y.
+    TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + h * p.in.out_stride_head + p0;
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+      const float rsr = __shfl_sync(0xffffffffu, rs, r - warp * kRW);
+      if (Tile::row_leader(lane)) {
+        float y = fmaf(Dh, xs[s], ypre[s] + rsr);
+        if (p.in.z != nullptr) y *= silu_gate(zs[s]);
+        out[r] = from_float<TI>(y);
+      }
+    }
+
+    // Append this step's record: x rows (exact io copies) and, once per head, delta.
+    TI* xr_out = static_cast<TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head +
+                 static_cast<int64_t>(pos) * P + p0;
+    if (lane < kRW) xr_out[rl] = x_app;
+    if (p0 == 0 && warp == 0 && lane == 0)
+      p.ring.dt[slot * p.ring.dt_stride_slot + h * p.ring.dt_stride_head + pos] = dcur;
+  }
+};
+
+template <typename TS, typename TI, int P, int N, int L, int ROWS>
+__global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
+  extern __shared__ __align__(128) unsigned char persistent_smem[];
+  const PersistentReplay<TS, TI, P, N, L, ROWS> k(p, persistent_smem);
+  if (threadIdx.x == 0) k.pipe.init();
+  __syncthreads();
+  if (threadIdx.x >= kPersistentConsumers) {
+    k.produce(threadIdx.x % 32);
+  } else {
+    k.consume(threadIdx.x);
+  }
+}
+
+}  // namespace mamba2
+}  // namespace replayssm
