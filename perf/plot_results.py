@@ -20,19 +20,21 @@ def main():
     import matplotlib.pyplot as plt
 
     data = json.loads(Path(args.result).read_text())
-    series = defaultdict(list)  # (shape, kernel, rows) -> [(batch, us, frac)]
+    series = defaultdict(list)  # (shape, kernel, persistent, rows) -> [(batch, us, frac)]
     for r in data["rows"]:
-        key = (r.get("shape", "?"), r["kernel"], r.get("rows_used"))
+        # one line per kernel and schedule; the default schedule may change with the batch
+        rows = None if r.get("rows_per_cta") is None else r.get("rows_used")
+        key = (r.get("shape", "?"), r["kernel"], bool(r.get("persistent")), rows)
         series[key].append((r["batch"], r["us_per_step"], r["fraction_of_floor"]))
     shapes = sorted({k[0] for k in series})
     fig, axes = plt.subplots(2, len(shapes), figsize=(4.2 * len(shapes), 7), squeeze=False)
     for col, shape in enumerate(shapes):
-        for (s, kernel, rows), pts in sorted(series.items(), key=lambda kv: str(kv[0])):
+        for (s, kernel, persistent, rows), pts in sorted(series.items(), key=lambda kv: str(kv[0])):
             if s != shape:
                 continue
             pts.sort()
             b = [p[0] for p in pts]
-            label = f"{kernel}" + (f" ({rows} rows)" if rows else "")
+            label = f"{kernel}" + (" persistent" if persistent else "") + (f" ({rows} rows)" if rows else "")
             axes[0][col].plot(b, [p[1] for p in pts], marker="o", label=label)
             axes[1][col].plot(b, [p[2] for p in pts], marker="o", label=label)
         axes[0][col].set(title=shape, xscale="log", yscale="log", xlabel="batch", ylabel="µs per step")
