@@ -92,12 +92,13 @@ def persistent_rows_per_cta(dims: "GDNDims", state_dtype) -> int:
 
 def default_persistent(dims: "GDNDims", batch: int, per_channel: bool) -> bool:
     """Persistent pipelined replay step once there are enough units (GDN: batch rows x key heads;
-    KDA: x value heads) to fill the GPU (see perf/README.md)."""
+    KDA: x value heads). H200 (perf/results/decode_{gdn,kda}_persistent_h200.json): it wins from
+    B = 8 (128 units for Qwen3-Next: 12.2 vs 17.9 µs) and loses at B = 1 (16 units)."""
     units = batch * (dims.num_v_heads if per_channel else dims.num_k_heads)
     return units >= PERSISTENT_MIN_UNITS
 
 
-PERSISTENT_MIN_UNITS = 256
+PERSISTENT_MIN_UNITS = 128
 
 
 def check_rows_per_cta(rows: int, V: int) -> int:

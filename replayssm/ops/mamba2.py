@@ -55,7 +55,7 @@ class DecodeParams(ctypes.Structure):
         ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
         ("error_flag", c_ptr),
         ("batch", i32), ("nheads", i32), ("ngroups", i32), ("dt_softplus", i32),
-        ("rows_per_cta", i32), ("persistent", i32),
+        ("rows_per_cta", i32), ("persistent", i32), ("heads_per_unit", i32), ("reserved", i32),
     ]
 
 
@@ -107,18 +107,20 @@ def default_rows_per_cta(P: int, batch: int, nheads: int, algorithm: str = "repl
 
 
 def persistent_rows_per_cta(dims: "Mamba2Dims", state_dtype) -> int:
-    """Tile of the persistent kernel: the largest of 64/32/16 rows dividing P whose checkpoint
-    tile is at most 32 KB (three stages per CTA, two CTAs per SM); P = 80 takes 16-row tiles."""
+    """Tile of the persistent kernel: the largest of 80/64/32/16 rows dividing P whose checkpoint
+    tile is at most 40 KB (P = 64, N = 128, fp32: 64 rows and three stages per CTA, two CTAs per
+    SM; P = 80: a whole 40 KB head and two stages; 16-row tiles measured 1.6x slower there)."""
     esize = torch.empty((), dtype=state_dtype).element_size()
-    for rows in (64, 32, 16):
-        if dims.head_dim % rows == 0 and rows * dims.state_dim * esize <= 32 * 1024:
+    for rows in (80, 64, 32, 16):
+        if dims.head_dim % rows == 0 and rows * dims.state_dim * esize <= 40 * 1024:
             return rows
     return 16
 
 
 def default_persistent(dims: "Mamba2Dims", batch: int) -> bool:
-    """Persistent pipelined replay step once there are enough (row, group) units to fill the GPU
-    (see perf/README.md); below that, one CTA per tile spreads a few rows over more SMs."""
+    """Persistent pipelined replay step once there are enough (row, group) pairs to fill the GPU;
+    below that, one CTA per tile spreads a few rows over more SMs. H200
+    (perf/results/decode_mamba2_persistent_h200.json): 256 pairs (B = 32 at G = 8) wins, 128 loses."""
     return dims.nheads // dims.ngroups <= 128 and batch * dims.ngroups >= PERSISTENT_MIN_UNITS
 
 

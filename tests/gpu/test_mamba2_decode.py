@@ -189,6 +189,12 @@ class TestMamba2PersistentFeatures:
         run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=rows,
                      persistent=True)
 
+    def test_groups_split_into_units(self):
+        """Few rows: the launcher splits each group's 16 heads into units of 4 (only the group's
+        first unit appends B; the slot's cursors move once all its units are in)."""
+        cfg = {**BASE, "H": 128, "G": 8}
+        run_sequence(cfg, "replay", steps=20, batch=16, num_slots=24, gen=self.gen(), persistent=True)
+
     def test_many_units_per_cta(self):
         """More (row, group) units than resident CTAs: every CTA walks several units and its
         stage and unit buffers wrap around many times."""

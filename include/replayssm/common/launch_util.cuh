@@ -57,22 +57,42 @@ cudaError_t launch_grid(Kernel kernel, const Params& params, int64_t batch, int 
   return cudaGetLastError();
 }
 
-// Persistent grid: as many CTAs as fit on the device at once (occupancy of `kernel` with `threads`
-// and `smem_bytes`), at most `units`. Host queries only, so it may run during graph capture.
-template <typename Kernel, typename Params>
-cudaError_t launch_persistent(Kernel kernel, const Params& params, int64_t units, int threads, size_t smem_bytes,
-                              cudaStream_t stream) {
-  if (units == 0) return cudaSuccess;
+// How many CTAs of `kernel` (with `threads` and `smem_bytes`) fit on the current device at once.
+// Host queries only, so it may run during graph capture.
+template <typename Kernel>
+cudaError_t resident_ctas(Kernel kernel, int threads, size_t smem_bytes, int64_t* resident) {
   int dev = 0, sms = 0, per_sm = 0;
   cudaError_t e = cudaGetDevice(&dev);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
   if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
   if (e != cudaSuccess) return e;
   if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  const int64_t resident = static_cast<int64_t>(sms) * per_sm;
+  *resident = static_cast<int64_t>(sms) * per_sm;
+  return cudaSuccess;
+}
+
+// Persistent grid: min(units, resident) CTAs.
+template <typename Kernel, typename Params>
+cudaError_t launch_persistent(Kernel kernel, const Params& params, int64_t units, int64_t resident, int threads,
+                              size_t smem_bytes, cudaStream_t stream) {
+  if (units == 0) return cudaSuccess;
   const unsigned ctas = static_cast<unsigned>(units < resident ? units : resident);
   kernel<<<ctas, threads, smem_bytes, stream>>>(params);
   return cudaGetLastError();
+}
+
+// Heads per work unit when a unit of `heads` heads (each `tiles_per_head` tiles) may be split:
+// the fewest splits (a divisor of `heads`) that give at least two units per resident CTA, keeping
+// at least `min_tiles` tiles per unit so the producer can run a full pipeline ahead.
+inline int split_heads(int heads, int tiles_per_head, int64_t units, int64_t resident, int min_tiles) {
+  int best = heads;
+  for (int d = 1; d <= heads; ++d) {
+    if (heads % d) continue;
+    if ((heads / d) * tiles_per_head < min_tiles) break;
+    best = heads / d;
+    if (units * d >= 2 * resident) break;
+  }
+  return best;
 }
 
 // Largest ring capacity a replay module supports: L + 16 drafts.

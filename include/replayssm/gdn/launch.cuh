@@ -29,9 +29,12 @@ struct ReplayDecode {
       constexpr int kRows = decltype(rows)::value;
       if (p.persistent) {
         if constexpr (kPersistentOk<kRows>) {
+          const auto kernel = replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>;
+          int64_t resident = 0;
+          const cudaError_t e = resident_ctas(kernel, kPersistentThreads, Persistent<kRows>::kBytes, &resident);
+          if (e != cudaSuccess) return e;
           const int64_t units = static_cast<int64_t>(p.batch) * (PC ? p.nv_heads : p.nk_heads);
-          return launch_persistent(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>, p, units,
-                                   kPersistentThreads, Persistent<kRows>::kBytes, stream);
+          return launch_persistent(kernel, p, units, resident, kPersistentThreads, Persistent<kRows>::kBytes, stream);
         }
         // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
       }

@@ -30,9 +30,15 @@ struct ReplayDecode {
       constexpr int kRows = decltype(rows)::value;
       if (p.persistent) {
         if constexpr (kPersistentOk<kRows>) {
-          return launch_persistent(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, p,
-                                   static_cast<int64_t>(p.batch) * p.ngroups, kPersistentThreads,
-                                   Persistent<kRows>::kBytes, stream);
+          const auto kernel = replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>;
+          int64_t resident = 0;
+          const cudaError_t e = resident_ctas(kernel, kPersistentThreads, Persistent<kRows>::kBytes, &resident);
+          if (e != cudaSuccess) return e;
+          DecodeParams q = p;
+          q.heads_per_unit = split_heads(p.nheads / p.ngroups, P / kRows, static_cast<int64_t>(p.batch) * p.ngroups,
+                                         resident, Persistent<kRows>::kStages + 1);
+          return launch_persistent(kernel, q, static_cast<int64_t>(p.batch) * (p.nheads / q.heads_per_unit),
+                                   resident, kPersistentThreads, Persistent<kRows>::kBytes, stream);
         }
         // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
       }

@@ -71,7 +71,9 @@ struct DecodeParams {
   int32_t ngroups;
   int32_t dt_softplus;
   int32_t rows_per_cta;  // runtime tiling choice: 16, 32, 64 or 80 (must divide P)
-  int32_t persistent;    // replay decode only: 1 = persistent pipelined kernel (one CTA per (row, group) unit)
+  int32_t persistent;    // replay decode only: 1 = persistent pipelined kernel (replay_decode_persistent.cuh)
+  int32_t heads_per_unit;  // persistent kernel: set by the launcher (0 from the host API)
+  int32_t reserved;
 };
 
 // A verify: T draft tokens per batch row. Every per-token input of `d.in` (x, z, B, C, out, dt)

@@ -1,8 +1,9 @@
 // ReplaySSM Mamba-2 decode step, persistent and pipelined: the same math as replay_decode.cuh
 // (see its header), organised so that checkpoint bytes are always in flight.
 //
-// Work unit: one (batch row, group). A unit's heads share B, C and the group's B ring, so B_j . C
-// is computed once per unit instead of once per head. Each CTA walks units u = blockIdx.x,
+// Work unit: one batch row and `heads_per_unit` heads of one group (the whole group unless the
+// launcher splits groups to have enough units). A unit's heads share B, C and the group's B ring,
+// so B_j . C is computed once per unit instead of once per head. Each CTA walks units u = blockIdx.x,
 // blockIdx.x + gridDim.x, ... with one producer warp and four consumer warps:
 //   - the producer reads the unit's slot and cursors, copies the live part of the group's ring
 //     (C, current B, B_j for j < m) into a unit buffer, then streams the unit's checkpoint tiles
@@ -77,11 +78,29 @@ struct PersistentReplay {
   const DecodeParams& p;
   typename Lay::Pipeline pipe;
   int hpg;        // heads per group
-  int64_t units;  // batch * groups
+  int hpu;        // heads per unit: a divisor of hpg (the launcher splits groups when rows are few)
+  int upr;        // units per batch row
+  int64_t units;
 
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
       : p(params), pipe(smem), hpg(params.nheads / params.ngroups),
-        units(static_cast<int64_t>(params.batch) * params.ngroups) {}
+        hpu(params.heads_per_unit > 0 ? params.heads_per_unit : params.nheads / params.ngroups),
+        upr(params.nheads / hpu), units(static_cast<int64_t>(params.batch) * upr) {}
+
+  struct Unit {
+    int64_t b;  // batch row
+    int g;      // group
+    int h0;     // first head
+    bool first; // the group's first unit: appends the group's B record
+  };
+  __device__ Unit unit_of(int64_t u) const {
+    Unit c;
+    c.b = u / upr;
+    c.h0 = static_cast<int>(u % upr) * hpu;
+    c.g = c.h0 / hpg;
+    c.first = c.h0 % hpg == 0;
+    return c;
+  }
 
   // ---- producer (one warp) ----
   __device__ void produce(int lane) const {
@@ -91,8 +110,9 @@ struct PersistentReplay {
     auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
 
     auto fill_unit = [&](int64_t u, unsigned char* U) {
-      const int64_t b = u / p.ngroups;
-      const int g = static_cast<int>(u % p.ngroups);
+      const Unit c = unit_of(u);
+      const int64_t b = c.b;
+      const int g = c.g;
       int status = kUnitActive;
       if (lane == 0) {
         status = read_unit_cursors(p.slots, p.ring, b, L, &slot, &start, &m);
@@ -125,8 +145,9 @@ struct PersistentReplay {
     };
 
     auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
-      const int64_t b = u / p.ngroups;
-      const int h = static_cast<int>(u % p.ngroups) * hpg + t / kChunks, p0 = (t % kChunks) * ROWS;
+      const Unit c = unit_of(u);
+      const int64_t b = c.b;
+      const int h = c.h0 + t / kChunks, p0 = (t % kChunks) * ROWS;
       if (lane == 0) {
         const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                         static_cast<int64_t>(p0) * N;
@@ -157,7 +178,7 @@ struct PersistentReplay {
       if (lane == 3) cp_async_scalar(&W[3], p.in.dt_bias, h * p.in.dt_bias.stride0);
     };
 
-    pipe.produce(units, hpg * kChunks, fill_unit, fill_stage);
+    pipe.produce(units, hpu * kChunks, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -174,12 +195,11 @@ struct PersistentReplay {
     auto begin_unit = [&](int64_t u, const unsigned char* U) {
       const Header hd = *reinterpret_cast<const Header*>(U);
       if (hd.status != kUnitActive) {
-        const int64_t b = u / p.ngroups;
-        const int h0 = static_cast<int>(u % p.ngroups) * hpg;
+        const Unit c = unit_of(u);
         skip_unit(p.error_flag, hd.status);
-        TI* out_b = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch;
-        for (int i = tid; i < hpg * P; i += kPersistentConsumers)
-          out_b[static_cast<int64_t>(h0 + i / P) * p.in.out_stride_head + i % P] = from_float<TI>(0.f);
+        TI* out_b = static_cast<TI*>(p.in.out) + c.b * p.in.out_stride_batch;
+        for (int i = tid; i < hpu * P; i += kPersistentConsumers)
+          out_b[static_cast<int64_t>(c.h0 + i / P) * p.in.out_stride_head + i % P] = from_float<TI>(0.f);
         return false;
       }
       slot = hd.slot;
@@ -215,23 +235,26 @@ struct PersistentReplay {
     };
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
-      const int64_t b = u / p.ngroups;
-      const int h = static_cast<int>(u % p.ngroups) * hpg + t / kChunks, p0 = (t % kChunks) * ROWS;
+      const Unit c = unit_of(u);
+      const int h = c.h0 + t / kChunks, p0 = (t % kChunks) * ROWS;
+      const int64_t b = c.b;
       tile(Ucur, S, release, Cv, bcj, bcm, b, slot, h, p0, m, flush, pos, warp, lane);
     };
 
     auto end_unit = [&](int64_t u, const unsigned char* U) {
-      // Append the group's B record.
+      // Append the group's B record (its first unit).
+      const Unit c = unit_of(u);
+      if (!c.first) return;
       const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
-      TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot +
-                 static_cast<int>(u % p.ngroups) * p.ring.B_stride_group + static_cast<int64_t>(pos) * N;
+      TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
+                 static_cast<int64_t>(pos) * N;
       for (int q = tid; q < kNV; q += kPersistentConsumers)
         *reinterpret_cast<uint4*>(Bout + q * kBVec) = *reinterpret_cast<const uint4*>(UB + q * kBVec);
     };
 
-    auto counted_in = [&](int64_t) { count_unit_in(p.ring, slot, p.ngroups, flush, start, m, pos); };
+    auto counted_in = [&](int64_t) { count_unit_in(p.ring, slot, upr, flush, start, m, pos); };
 
-    pipe.consume(units, hpg * kChunks, begin_unit, tile_fn, end_unit, counted_in);
+    pipe.consume(units, hpu * kChunks, begin_unit, tile_fn, end_unit, counted_in);
   }
 
   // One checkpoint tile (head h, rows p0..p0+ROWS) from stage buffer S: this warp's rows.
