@@ -118,13 +118,15 @@ def persistent_rows_per_cta(dims: "Mamba2Dims", state_dtype) -> int:
 
 
 def default_persistent(dims: "Mamba2Dims", batch: int) -> bool:
-    """Persistent pipelined replay step once there are enough (row, group) pairs to fill the GPU;
-    below that, one CTA per tile spreads a few rows over more SMs. H200
-    (perf/results/decode_mamba2_persistent_h200.json): 256 pairs (B = 32 at G = 8) wins, 128 loses."""
-    return dims.nheads // dims.ngroups <= 128 and batch * dims.ngroups >= PERSISTENT_MIN_UNITS
+    """Persistent pipelined replay step once there are enough heads to stream (the launcher splits
+    groups into units of at least four heads); below that, one CTA per tile spreads a few rows
+    over more SMs. H200 (perf/results/decode_mamba2_split_h200.json and
+    decode_mamba2_persistent_h200.json): 2,048 heads (B = 16 at H = 128) 28.7 vs 32.5 µs, 1,024
+    heads (TP8 shape, B = 64) 13.7 vs 16.5 µs."""
+    return batch * dims.nheads >= PERSISTENT_MIN_HEADS
 
 
-PERSISTENT_MIN_UNITS = 256
+PERSISTENT_MIN_HEADS = 1024
 
 
 def check_rows_per_cta(rows: int, P: int) -> int:
