@@ -1,4 +1,4 @@
-// Skeleton of the persistent, pipelined replay kernels (consumer warps, then one producer warp).
+// Skeleton of the persistent, pipelined replay kernels (one producer warp, four consumer warps).
 //
 // A CTA walks work units u = blockIdx.x, blockIdx.x + gridDim.x, ...; a unit is a batch row and a
 // group of heads that share inputs (Mamba-2: a B/C group; GDN/KDA: a key head). For each unit the
@@ -18,26 +18,9 @@
 
 namespace replayssm {
 
+constexpr int kPersistentConsumers = 128;  // four consumer warps; warp 4 is the producer
+constexpr int kPersistentThreads = kPersistentConsumers + 32;
 constexpr int kConsumerBarrier = 1;  // named barrier id of the consumer warps
-
-// Consumer warps of a kernel with ROWS-row tiles: eight when each still gets whole passes of four
-// rows (ROWS a multiple of 32), else four. The consumers are latency-bound (one or two warps per
-// scheduler), so more warps, each with fewer rows and registers, keep more work in flight.
-template <int ROWS>
-__host__ __device__ constexpr int persistent_consumer_warps() {
-  return ROWS % 32 == 0 ? 8 : 4;
-}
-// Registers per thread that still fit two CTAs per SM (64K registers, allocated per warp in
-// units of 256).
-template <int ROWS>
-__host__ __device__ constexpr int persistent_max_registers() {
-  return (65536 / (2 * (persistent_consumer_warps<ROWS>() + 1)) / 32) / 8 * 8;
-}
-// Threads of such a kernel: the consumer warps, then the producer warp.
-template <int ROWS>
-__host__ __device__ constexpr int persistent_threads() {
-  return 32 * (persistent_consumer_warps<ROWS>() + 1);
-}
 
 // How many unit and stage buffers fit in one CTA's share of an SM (two CTAs per SM: 228 KB of
 // shared memory per SM, 1 KB reserved per CTA). Two unit buffers when that costs no stage or
@@ -60,10 +43,8 @@ struct PersistentBudget {
   static_assert(8 * 2 * (kMaxStages + 2) <= kBarBytes, "barriers must fit their block");
 };
 
-template <class Budget, size_t kUnitBytes, size_t kStageBytes, int kConsumerWarps>
+template <class Budget, size_t kUnitBytes, size_t kStageBytes>
 struct PersistentPipeline {
-  static constexpr int kConsumers = 32 * kConsumerWarps;
-
   unsigned char* smem;
   uint64_t* full;
   uint64_t* empty;
@@ -86,7 +67,7 @@ struct PersistentPipeline {
 #pragma unroll 1
     for (int s = 0; s < Budget::kStages; ++s) {
       mbar_init(&full[s], 33);
-      mbar_init(&empty[s], kConsumerWarps);
+      mbar_init(&empty[s], kPersistentConsumers / 32);
     }
 #pragma unroll 1
     for (int u = 0; u < Budget::kUnits; ++u) {
@@ -152,7 +133,7 @@ struct PersistentPipeline {
     }
   }
 
-  __device__ static void consumer_sync() { named_barrier(kConsumerBarrier, kConsumers); }
+  __device__ static void consumer_sync() { named_barrier(kConsumerBarrier, kPersistentConsumers); }
 };
 
 }  // namespace replayssm

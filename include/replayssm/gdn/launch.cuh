@@ -21,7 +21,7 @@ struct ReplayDecode {
   template <int ROWS>
   using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PC>::Budget;
   template <int ROWS>
-  static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, persistent_consumer_warps<ROWS>()>::kRowsPerWarp <= 32;
+  static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32;
 
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
@@ -31,10 +31,10 @@ struct ReplayDecode {
         if constexpr (kPersistentOk<kRows>) {
           const auto kernel = replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>;
           int64_t resident = 0;
-          const cudaError_t e = resident_ctas(kernel, persistent_threads<kRows>(), Persistent<kRows>::kBytes, &resident);
+          const cudaError_t e = resident_ctas(kernel, kPersistentThreads, Persistent<kRows>::kBytes, &resident);
           if (e != cudaSuccess) return e;
           const int64_t units = static_cast<int64_t>(p.batch) * (PC ? p.nv_heads : p.nk_heads);
-          return launch_persistent(kernel, p, units, resident, persistent_threads<kRows>(), Persistent<kRows>::kBytes, stream);
+          return launch_persistent(kernel, p, units, resident, kPersistentThreads, Persistent<kRows>::kBytes, stream);
         }
         // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
       }

@@ -58,15 +58,14 @@ struct PersistentLayout {
   static constexpr size_t kStageBytes = a128(kSWords + 16);
 
   using Budget = PersistentBudget<kUnitBytes, kStageBytes>;
-  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes, persistent_consumer_warps<ROWS>()>;
+  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC>
 struct PersistentReplay {
   using Lay = PersistentLayout<TS, TI, K, L, ROWS, PC>;
   using Header = typename Lay::UnitHeader;
-  static constexpr int kConsumers = Lay::Pipeline::kConsumers;
-  using Tile = StateTile<TS, K, ROWS, kConsumers / 32>;
+  using Tile = StateTile<TS, K, ROWS, 4>;
   static constexpr int kChunks = V / ROWS;
   static constexpr int kV = Tile::kVec;
   static constexpr int kIV = Vec16<TI>::kElems;
@@ -203,7 +202,7 @@ struct PersistentReplay {
       if (hd.status != kUnitActive) {
         skip_unit(p.error_flag, hd.status);
         TI* out_b = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch;
-        for (int i = tid; i < heads * V; i += kConsumers)
+        for (int i = tid; i < heads * V; i += kPersistentConsumers)
           out_b[static_cast<int64_t>(hv0 + i / V) * p.in.out_stride_head + i % V] = from_float<TI>(0.f);
         return false;
       }
@@ -246,7 +245,7 @@ struct PersistentReplay {
           negA = -expf(scalar_from_word(p.in.A_log, hv0 * p.in.A_log.stride0,
                                         *reinterpret_cast<const uint32_t*>(U + Lay::kUAword)));
         const int last = flush ? m - 1 : m;
-        for (int c = tid; c < K; c += kConsumers) {
+        for (int c = tid; c < K; c += kPersistentConsumers) {
           const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
           float sum = 0.f;
           for (int j = last; j >= 0; --j) {
@@ -266,7 +265,7 @@ struct PersistentReplay {
         Lay::Pipeline::consumer_sync();
       }
       // k_j . k^ and k_j . q^ (KDA: decayed keys), one warp per record; j = m: k^ . q^.
-      for (int j = warp; j <= m; j += kConsumers / 32) {
+      for (int j = warp; j <= m; j += kPersistentConsumers / 32) {
         float a = 0.f, c2 = 0.f;
         for (int c = lane; c < K; c += 32) {
           const float kc = to_float(Uk[c]) * ks, qc = to_float(Uq[c]) * qs;
@@ -321,12 +320,12 @@ struct PersistentReplay {
         ksq = group_sum<32>(ksq);
         const float ks = p.use_l2norm ? 1.f / sqrtf(ksq + 1e-6f) : 1.f;
         float* kout = p.ring.k + slot * p.ring.k_stride_slot + hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;
-        for (int c = tid; c < K; c += kConsumers) kout[c] = to_float(Uk[c]) * ks;
+        for (int c = tid; c < K; c += kPersistentConsumers) kout[c] = to_float(Uk[c]) * ks;
       }
       if constexpr (PC) {
         const float* gm = reinterpret_cast<const float*>(U + Lay::kUGwords);
         float* gout = p.ring.g + slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head + static_cast<int64_t>(pos) * K;
-        for (int c = tid; c < K; c += kConsumers) gout[c] = gm[c];
+        for (int c = tid; c < K; c += kPersistentConsumers) gout[c] = gm[c];
       }
     };
 
@@ -503,13 +502,12 @@ struct PersistentReplay {
 };
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC>
-__global__ void __launch_bounds__(persistent_threads<ROWS>()) __maxnreg__(persistent_max_registers<ROWS>())
-replay_decode_persistent_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, K, V, L, ROWS, PC> k(p, persistent_smem);
   if (threadIdx.x == 0) k.pipe.init();
   __syncthreads();
-  if (threadIdx.x >= persistent_consumer_warps<ROWS>() * 32) {
+  if (threadIdx.x >= kPersistentConsumers) {
     k.produce(threadIdx.x % 32);
   } else {
     k.consume(threadIdx.x);

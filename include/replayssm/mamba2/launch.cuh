@@ -22,7 +22,7 @@ struct ReplayDecode {
   template <int ROWS>
   using Persistent = typename PersistentLayout<TS, TI, N, L, ROWS>::Budget;
   template <int ROWS>
-  static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, N, ROWS, persistent_consumer_warps<ROWS>()>::kRowsPerWarp <= 32;
+  static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32;
 
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
@@ -32,13 +32,13 @@ struct ReplayDecode {
         if constexpr (kPersistentOk<kRows>) {
           const auto kernel = replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>;
           int64_t resident = 0;
-          const cudaError_t e = resident_ctas(kernel, persistent_threads<kRows>(), Persistent<kRows>::kBytes, &resident);
+          const cudaError_t e = resident_ctas(kernel, kPersistentThreads, Persistent<kRows>::kBytes, &resident);
           if (e != cudaSuccess) return e;
           DecodeParams q = p;
           q.heads_per_unit = split_heads(p.nheads / p.ngroups, P / kRows, static_cast<int64_t>(p.batch) * p.ngroups,
                                          resident, Persistent<kRows>::kStages + 1);
           return launch_persistent(kernel, q, static_cast<int64_t>(p.batch) * (p.nheads / q.heads_per_unit),
-                                   resident, persistent_threads<kRows>(), Persistent<kRows>::kBytes, stream);
+                                   resident, kPersistentThreads, Persistent<kRows>::kBytes, stream);
         }
         // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
       }

@@ -4,7 +4,7 @@
 // Work unit: one batch row and `heads_per_unit` heads of one group (the whole group unless the
 // launcher splits groups to have enough units). A unit's heads share B, C and the group's B ring,
 // so B_j . C is computed once per unit instead of once per head. Each CTA walks units u = blockIdx.x,
-// blockIdx.x + gridDim.x, ... with consumer warps (eight for 32- and 64-row tiles, else four) and one producer warp:
+// blockIdx.x + gridDim.x, ... with one producer warp and four consumer warps:
 //   - the producer reads the unit's slot and cursors, copies the live part of the group's ring
 //     (C, current B, B_j for j < m) into a unit buffer, then streams the unit's checkpoint tiles
 //     (ROWS x N, one bulk copy each) into a ring of kStages stage buffers, together with each
@@ -57,15 +57,14 @@ struct PersistentLayout {
   static constexpr size_t kStageBytes = a128(kSWords + 4 * sizeof(uint32_t));
 
   using Budget = PersistentBudget<kUnitBytes, kStageBytes>;
-  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes, persistent_consumer_warps<ROWS>()>;
+  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
 struct PersistentReplay {
   using Lay = PersistentLayout<TS, TI, N, L, ROWS>;
   using Header = typename Lay::UnitHeader;
-  static constexpr int kConsumers = Lay::Pipeline::kConsumers;
-  using Tile = StateTile<TS, N, ROWS, kConsumers / 32>;
+  using Tile = StateTile<TS, N, ROWS, 4>;
   static constexpr int kChunks = P / ROWS;
   static constexpr int kV = Tile::kVec;
   static constexpr int kBVec = Vec16<TI>::kElems;
@@ -199,7 +198,7 @@ struct PersistentReplay {
         const Unit c = unit_of(u);
         skip_unit(p.error_flag, hd.status);
         TI* out_b = static_cast<TI*>(p.in.out) + c.b * p.in.out_stride_batch;
-        for (int i = tid; i < hpu * P; i += kConsumers)
+        for (int i = tid; i < hpu * P; i += kPersistentConsumers)
           out_b[static_cast<int64_t>(c.h0 + i / P) * p.in.out_stride_head + i % P] = from_float<TI>(0.f);
         return false;
       }
@@ -214,7 +213,7 @@ struct PersistentReplay {
       const TI* UR = reinterpret_cast<const TI*>(U + Lay::kUBring);
       float* Ubc = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Lay::kUBc);
       // B_j . C for the unit (j = m: the current B), one warp per record.
-      for (int j = warp; j <= m; j += kConsumers / 32) {
+      for (int j = warp; j <= m; j += kPersistentConsumers / 32) {
         const TI* Bj = j == m ? UB : UR + j * N;
         float acc = 0.f;
         for (int q = lane; q < kNV; q += 32) {
@@ -249,7 +248,7 @@ struct PersistentReplay {
       const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
       TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
                  static_cast<int64_t>(pos) * N;
-      for (int q = tid; q < kNV; q += kConsumers)
+      for (int q = tid; q < kNV; q += kPersistentConsumers)
         *reinterpret_cast<uint4*>(Bout + q * kBVec) = *reinterpret_cast<const uint4*>(UB + q * kBVec);
     };
 
@@ -398,13 +397,12 @@ struct PersistentReplay {
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
-__global__ void __launch_bounds__(persistent_threads<ROWS>()) __maxnreg__(persistent_max_registers<ROWS>())
-replay_decode_persistent_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, P, N, L, ROWS> k(p, persistent_smem);
   if (threadIdx.x == 0) k.pipe.init();
   __syncthreads();
-  if (threadIdx.x >= persistent_consumer_warps<ROWS>() * 32) {
+  if (threadIdx.x >= kPersistentConsumers) {
     k.produce(threadIdx.x % 32);
   } else {
     k.consume(threadIdx.x);
