@@ -233,6 +233,8 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     algorithm: 'replay' (ReplaySSM: read the checkpoint, output-only, flush every ``window``
     steps) or 'conventional' (read-update-write every step; ``cache.checkpoint`` is then the
     live state). Dims: H=nheads, P=head_dim (64, 80, 128), N=state_dim (64, 128, 256), G=ngroups.
+    ``persistent``: None lets plan() choose the replay kernel by batch (the persistent pipelined
+    one from batch x H >= 1,024), True/False forces it; ``rows_per_cta`` fixes the tile.
     """
 
     cache_type = Mamba2Cache
@@ -299,7 +301,9 @@ class GDNDecodeWrapper(_DecodeWrapper):
     algorithm: 'replay' (ReplaySSM, output-only: one read of the checkpoint serves S k^ and S q^;
     no state written outside flushes) or 'conventional'. Dims: HV=num_v_heads, HK=num_k_heads
     (HV % HK == 0), K=head_k_dim and V=head_v_dim in {64, 128, 256}. ``use_l2norm`` normalises q and
-    k in the kernel (eps 1e-6); ``scale`` multiplies q (default K**-0.5).
+    k in the kernel (eps 1e-6); ``scale`` multiplies q (default K**-0.5). ``persistent``: None lets
+    plan() choose the replay kernel by batch (the persistent pipelined one from 128 units: batch x
+    HK for GDN, batch x HV for KDA), True/False forces it; ``rows_per_cta`` fixes the tile.
     """
 
     cache_type = GDNCache
