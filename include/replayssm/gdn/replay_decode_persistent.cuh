@@ -22,6 +22,14 @@ struct PersistentLayout {
   static constexpr size_t a16(size_t b) { return (b + 15) / 16 * 16; }
   static constexpr size_t a128(size_t b) { return (b + 127) / 128 * 128; }
 
+  struct UnitHeader {
+    int64_t slot;
+    int32_t start;
+    int32_t m;
+    int32_t status;
+    int32_t unused;
+  };
+
   // Unit buffer: header; q, k [K] io; key ring [L][K] fp32 (logical order; KDA: decayed in
   // place); kk, kq [L + 1]; KDA only: g ring [L][K] fp32, this step's gate words [K] (g or a)
   // and dt_bias words [K], A_log word, and col, kt, qt [K] fp32.
@@ -56,7 +64,7 @@ struct PersistentLayout {
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC>
 struct PersistentReplay {
   using Lay = PersistentLayout<TS, TI, K, L, ROWS, PC>;
-  using Header = UnitHeader;
+  using Header = typename Lay::UnitHeader;
   using Tile = StateTile<TS, K, ROWS, 4>;
   static constexpr int kChunks = V / ROWS;
   static constexpr int kV = Tile::kVec;
@@ -87,15 +95,24 @@ struct PersistentReplay {
     const int R = p.ring.capacity;
     int64_t slot = 0;
     int start = 0, m = 0;
-    CursorPrefetch<Ring> pf(p.slots, p.ring);
     auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
 
     auto fill_unit = [&](int64_t u, unsigned char* U) {
       const int64_t b = u / per_row;
       const int hv0 = first_head(u), hk = key_head(hv0);
-      const int64_t next = u + gridDim.x;
-      const int status = publish_unit(pf, b, next < units ? next / per_row : -1, L,
-                                      reinterpret_cast<UnitHeader*>(U), &slot, &start, &m);
+      int status = kUnitActive;
+      if (lane == 0) {
+        status = read_unit_cursors(p.slots, p.ring, b, L, &slot, &start, &m);
+        Header* h = reinterpret_cast<Header*>(U);
+        h->slot = slot;
+        h->start = start;
+        h->m = m;
+        h->status = status;
+      }
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+      start = __shfl_sync(0xffffffffu, start, 0);
+      m = __shfl_sync(0xffffffffu, m, 0);
+      status = __shfl_sync(0xffffffffu, status, 0);
       if (status != kUnitActive) return false;
       const TI* qp = static_cast<const TI*>(p.in.q) + b * p.in.q_stride_batch + hk * p.in.q_stride_head;
       const TI* kp = static_cast<const TI*>(p.in.k) + b * p.in.k_stride_batch + hk * p.in.k_stride_head;
@@ -140,7 +157,6 @@ struct PersistentReplay {
                         static_cast<int64_t>(v0) * K;
         mbar_arrive_expect_tx(bar, Lay::kTileBytes);
         bulk_copy_g2s(S, src, Lay::kTileBytes, bar);
-        if (t == heads * kChunks - 1) pf.request_cursors();  // the next unit's
       }
       const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + v0;
       float* Su = reinterpret_cast<float*>(S + Lay::kSUring);

@@ -30,6 +30,14 @@ struct PersistentLayout {
   static constexpr size_t a16(size_t b) { return (b + 15) / 16 * 16; }
   static constexpr size_t a128(size_t b) { return (b + 127) / 128 * 128; }
 
+  struct UnitHeader {
+    int64_t slot;
+    int32_t start;
+    int32_t m;
+    int32_t status;  // kActive or why the unit is skipped
+    int32_t unused;
+  };
+
   // Unit buffer: header, C [N], current B [N], B ring [L][N] (io dtype, logical record order),
   // bc [L + 1] (fp32, written by the consumers).
   static constexpr size_t kUC = a16(sizeof(UnitHeader));
@@ -55,7 +63,7 @@ struct PersistentLayout {
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
 struct PersistentReplay {
   using Lay = PersistentLayout<TS, TI, N, L, ROWS>;
-  using Header = UnitHeader;
+  using Header = typename Lay::UnitHeader;
   using Tile = StateTile<TS, N, ROWS, 4>;
   static constexpr int kChunks = P / ROWS;
   static constexpr int kV = Tile::kVec;
@@ -99,16 +107,25 @@ struct PersistentReplay {
     const int R = p.ring.capacity;
     int64_t slot = 0;
     int start = 0, m = 0;
-    CursorPrefetch<Ring> pf(p.slots, p.ring);
     auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
 
     auto fill_unit = [&](int64_t u, unsigned char* U) {
       const Unit c = unit_of(u);
       const int64_t b = c.b;
       const int g = c.g;
-      const int64_t next = u + gridDim.x;
-      const int status = publish_unit(pf, b, next < units ? unit_of(next).b : -1, L,
-                                      reinterpret_cast<UnitHeader*>(U), &slot, &start, &m);
+      int status = kUnitActive;
+      if (lane == 0) {
+        status = read_unit_cursors(p.slots, p.ring, b, L, &slot, &start, &m);
+        Header* h = reinterpret_cast<Header*>(U);
+        h->slot = slot;
+        h->start = start;
+        h->m = m;
+        h->status = status;
+      }
+      slot = __shfl_sync(0xffffffffu, slot, 0);
+      start = __shfl_sync(0xffffffffu, start, 0);
+      m = __shfl_sync(0xffffffffu, m, 0);
+      status = __shfl_sync(0xffffffffu, status, 0);
       if (status != kUnitActive) return false;
       const TI* Cp = static_cast<const TI*>(p.in.C) + b * p.in.C_stride_batch + g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + b * p.in.B_stride_batch + g * p.in.B_stride_group;
@@ -136,7 +153,6 @@ struct PersistentReplay {
                         static_cast<int64_t>(p0) * N;
         mbar_arrive_expect_tx(bar, Lay::kTileBytes);
         bulk_copy_g2s(S, src, Lay::kTileBytes, bar);
-        if (t == hpu * kChunks - 1) pf.request_cursors();  // the next unit's
       }
       const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
       TI* Sx = reinterpret_cast<TI*>(S + Lay::kSXring);
