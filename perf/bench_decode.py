@@ -1,4 +1,5 @@
-"""Decode-step benchmark: our ReplaySSM kernel vs our conventional kernel (peers: see benchmarks.md).
+"""Decode-step benchmark: our ReplaySSM kernel vs our conventional kernel and, for GDN/KDA, FLA's
+recurrent kernels when `fla-core` is importable (peers: see benchmarks.md).
 
     python perf/bench_decode.py --family mamba2|gdn [--shapes ...] [--batches 1 8 64 256] [--out DIR]
 
@@ -191,6 +192,54 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None):
                 us_flush=by_pos[flush_pos] if flush_pos is not None else None)
 
 
+def fla_ops():
+    """FLA's recurrent GDN/KDA kernels when `fla-core` is importable (benchmarks.md peers)."""
+    try:
+        from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
+        from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd
+    except Exception as e:  # not installed, or its Triton stack does not import here
+        print(f"FLA peer skipped: {type(e).__name__}: {e}")
+        return None
+    return fused_recurrent_gated_delta_rule, fused_recurrent_kda_fwd
+
+
+def bench_fla(fam, batch, reps, ops):
+    """FLA peer, one decode token per row, L calls in one graph (mean per step) like ours.
+    GDN: fused_recurrent_gated_delta_rule on a [batch, HV, V, K] state, new state written out
+    (it takes no slot indices); KDA: fused_recurrent_kda_fwd in place on a pool with random slot
+    indices. Both get precomputed log decays g and betas (fp32) and normalise q, k in the kernel."""
+    gdn_fn, kda_fn = ops
+    s, L, gen = fam.s, fam.args.window, fam.gen
+    HV, HK, K, V = s["HV"], s["HK"], s["K"], s["V"]
+    num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
+    io = fam.args.io_dtype
+    rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).to(io)  # noqa: E731
+    gshape = (batch, 1, HV, K) if fam.per_channel else (batch, 1, HV)
+    steps = [dict(q=rnd(batch, 1, HK, K), k=rnd(batch, 1, HK, K), v=rnd(batch, 1, HV, V),
+                  g=-0.3 * torch.rand(gshape, device="cuda", generator=gen),
+                  beta=torch.rand(batch, 1, HV, device="cuda", generator=gen)) for _ in range(L)]
+    if fam.per_channel:
+        pool = torch.randn(num_slots, HV, V, K, device="cuda", generator=gen)
+        idx = torch.randperm(num_slots, device="cuda", generator=gen)[:batch].to(torch.int32)
+
+        def step(i):
+            t = steps[i]
+            kda_fn(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=pool, scale=K ** -0.5,
+                   output_final_state=True, inplace_final_state=True, state_v_first=True,
+                   ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+    else:
+        state = torch.randn(batch, HV, V, K, device="cuda", generator=gen)
+
+        def step(i):
+            t = steps[i]
+            gdn_fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], scale=K ** -0.5, initial_state=state,
+                   output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True)
+
+    graph = capture(lambda: [step(i) for i in range(L)])
+    return dict(rows_used=None, persistent=False, us_per_step=replay_us_per_step(graph, L, reps=1, trials=reps),
+                us_nonflush=None, us_flush=None)
+
+
 def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
     L = fam.args.window
@@ -214,24 +263,32 @@ def run(args):
     bw = max(copy_bw, read_bw)
     print(f"copy bandwidth {copy_bw:.2f} TB/s (read + write), read-only {read_bw:.2f} TB/s; floors use {bw:.2f}")
     rows_out = []
+    fla = fla_ops() if args.family in ("gdn", "kda") and not args.no_peers else None
     for shape_name in args.shapes:
         shape = SHAPES[args.family][shape_name]
         fam = FAMILIES[args.family](shape, args, gen)
         for batch in args.batches:
             variants = [("replay", pv) for pv in PERSISTENT_CHOICES[args.persistent]] + [("conventional", None)]
+            if fla is not None and args.family in ("gdn", "kda") and batch > 8:
+                variants.append(("fla", None))
             for algorithm, persistent in variants:
                 for rows in args.rows or [None]:
                     try:
-                        bench = bench_layers if batch <= 8 else bench_pool
-                        r = bench(fam, batch, algorithm, rows, args.reps, persistent)
+                        if algorithm == "fla":
+                            if rows is not None:
+                                continue
+                            r = bench_fla(fam, batch, args.reps, fla)
+                        else:
+                            bench = bench_layers if batch <= 8 else bench_pool
+                            r = bench(fam, batch, algorithm, rows, args.reps, persistent)
                     except torch.OutOfMemoryError:
                         print(f"skip {shape_name} B={batch} {algorithm}: out of memory")
                         torch.cuda.empty_cache()
                         continue
-                    nbytes = fam.step_bytes(algorithm, batch)
+                    nbytes = fam.step_bytes("conventional" if algorithm == "fla" else algorithm, batch)
                     floor = nbytes / (bw * 1e12) * 1e6
                     row = {"family": args.family, "mode": "decode",
-                           "kernel": "replayssm" if algorithm == "replay" else "conventional",
+                           "kernel": {"replay": "replayssm", "fla": "fla"}.get(algorithm, "conventional"),
                            "shape": shape_name, "dims": shape, "batch": batch, "L": args.window, "T": 1,
                            "state_dtype": str(args.state_dtype).removeprefix("torch."),
                            "io_dtype": str(args.io_dtype).removeprefix("torch."),
@@ -263,6 +320,7 @@ def main():
     ap.add_argument("--rows", nargs="*", type=int, default=None, help="rows-per-CTA tilings to sweep")
     ap.add_argument("--persistent", choices=list(PERSISTENT_CHOICES), default="auto",
                     help="replay: persistent pipelined kernel, one CTA per tile, or both")
+    ap.add_argument("--no-peers", action="store_true", help="skip FLA (run when importable, GDN/KDA, B > 8)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default=None)
