@@ -50,6 +50,7 @@ class _DecodeWrapper:
         self._rows = 16
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
+        self._persistent = False  # fixed by plan()
 
     @property
     def draft_len(self) -> int | None:
@@ -99,7 +100,7 @@ class _DecodeWrapper:
     @property
     def persistent(self) -> bool:
         """Whether the current plan runs the persistent pipelined replay kernel."""
-        return self._batch is not None and self._persistent_for(self._batch)
+        return self._persistent
 
     def plan(self, slot_indices: torch.Tensor, *, draft_len: int | None = None, parents=None, draft_counts=None,
              state_slots=None) -> None:
@@ -150,6 +151,7 @@ class _DecodeWrapper:
                     raise ValueError("state_slots: per-draft slots must be distinct and must not be a row's own slot")
         self._slots[:batch].copy_(slot_indices, non_blocking=True)
         self._batch = batch
+        self._persistent = self._persistent_for(batch)
         self._rows = self._rows_override or self._default_rows(batch)
 
     def _planned_batch(self) -> int:
@@ -208,7 +210,7 @@ class _DecodeWrapper:
         p.slots = self._slot_arg(cache)
         p.error_flag = cache.error_flag.data_ptr()
         p.batch, p.rows_per_cta = self._batch, self._rows
-        p.persistent = int(self._persistent_for(self._batch))
+        p.persistent = int(self._persistent)
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
         self._module.check_params(0, type(params))
         self._module.launch(0, params, current_stream(self.device))
@@ -264,7 +266,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         return m2.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.draft_capacity)
 
     def _default_rows(self, batch: int) -> int:
-        if self._persistent_for(batch):
+        if self._persistent:
             return m2.persistent_rows_per_cta(self.dims, self.state_dtype)
         return m2.default_rows_per_cta(self.dims.head_dim, batch, self.dims.nheads, self.algorithm)
 
@@ -337,7 +339,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
                             self.draft_capacity)
 
     def _default_rows(self, batch: int) -> int:
-        if self._persistent_for(batch):
+        if self._persistent:
             return gdn_ops.persistent_rows_per_cta(self.dims, self.state_dtype)
         return gdn_ops.default_rows_per_cta(self.dims.head_v_dim, self.dims.head_k_dim, batch, self.dims.num_v_heads)
 

@@ -20,6 +20,7 @@ import torch
 from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import gdn_decode_spec
+from .tiling import check_rows, largest_rows
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = (16, 32, 64)
@@ -83,11 +84,7 @@ def persistent_rows_per_cta(dims: "GDNDims", state_dtype) -> int:
     """Tile of the persistent kernel: the largest of 64/32/16 rows of V dividing V whose checkpoint
     tile is at most 32 KB. At K = 128, fp32, 64-row tiles (two stages per CTA) beat 32-row tiles
     (five stages): 165 vs 212 µs for GDN and 189 vs 223 µs for KDA at B = 256 (perf/README.md)."""
-    esize = torch.empty((), dtype=state_dtype).element_size()
-    for rows in (64, 32, 16):
-        if dims.head_v_dim % rows == 0 and rows * dims.head_k_dim * esize <= 32 * 1024:
-            return rows
-    return 16
+    return largest_rows(dims.head_v_dim, dims.head_k_dim * state_dtype.itemsize, 32 * 1024, ROWS_CHOICES)
 
 
 def default_persistent(dims: "GDNDims", batch: int, per_channel: bool) -> bool:
@@ -102,10 +99,7 @@ PERSISTENT_MIN_UNITS = 128
 
 
 def check_rows_per_cta(rows: int, V: int) -> int:
-    if rows not in ROWS_CHOICES or V % rows:
-        valid = [r for r in ROWS_CHOICES if V % r == 0]
-        raise ValueError(f"rows_per_cta: expected one of {valid} for head_v_dim {V}, got {rows!r}")
-    return rows
+    return check_rows(rows, V, "head_v_dim", ROWS_CHOICES)
 
 
 def _per_row(name: str, t, batch: int, H: int, device) -> int:

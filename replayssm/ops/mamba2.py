@@ -20,6 +20,7 @@ import torch
 from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import mamba2_decode_spec
+from .tiling import check_rows, largest_rows
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = (16, 32, 64, 80)
@@ -110,11 +111,7 @@ def persistent_rows_per_cta(dims: "Mamba2Dims", state_dtype) -> int:
     """Tile of the persistent kernel: the largest of 80/64/32/16 rows dividing P whose checkpoint
     tile is at most 40 KB (P = 64, N = 128, fp32: 64 rows and three stages per CTA, two CTAs per
     SM; P = 80: a whole 40 KB head and two stages; 16-row tiles measured 1.6x slower there)."""
-    esize = torch.empty((), dtype=state_dtype).element_size()
-    for rows in (80, 64, 32, 16):
-        if dims.head_dim % rows == 0 and rows * dims.state_dim * esize <= 40 * 1024:
-            return rows
-    return 16
+    return largest_rows(dims.head_dim, dims.state_dim * state_dtype.itemsize, 40 * 1024, ROWS_CHOICES)
 
 
 def default_persistent(dims: "Mamba2Dims", batch: int) -> bool:
@@ -130,10 +127,7 @@ PERSISTENT_MIN_HEADS = 1024
 
 
 def check_rows_per_cta(rows: int, P: int) -> int:
-    if rows not in ROWS_CHOICES or P % rows:
-        valid = [r for r in ROWS_CHOICES if P % r == 0]
-        raise ValueError(f"rows_per_cta: expected one of {valid} for head_dim {P}, got {rows!r}")
-    return rows
+    return check_rows(rows, P, "head_dim", ROWS_CHOICES)
 
 
 def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, D=None, z=None,

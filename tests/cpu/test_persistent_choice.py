@@ -10,25 +10,14 @@ from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper
 from replayssm.ops import gdn as gdn_ops
 from replayssm.ops import mamba2 as m2
 
+from .recording import RecordingModule
+
 CPU = torch.device("cpu")
-
-
-class _Recorder:
-    name = "recorder"
-
-    def __init__(self):
-        self.params = []
-
-    def check_params(self, entry, cls):
-        pass
-
-    def launch(self, entry, params, stream):
-        self.params.append(params)
 
 
 def _wrapper(cls, dims, **kw):
     w = cls(*dims, window=16, max_batch=512, device=CPU, **kw)
-    rec = _Recorder()
+    rec = RecordingModule()
     for key in (("replay_decode", 1), ("replay_verify", 4), ("conventional_decode", 1)):
         w._modules[key] = rec
     return w, rec
@@ -105,11 +94,11 @@ class TestPlanChoice:
         cache = w.create_cache(4)
         w.plan(torch.arange(2, dtype=torch.int32))
         _run(w, cache, 2)
-        assert rec.params[-1].persistent == 1
+        assert rec.launches[-1][2].persistent == 1
         w, rec = _wrapper(cls, dims, persistent=False)
         w.plan(torch.arange(2, dtype=torch.int32))
         _run(w, cache, 2)
-        assert rec.params[-1].persistent == 0
+        assert rec.launches[-1][2].persistent == 0
 
 
 def _run(w, cache, batch):

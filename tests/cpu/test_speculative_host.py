@@ -20,6 +20,8 @@ from replayssm.ops.generators import VERIFY_T, gdn_decode_spec, mamba2_decode_sp
 from replayssm.ops.validate import merge_token_dims
 from replayssm.speculative import DraftPlan, check_parents_host
 
+from .recording import RecordingModule
+
 CPU = torch.device("cpu")
 BF16 = torch.bfloat16
 H, P, N, G = 8, 64, 128, 2
@@ -182,27 +184,12 @@ class TestTokenRows:
                                   per_channel=True)
 
 
-class _RecordingModule:
-    """Stands in for a compiled module: records what the wrapper launches (no GPU needed)."""
-
-    name = "recording"
-
-    def __init__(self):
-        self.launches = []
-
-    def check_params(self, entry, struct_type):
-        pass
-
-    def launch(self, entry, params, stream):
-        self.launches.append((entry, type(params).__name__, params))
-
-
 class TestWrapperPlumbing:
     """run()/commit() fill the params structs the kernels read (module replaced by a recorder)."""
 
     def wrapper(self, cls, *dims, **kw):
         w = cls(*dims, window=16, max_batch=4, device=CPU, **kw)
-        rec = _RecordingModule()
+        rec = RecordingModule()
         for key in (("replay_decode", 1), ("replay_verify", 4), ("conventional_decode", 1),
                     ("conventional_verify", 4)):
             w._modules[key] = rec
