@@ -1,5 +1,5 @@
 """Decode-step benchmark: our ReplaySSM kernel vs our conventional kernel and, for GDN/KDA, FLA's
-recurrent kernels when `fla-core` is importable (peers: see benchmarks.md).
+recurrent kernels when `fla-core` is importable (peers: see docs/benchmarks.md).
 
     python perf/bench_decode.py --family mamba2|gdn [--shapes ...] [--batches 1 8 64 256] [--out DIR]
 
@@ -193,7 +193,7 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None):
 
 
 def fla_ops():
-    """FLA's recurrent GDN/KDA kernels when `fla-core` is importable (benchmarks.md peers)."""
+    """FLA's recurrent GDN/KDA kernels when `fla-core` is importable (peers: docs/benchmarks.md §3)."""
     try:
         from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
         from fla.ops.kda.fused_recurrent import fused_recurrent_kda_fwd

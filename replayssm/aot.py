@@ -3,13 +3,16 @@
     python -m replayssm.aot --arch 9.0a --out DIR [--list] [--jobs N] [--only GLOB] [--force]
 
 Builds :func:`replayssm.ops.generators.aot_specializations` (the model shapes of
-docs/benchmarks.md) with the generator, renderer and nvcc flags the JIT uses, in one ninja run
-bounded by ``--jobs``. Modules land in the JIT's own layout::
+``docs/benchmarks.md``) with the generator, renderer and nvcc flags the JIT uses, in one ninja
+run bounded by ``--jobs``, logging one line per finished module (``[3/40] NAME 2.1 s``) and the
+total. Modules land in the JIT's own layout::
 
     DIR/<archs>/<name>/<name>.so   DIR/<archs>/<name>/meta.json   DIR/<archs>/<name>/<name>.cu
 
-(``<archs>`` is e.g. ``90a``). The runtime serves such a module when its ``source_hash`` matches
-what it would build itself (same sources, headers and flags; the compiler version may differ):
+(``<archs>`` is e.g. ``90a``; ``--arch`` takes the archs the JIT accepts, sm_90 or newer, and an
+arch the installed nvcc cannot build is an error before anything is created). The runtime serves
+such a module when its ``source_hash`` matches what it would build itself (same sources, headers
+and flags; the compiler version may differ):
 
 * point ``REPLAYSSM_AOT_DIR`` at ``DIR`` (or ``DIR/<archs>``), or
 * build into ``replayssm/data/aot`` of a source tree and run ``pip wheel .``: the wheel then
@@ -50,10 +53,11 @@ def specializations(which: str = "aot", only: list[str] | None = None):
 
 
 def resolve_archs(arch_args: list[str] | None) -> tuple[str, ...]:
-    """--arch values ('9.0a', '8.0,9.0a', ...) or the JIT's target archs (env / visible GPUs)."""
+    """--arch values ('9.0a', '9.0a,12.0', ...) or the JIT's target archs (env / visible GPUs).
+
+    Raises SettingsError (a ValueError) naming ``--arch`` for an arch replayssm cannot build."""
     if arch_args:
-        archs = [env.normalize_arch(a) for text in arch_args for a in text.replace(",", " ").split()]
-        return tuple(sorted(set(archs)))
+        return tuple(sorted({a for text in arch_args for a in env.parse_arch_list(text, "--arch")}))
     return env.target_archs()
 
 
@@ -62,15 +66,24 @@ def out_root(out: Path, archs: tuple[str, ...]) -> Path:
     return Path(out) / env.arch_tag(archs)
 
 
-def build_set(specs, archs: tuple[str, ...], out: Path, jobs: int | None = None, force: bool = False) -> dict:
+def log_progress(done: int, total: int, name: str, seconds: float, ok: bool) -> None:
+    """One INFO line per finished module: ``[3/40] NAME 2.1 s``."""
+    log.info("[%d/%d] %s %.1f s%s", done, total, name, seconds, "" if ok else " FAILED")
+
+
+def build_set(specs, archs: tuple[str, ...], out: Path, jobs: int | None = None, force: bool = False,
+              progress=log_progress) -> dict:
     """Compile what is missing or stale under ``out/<archs>/`` in one ninja run.
 
+    ``progress(done, total, name, seconds, ok)`` hears of each module as it finishes (default:
+    :func:`log_progress`; None: silent). Nothing is created when nvcc cannot build ``archs``.
     Returns {'root', 'built', 'current', 'seconds'} (names of modules built / already current)."""
-    from .jit.build import compile_into, module_is_current, plan, require_nvcc
+    from .jit.build import check_nvcc_archs, compile_into, module_is_current, plan, require_nvcc
 
     root = out_root(out, archs)
     plans = [plan(s, archs) for s in specs]
-    _, compiler = require_nvcc()
+    nvcc, compiler = require_nvcc()
+    check_nvcc_archs(nvcc, compiler, archs)
     todo, current = [], []
     for bp in plans:
         if not force and module_is_current(root / bp.name, bp, compiler):
@@ -82,7 +95,7 @@ def build_set(specs, archs: tuple[str, ...], out: Path, jobs: int | None = None,
         jobs = jobs or env.settings().max_jobs
         log.info("replayssm.aot: compiling %d module(s) for %s with -j%d into %s", len(todo),
                  ",".join(f"sm_{a}" for a in archs), jobs, root)
-        compile_into(root, todo, jobs)
+        compile_into(root, todo, jobs, progress)
         log.info("replayssm.aot: compiled %d module(s) in %.1f s", len(todo), time.perf_counter() - t0)
     return {"root": root, "built": [bp.name for bp in todo], "current": current,
             "seconds": time.perf_counter() - t0}
@@ -116,15 +129,15 @@ def parser() -> argparse.ArgumentParser:
                "`pip wheel .` for a wheel that carries the modules.",
     )
     p.add_argument("--arch", action="append", metavar="ARCH",
-                   help="CUDA arch(s), e.g. 9.0a (Hopper builds sm_90a); repeat or separate with commas. "
-                        "Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs")
+                   help="CUDA arch(s), sm_90 or newer, e.g. 9.0a (Hopper builds sm_90a) or 12.0; repeat or "
+                        "separate with commas. Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs")
     p.add_argument("--out", type=Path, metavar="DIR", help="output directory; modules go to DIR/<archs>/<name>/")
     p.add_argument("--list", action="store_true", help="print the names of the set and exit (no compile)")
     p.add_argument("--jobs", "-j", type=int, metavar="N",
                    help="parallel nvcc jobs (default: REPLAYSSM_MAX_JOBS or the machine's bound)")
     p.add_argument("--only", action="append", metavar="GLOB", help="keep only names matching GLOB (repeatable)")
     p.add_argument("--set", choices=SETS, default="aot", dest="which",
-                   help="'aot': model shapes of benchmarks.md (default); 'check': CI's compile-check set")
+                   help="'aot': model shapes of docs/benchmarks.md (default); 'check': CI's compile-check set")
     p.add_argument("--force", action="store_true", help="rebuild modules that are already current")
     p.add_argument("--render", type=Path, metavar="DIR", help="only write DIR/<name>.cu for the set (no compile)")
     return p

@@ -2,28 +2,49 @@
 
 from __future__ import annotations
 
-import torch
-
+import reprlib
 from functools import cached_property
 
-from .configs import check_gdn_config, check_mamba2_config, positive_int
+import torch
+
+from .configs import check_gdn_config, check_mamba2_config, check_max_draft, positive_int
+from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
 from .ops.abi import RingArray, ring_array
-from .ops.generators import MAX_DRAFTS
-from .ops.validate import check_tensor
+from .ops.validate import check_tensor, per_head_stride
 
 ERROR_BITS = {1: "slot index out of range (row skipped)", 2: "corrupt ring cursor (row skipped)",
               4: "draft count outside [1, T] or a parent not earlier in the tree (row skipped)",
-              8: "commit without a pending verify, num_accepted outside [1, n], or not a tree path (row unchanged)"}
+              8: "commit without a pending verify, num_accepted outside [1, n], or not a tree path (row unchanged)",
+              16: "a slot named by two rows of one batch (contract violation: that slot's state is unspecified "
+                  "until reset; other slots are unaffected)"}
 
 
-def _as_slots(name: str, slots, num_slots: int, device) -> torch.Tensor:
-    t = torch.as_tensor(slots, device=device)
+def _as_slots(name: str, slots, num_slots: int, device, *, distinct: bool = False) -> torch.Tensor:
+    """Slot ids (a 1-D int32/int64 tensor, or a list/tuple/range of ints) as int64 [n] on ``device``,
+    each in [0, num_slots) (and, with ``distinct``, each at most once). Syncs on GPU tensors."""
+    if isinstance(slots, torch.Tensor):
+        t = slots
+    elif isinstance(slots, (list, tuple, range)):
+        try:
+            t = torch.as_tensor(slots, dtype=torch.int64) if len(slots) == 0 else torch.as_tensor(slots)
+        except (TypeError, ValueError, RuntimeError):
+            raise TypeError(f"{name}: expected a 1-D int32/int64 tensor or a list of slot ids, got "
+                            f"{type(slots).__name__} {reprlib.repr(slots)}") from None
+    else:
+        raise TypeError(f"{name}: expected a 1-D int32/int64 tensor or a list of slot ids, got "
+                        f"{type(slots).__name__} {reprlib.repr(slots)}")
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
         raise TypeError(f"{name}: expected a 1-D int32/int64 tensor or list of slot ids, got {t.dtype} {list(t.shape)}")
+    t = t.to(device)
     if t.numel() and (int(t.min()) < 0 or int(t.max()) >= num_slots):
         raise ValueError(f"{name}: slot ids must lie in [0, {num_slots}), got min {int(t.min())} max {int(t.max())}")
+    if distinct and t.numel() > 1:
+        uniq, counts = torch.unique(t, return_counts=True)
+        if bool((counts > 1).any()):
+            raise ValueError(f"{name}: expected distinct slot ids, got slot {int(uniq[counts > 1][0])} "
+                             f"{int(counts[counts > 1][0])} times")
     return t.long()
 
 
@@ -38,16 +59,19 @@ class ReplayCache:
         error_flag  [1]         int32   OR of error bits raised by kernels
     Rings hold R = window + max_draft records per slot. The kernels advance the cursors, so a
     decode step needs no host sync and can be captured in a CUDA graph.
+
+    device: a CUDA device (None or 'cuda': torch's current one), stored with its index; anything
+    else raises at construction, after the other arguments are checked (see replayssm.devices).
+    num_slots: positive int; max_draft: int in [1, 16].
     """
 
     def __init__(self, num_slots: int, state_shape: tuple[int, ...], *, window: int, max_draft: int,
                  state_dtype: torch.dtype, io_dtype: torch.dtype, device):
         positive_int("num_slots", num_slots)
-        if isinstance(max_draft, bool) or not isinstance(max_draft, int) or not 1 <= max_draft <= MAX_DRAFTS:
-            raise ValueError(f"max_draft: expected an int in [1, {MAX_DRAFTS}], got {max_draft!r}")
+        check_max_draft(max_draft)
         self.num_slots, self.window, self.max_draft = num_slots, window, max_draft
         self.state_dtype, self.io_dtype = state_dtype, io_dtype
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+        self.device = cuda_device("device", device)
         self.capacity = window + max_draft
         dev = self.device
         self.checkpoint = torch.zeros((num_slots, *state_shape), dtype=state_dtype, device=dev)
@@ -91,9 +115,15 @@ class ReplayCache:
     def load_state(self, slots, state: torch.Tensor) -> None:
         """Hand over prefill states: checkpoint = state, ring emptied (one call).
 
-        state: [len(slots), *checkpoint.shape[1:]], any float dtype (cast to the checkpoint dtype)."""
-        s = _as_slots("slots", slots, self.num_slots, self.device)
+        slots: distinct slot ids in [0, num_slots) (int32/int64 tensor or list);
+        state: [len(slots), *checkpoint.shape[1:]] on the cache's device, a floating dtype (cast to
+        the checkpoint dtype)."""
+        s = _as_slots("slots", slots, self.num_slots, self.device, distinct=True)
         check_tensor("state", state, shape=(s.numel(), *self.checkpoint.shape[1:]), device=self.device)
+        if not state.is_floating_point():
+            to = str(self.state_dtype).removeprefix("torch.")
+            raise TypeError(f"state: expected a floating dtype (cast to {to}), got "
+                            f"{str(state.dtype).removeprefix('torch.')}")
         self.checkpoint[s] = state.to(self.state_dtype)
         self._empty_rings(s)
 
@@ -129,13 +159,19 @@ class Mamba2Cache(ReplayCache):
         x_ring      [num_slots, H, R, P]  io_dtype   x of each record
         B_ring      [num_slots, G, R, N]  io_dtype   B of each record (shared by a group)
         dt_ring     [num_slots, H, R]     float32    processed dt (after bias and softplus)
+        A           [H]                   float32    the layer's A, or None (see below)
+
+    The ring keeps dt, not dt * A, so folding pending records (``materialize``) needs the layer's
+    A. The cache keeps it explicitly: pass ``A=`` here (or to the wrapper's ``create_cache``) or
+    call ``set_A`` once; it must be the A that ``run`` is given (run does not record it).
     """
 
     def __init__(self, num_slots: int, nheads: int, head_dim: int, state_dim: int, ngroups: int, *,
                  window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
-                 device=None):
+                 device=None, A: torch.Tensor | None = None):
         state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype,
                                                     io_dtype)
+        A_heads = None if A is None else self._per_head_A(A, nheads)
         super().__init__(num_slots, (nheads, head_dim, state_dim), window=window, max_draft=max_draft,
                          state_dtype=state_dtype, io_dtype=io_dtype, device=device)
         self.dims = m2_ops.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
@@ -143,7 +179,29 @@ class Mamba2Cache(ReplayCache):
         self.x_ring = torch.zeros((num_slots, nheads, R, head_dim), dtype=io_dtype, device=dev)
         self.B_ring = torch.zeros((num_slots, ngroups, R, state_dim), dtype=io_dtype, device=dev)
         self.dt_ring = torch.zeros((num_slots, nheads, R), dtype=torch.float32, device=dev)
-        self.A: torch.Tensor | None = None  # per-head A of the latest run (materialize needs it)
+        self._A: torch.Tensor | None = None
+        if A_heads is not None:
+            self._A = A_heads.to(device=dev, dtype=torch.float32)
+
+    @staticmethod
+    def _per_head_A(A, nheads: int) -> torch.Tensor:
+        """A [H] or a stride-0 expansion [H, P, N] (any floating dtype, any device) -> a detached
+        copy of its per-head values [H]."""
+        check_tensor("A", A)
+        if not A.is_floating_point():
+            raise TypeError(f"A: expected a floating dtype, got {str(A.dtype).removeprefix('torch.')}")
+        per_head_stride("A", A, nheads)
+        return A[(slice(None),) + (0,) * (A.dim() - 1)].detach().clone()
+
+    @property
+    def A(self) -> torch.Tensor | None:
+        """The layer's per-head A as float32 [H] on the cache's device, or None when not given."""
+        return self._A
+
+    def set_A(self, A: torch.Tensor) -> None:
+        """Keep the layer's A (per-head [H], or stride-0 [H, P, N]; copied as float32) for
+        ``materialize``; replaces an A given before. Host side, not capturable (it copies)."""
+        self._A = self._per_head_A(A, self.dims.nheads).to(device=self.device, dtype=torch.float32)
 
     def rings(self):
         return self.x_ring, self.B_ring, self.dt_ring
@@ -162,16 +220,21 @@ class Mamba2Cache(ReplayCache):
     def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
 
-        A: per-head A [H] (default: the A of the latest run on this cache)."""
+        A: per-head A [H] (or stride-0 [H, P, N]) for this call; default: the A the cache keeps
+        (``A=`` at construction / ``create_cache``, or ``set_A``). Needed only when a slot has
+        pending records; missing then, it raises ValueError."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
+        H, G = self.dims.nheads, self.dims.ngroups
+        if A is not None:
+            A = self._per_head_A(A, H).to(device=self.device, dtype=torch.float32)
         S = self.checkpoint[s].float()
         if not (s.numel() and int(self.ring_len[s].max())):
             return S
-        A = self.A if A is None else A
+        A = self._A if A is None else A
         if A is None:
-            raise ValueError("A: needed to fold pending records; pass A=[H] or run the cache first")
-        H, G = self.dims.nheads, self.dims.ngroups
-        A = A.reshape(H, -1)[:, 0].float() if A.dim() > 1 else A.float()
+            raise ValueError("A: needed to fold pending records: expected the layer's A [H], got none (give it "
+                             "once with create_cache(..., A=A) / Mamba2Cache(..., A=A) or cache.set_A(A), or "
+                             "pass materialize(slots, A=A))")
         pos, valid = self._ring_positions(s)
         delta = self._gather(self.dt_ring, s, pos) * valid[:, None, :]  # [b, H, R], zero beyond len
         a = delta * A[None, :, None]

@@ -6,6 +6,10 @@
     python -m replayssm demo [...]      a few decode steps of a model's Mamba-2 layer (see --help)
 
 AOT builds have their own entry point: ``python -m replayssm.aot --help``.
+
+A REPLAYSSM_* variable that cannot be read is reported as one ``error: VAR: expected ..., got ...``
+line on stderr with exit status 2; ``info`` still prints everything else, marking that setting's
+row ``invalid: ...``, and warns about an AOT dir that does not exist.
 """
 
 from __future__ import annotations
@@ -24,6 +28,7 @@ from pathlib import Path
 
 from ._version import __version__
 from .jit import env
+from .jit.errors import SettingsError
 
 # Directories directly under the cache root that this package created: one per version.
 _VERSION_DIR = re.compile(r"^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.+-]*)?$")
@@ -172,11 +177,16 @@ def nvcc_info() -> str:
 # ----------------------------------------------------------------------------------------
 
 def cmd_info(args) -> int:
-    s = env.settings()
+    """Print what it can; an unreadable setting is shown as 'invalid: ...' in its row, repeated as
+    an 'error:' line on stderr, and makes the exit status 2."""
+    s, errors = env.settings_and_errors()
     out = []
 
     def row(key: str, value: str) -> None:
         out.append(f"{key:<18}{value}")
+
+    def invalid(field: str) -> str | None:
+        return f"invalid: {errors[field]}" if field in errors else None
 
     row("replayssm", f"{__version__} ({env.PACKAGE_DIR})")
     src = env.source_root()
@@ -193,32 +203,43 @@ def cmd_info(args) -> int:
         row("GPUs", "none visible (the ops need a CUDA GPU; `demo` runs the reference path)")
     row("nvcc", nvcc_info())
     row("ninja", env.find_ninja() or "not found (pip install ninja)")
-    try:
-        archs = env.target_archs()
-        how = "REPLAYSSM_CUDA_ARCH_LIST" if s.arch_list else "visible GPUs"
-        arch_text = (", ".join(f"sm_{a}" for a in archs) + f" (from {how})") if archs else \
-            "none (no GPU visible; set REPLAYSSM_CUDA_ARCH_LIST, e.g. 9.0a, to build)"
-    except ValueError as e:
-        archs, arch_text = (), f"invalid: {e}"
-    row("target archs", arch_text)
-    row("JIT", "disabled (REPLAYSSM_DISABLE_JIT): only cached/prebuilt modules" if s.disable_jit else "enabled")
-    row("max jobs", str(s.max_jobs))
+    archs = tuple(sorted(set(s.arch_list))) if s.arch_list else env.visible_gpu_archs()
+    how = "REPLAYSSM_CUDA_ARCH_LIST" if s.arch_list else "visible GPUs"
+    arch_text = (", ".join(f"sm_{a}" for a in archs) + f" (from {how})") if archs else \
+        "none (no GPU visible; set REPLAYSSM_CUDA_ARCH_LIST, e.g. 9.0a, to build)"
+    if "arch_list" in errors:
+        archs = ()
+    row("target archs", invalid("arch_list") or arch_text)
+    row("JIT", invalid("disable_jit") or
+        ("disabled (REPLAYSSM_DISABLE_JIT): only cached/prebuilt modules" if s.disable_jit else "enabled"))
+    row("max jobs", invalid("max_jobs") or str(s.max_jobs))
     from .jit.build import packaged_aot_root
 
-    aot = [str(d) for d in s.aot_dirs] or ["(none; set REPLAYSSM_AOT_DIR)"]
-    row("AOT dirs", ", ".join(aot))
+    if "aot_dirs" in errors:
+        row("AOT dirs", invalid("aot_dirs"))
+    elif not s.aot_dirs:
+        row("AOT dirs", "(none; set REPLAYSSM_AOT_DIR)")
+    for i, d in enumerate(s.aot_dirs):
+        missing = "" if d.is_dir() else \
+            f"  WARNING: {'not a directory' if d.exists() else 'does not exist'}; no prebuilt modules are found there"
+        row("AOT dirs" if i == 0 else "", f"{d}{missing}")
     pk = packaged_aot_root()
     pk_mods = sorted(p.parent.name + "/" + p.name for p in pk.glob("*/*") if p.is_dir()) if pk.is_dir() else []
     row("packaged AOT", f"{pk} ({len(pk_mods)} modules)" if pk_mods else "none in this install")
-    row("cache root", str(s.cache_root))
-    if archs:
-        row("cache dir", f"{env.cache_dir(archs)} (for the target archs)")
+    row("cache root", invalid("cache_root") or str(s.cache_root))
+    if archs and "cache_root" not in errors:
+        row("cache dir", f"{s.cache_root / __version__ / env.arch_tag(archs)} (for the target archs)")
     mods = cached_modules(s.cache_root)
     total = sum(m.size for m in mods)
     row("cache content", f"{len(mods)} module(s), {human(total)}" if mods else "empty")
     for m in mods:
         out.append(f"  {m.version}/{m.arch}/{m.name}  {human(m.size)}  {m.status}")
     print("\n".join(out))
+    if errors:
+        sys.stdout.flush()
+        for e in errors.values():
+            print(f"error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 
@@ -269,6 +290,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
         return int(args.fn(args) or 0)
+    except SettingsError as e:  # a bad REPLAYSSM_* variable: one line naming it, no traceback
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     except KeyboardInterrupt:  # pragma: no cover
         return 130
     except BrokenPipeError:  # pragma: no cover - e.g. `| head`

@@ -10,6 +10,8 @@ already on the GPU are checked by the kernels, which skip the row and raise an e
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from .ops.abi import CommitParams, DraftArgs, SlotArg
@@ -38,6 +40,20 @@ def check_parents_host(name: str, parents: torch.Tensor) -> None:
                          f"tree), got parents[{i}] = {int(parents[r, i])} in row {r}")
 
 
+@dataclass(frozen=True)
+class PendingDrafts:
+    """A validated verify plan not yet copied into a DraftPlan's buffers (T = 0: standard decode).
+
+    parents: int [batch, T] or None (a chain); counts: int [batch] or None (every row has T);
+    state_slots: int [batch, T] or None. Tensors may live on the CPU or the wrapper's device."""
+
+    batch: int
+    T: int
+    parents: torch.Tensor | None = None
+    counts: torch.Tensor | None = None
+    state_slots: torch.Tensor | None = None
+
+
 class DraftPlan:
     """Fixed device buffers of a wrapper's verify plan (their addresses stay put for graphs)."""
 
@@ -51,14 +67,13 @@ class DraftPlan:
         self.is_tree = False
         self.has_state_slots = False
 
-    def set(self, batch: int, T: int | None, parents, draft_counts, state_slots, window: int) -> None:
-        """Validate one plan's draft arguments, then copy them (a rejected plan changes nothing)."""
+    def prepare(self, batch: int, T: int | None, parents, draft_counts, state_slots, window: int) -> PendingDrafts:
+        """Validate one plan's draft arguments without changing anything (see ``apply``)."""
         if T is None:
             for name, v in (("parents", parents), ("draft_counts", draft_counts), ("state_slots", state_slots)):
                 if v is not None:
                     raise ValueError(f"{name}: only valid with draft_len (a verify plan)")
-            self.T = 0
-            return
+            return PendingDrafts(batch, 0)
         if isinstance(T, bool) or not isinstance(T, int) or not 1 <= T <= min(MAX_DRAFTS, window):
             raise ValueError(f"draft_len: expected an int in [1, {min(MAX_DRAFTS, window)}] (at most "
                              f"{MAX_DRAFTS} and the window), got {T!r}")
@@ -76,14 +91,25 @@ class DraftPlan:
                                  f"max {int(cnt.max())}")
         if state_slots is not None:
             ss = _int_rows("state_slots", state_slots, (batch, T))
-        if par is not None:
-            self.parents[:batch, :T].copy_(par, non_blocking=True)
-        if cnt is not None:
-            self.counts[:batch].copy_(cnt, non_blocking=True)
-        if ss is not None:
-            self.state_slots[:batch, :T].copy_(ss, non_blocking=True)
-        self.is_tree, self.has_counts, self.has_state_slots = par is not None, cnt is not None, ss is not None
-        self.T = T
+        return PendingDrafts(batch, T, par, cnt, ss)
+
+    def apply(self, d: PendingDrafts) -> None:
+        """Copy a validated plan into the fixed buffers (T = 0: standard decode; the buffers keep
+        their contents, unused)."""
+        if d.parents is not None:
+            self.parents[:d.batch, :d.T].copy_(d.parents, non_blocking=True)
+        if d.counts is not None:
+            self.counts[:d.batch].copy_(d.counts, non_blocking=True)
+        if d.state_slots is not None:
+            self.state_slots[:d.batch, :d.T].copy_(d.state_slots, non_blocking=True)
+        if d.T:
+            self.is_tree, self.has_counts = d.parents is not None, d.counts is not None
+            self.has_state_slots = d.state_slots is not None
+        self.T = d.T
+
+    def set(self, batch: int, T: int | None, parents, draft_counts, state_slots, window: int) -> None:
+        """Validate one plan's draft arguments, then copy them (a rejected plan changes nothing)."""
+        self.apply(self.prepare(batch, T, parents, draft_counts, state_slots, window))
 
     def draft_args(self) -> DraftArgs:
         return DraftArgs(self.counts.data_ptr() if self.has_counts else None,

@@ -2,47 +2,56 @@
 
     w = Mamba2DecodeWrapper(nheads=128, head_dim=64, state_dim=128, ngroups=8, window=16,
                             state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch=256)
-    cache = w.create_cache(num_slots=1024)      # one per layer
+    cache = w.create_cache(num_slots=1024, A=A) # one per layer; A (the layer's [H]) for materialize()
     w.plan(slot_indices)                        # host side, outside CUDA-graph capture
     y = w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)   # launch only; capturable
 
-The constructor fixes what a captured graph must not see change (dims, dtypes, L, max batch);
-``plan`` loads (or JIT-compiles) the module and copies the slot indices into a fixed device
-buffer; ``run`` only validates and launches on torch's current stream.
+The constructor fixes what a captured graph must not see change (dims, dtypes, L, max batch,
+device) and checks every argument before it touches the GPU; ``plan`` validates the batch, then
+loads (or JIT-compiles) the module and copies the slot indices into a fixed device buffer (a plan
+that raises leaves the previous one intact); ``run`` only validates and launches on torch's
+current stream.
+
+device: None or 'cuda' (torch's current CUDA device when the wrapper is built), 'cuda:1',
+torch.device('cuda', 1) or 1; it is stored with its index (see replayssm.devices). A CUDA device
+is required: a CPU device raises ValueError, a torch without CUDA or without a visible GPU
+RuntimeError, both at construction.
 """
 
 from __future__ import annotations
 
-import math
-
 import torch
 
 from .cache import GDNCache, KDACache, Mamba2Cache, ReplayCache
-from .configs import check_gdn_config, check_mamba2_config, supported  # noqa: F401 (supported re-exported)
+from .configs import ALGORITHMS, supported  # noqa: F401 (re-exported)
+from .configs import (check_algorithm, check_bool, check_gdn_config, check_mamba2_config, check_optional_bool,
+                      check_pad_slot_id, check_rows_per_cta, check_scale, positive_int)
+from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
 from .ops.abi import CommitParams, SlotArg, current_stream
 from .ops.generators import verify_capacity
 from .ops.validate import check_slot_indices
-from .speculative import DraftPlan
-
-ALGORITHMS = ("replay", "conventional")
+from .speculative import DraftPlan, PendingDrafts
 
 
 class _DecodeWrapper:
     """What every family's wrapper shares: the fixed slot buffer, plan(), the module, checks."""
 
     cache_type: type[ReplayCache] = ReplayCache
+    family = ""
 
-    def _init_common(self, window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, device, debug):
-        if algorithm not in ALGORITHMS:
-            raise ValueError(f"algorithm: expected one of {list(ALGORITHMS)}, got {algorithm!r}")
-        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
-            raise ValueError(f"max_batch: expected a positive int, got {max_batch!r}")
-        self.window, self.algorithm = window, algorithm
-        self.state_dtype, self.io_dtype = state_dtype, io_dtype
-        self.max_batch, self.pad_slot_id, self.debug = max_batch, pad_slot_id, debug
-        self.device = torch.device(device) if device is not None else torch.device("cuda", torch.cuda.current_device())
+    def _init_common(self, window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, rows_per_cta,
+                     persistent, device, debug, tile_dim):
+        """Check the shared keywords (all before touching any device), then allocate the fixed buffers."""
+        self.algorithm = check_algorithm(algorithm)
+        self.max_batch = positive_int("max_batch", max_batch)
+        self.pad_slot_id = check_pad_slot_id(pad_slot_id)
+        self.debug = check_bool("debug", debug)
+        self._rows_override = check_rows_per_cta(self.family, rows_per_cta, tile_dim)
+        self._persistent_override = check_optional_bool("persistent", persistent)
+        self.window, self.state_dtype, self.io_dtype = window, state_dtype, io_dtype
+        self.device = cuda_device("device", device)  # last: every argument error comes first, even without a GPU
         self._slots = torch.full((max_batch,), pad_slot_id, dtype=torch.int64, device=self.device)
         self._batch: int | None = None
         self._modules: dict = {}
@@ -51,21 +60,28 @@ class _DecodeWrapper:
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
         self._persistent = False  # fixed by plan()
+        self._debug_slot_max = -1  # debug: the largest slot id the plan names (checked against the cache)
 
     @property
     def draft_len(self) -> int | None:
         """T of the current verify plan, or None for standard decode."""
         return self._drafts.T or None
 
+    def _op_for(self, T: int) -> str:
+        return f"{self.algorithm}_{'verify' if T else 'decode'}"
+
+    @staticmethod
+    def _capacity_for(T: int) -> int:
+        return verify_capacity(T) if T else 1
+
     @property
     def op(self) -> str:
-        kind = "verify" if self._drafts.T else "decode"
-        return f"{self.algorithm}_{kind}"
+        return self._op_for(self._drafts.T)
 
     @property
     def draft_capacity(self) -> int:
         """The compiled draft capacity serving the plan (1 for standard decode)."""
-        return verify_capacity(self._drafts.T) if self._drafts.T else 1
+        return self._capacity_for(self._drafts.T)
 
     @property
     def module_name(self) -> str:
@@ -74,24 +90,19 @@ class _DecodeWrapper:
             raise RuntimeError("module_name: call plan() first")
         return self._module.name
 
-    def _load_module(self):
+    def _load_module(self, op: str, capacity: int):
         raise NotImplementedError
 
-    def _default_rows(self, batch: int) -> int:
+    def _default_rows(self, batch: int, persistent: bool) -> int:
         raise NotImplementedError
 
     def _default_persistent(self, batch: int) -> bool:
         raise NotImplementedError
 
-    def _set_persistent(self, persistent: bool | None) -> None:
-        if persistent is not None and not isinstance(persistent, bool):
-            raise TypeError(f"persistent: expected a bool or None, got {type(persistent).__name__}")
-        self._persistent_override = persistent
-
-    def _persistent_for(self, batch: int) -> bool:
+    def _persistent_for(self, batch: int, T: int) -> bool:
         """Whether a standard replay step of ``batch`` rows runs the persistent pipelined kernel
         (constructor ``persistent``: True/False forces it, None picks by batch)."""
-        if self.algorithm != "replay" or self._drafts.T:
+        if self.algorithm != "replay" or T:
             return False
         if self._persistent_override is not None:
             return self._persistent_override
@@ -102,21 +113,62 @@ class _DecodeWrapper:
         """Whether the current plan runs the persistent pipelined replay kernel."""
         return self._persistent
 
-    def plan(self, slot_indices: torch.Tensor, *, draft_len: int | None = None, parents=None, draft_counts=None,
-             state_slots=None) -> None:
-        """Host side, outside capture: load/compile the module and fix the batch's slots and drafts.
+    def plan(self, slot_indices: torch.Tensor, *, num_slots: int | None = None, draft_len: int | None = None,
+             parents=None, draft_counts=None, state_slots=None) -> None:
+        """Host side, outside capture: fix the batch's slots and drafts and load/compile the module.
 
-        slot_indices: [batch] int32/int64 on the wrapper's device; ``pad_slot_id`` marks rows to skip.
-        Slots must be unique within a batch (debug=True checks this and the range).
+        slot_indices: [batch] int32/int64 on the wrapper's device, 1 <= batch <= max_batch;
+        ``pad_slot_id`` marks rows to skip. Slots must be unique within a batch.
+        num_slots: optional, the caches' slot count; with debug=True, slot ids (and state_slots)
+        are checked against it here. Without it, debug=True checks them against the cache at run()
+        and commit(), before the launch; without debug, the kernel skips a row whose slot is out of
+        range and raises an error bit (cache.check_errors()).
+        debug=True also checks on the host (one sync) that no slot id other than pad_slot_id is
+        negative and that no slot appears twice in the batch.
         Speculative decoding (a verify plan) — draft_len: T drafts per row (1..16, at most the
         window and the cache's max_draft); parents: None (a chain) or int [T] / [batch, T] with
         parents[0] = -1 and -1 <= parents[i] < i (a token tree; replay only); draft_counts: None or
         int [batch] in [1, T] (rows with fewer drafts, e.g. 1 for rows that did not draft);
         state_slots: conventional verify only, int [batch, T], the pool slot receiving the state
-        after each draft (per-draft snapshots). CPU tensors and lists are checked here; GPU tensors
-        by the kernel (row skipped, error bit)."""
+        after each draft (per-draft snapshots; debug=True checks they are distinct and no row's
+        own slot). CPU tensors and lists are checked here; GPU tensors by the kernel (row
+        skipped, error bit).
+
+        Everything is validated, and the module loaded, before anything changes: a plan that
+        raises (bad argument, failed compile) leaves the previous plan fully in place."""
         if self.device.type == "cuda" and torch.cuda.is_current_stream_capturing():
             raise RuntimeError("plan(): must run outside CUDA-graph capture; capture run() only")
+        batch = self._check_plan_slots(slot_indices)
+        if num_slots is not None:
+            positive_int("num_slots", num_slots)
+        self._check_draft_kind(draft_len, parents, state_slots)
+        drafts = self._drafts.prepare(batch, draft_len, parents, draft_counts, state_slots, self.window)
+        slot_max = self._debug_check_slots(slot_indices, drafts, num_slots) if self.debug else -1
+        key = (self._op_for(drafts.T), self._capacity_for(drafts.T))
+        module = self._modules[key] if key in self._modules else self._load_module(*key)
+        persistent = self._persistent_for(batch, drafts.T)
+        rows = self._rows_override or self._default_rows(batch, persistent)
+        # Nothing below raises: the new plan replaces the old one as a whole.
+        self._modules[key] = module
+        self._drafts.apply(drafts)
+        self._slots[:batch].copy_(slot_indices, non_blocking=True)
+        self._module, self._batch, self._persistent, self._rows = module, batch, persistent, rows
+        self._debug_slot_max = slot_max
+        self._verified = False
+
+    def _check_plan_slots(self, slot_indices) -> int:
+        """Type, shape, dtype and device of slot_indices; returns the batch."""
+        if not isinstance(slot_indices, torch.Tensor):
+            raise TypeError(f"slot_indices: expected a torch.Tensor, got {type(slot_indices).__name__}")
+        batch = slot_indices.shape[0] if slot_indices.dim() == 1 else -1
+        if not 1 <= batch <= self.max_batch:
+            raise ValueError(f"slot_indices: expected shape [batch] with 1 <= batch <= {self.max_batch}, "
+                             f"got {list(slot_indices.shape)}")
+        check_slot_indices("slot_indices", slot_indices, batch, self.device)
+        return batch
+
+    def _check_draft_kind(self, draft_len, parents, state_slots) -> None:
+        """Which draft arguments the algorithm takes (their values: DraftPlan.prepare)."""
         if draft_len is not None and self.algorithm == "conventional":
             if parents is not None:
                 raise ValueError("parents: the conventional verify supports chains only (tree drafts need "
@@ -126,33 +178,33 @@ class _DecodeWrapper:
                                  "state_slots [batch, draft_len]")
         elif state_slots is not None:
             raise ValueError("state_slots: only the conventional verify takes per-draft state slots")
-        if not isinstance(slot_indices, torch.Tensor):
-            raise TypeError(f"slot_indices: expected a torch.Tensor, got {type(slot_indices).__name__}")
-        batch = slot_indices.shape[0] if slot_indices.dim() == 1 else -1
-        if not 1 <= batch <= self.max_batch:
-            raise ValueError(f"slot_indices: expected shape [batch] with 1 <= batch <= {self.max_batch}, "
-                             f"got {list(slot_indices.shape)}")
-        check_slot_indices("slot_indices", slot_indices, batch, self.device)
-        self._drafts.set(batch, draft_len, parents, draft_counts, state_slots, self.window)
-        key = (self.op, self.draft_capacity)
-        if key not in self._modules:
-            self._modules[key] = self._load_module()
-        self._module = self._modules[key]
-        self._verified = False
-        if self.debug:
-            s = slot_indices[slot_indices != self.pad_slot_id]
-            if s.numel() and (int(s.min()) < 0):
-                raise ValueError(f"slot_indices: negative slot id {int(s.min())} that is not pad_slot_id")
-            if s.unique().numel() != s.numel():
-                raise ValueError("slot_indices: a slot appears twice in one batch")
-            if state_slots is not None:
-                ss = torch.as_tensor(state_slots).reshape(-1).to(s.device, torch.int64)
-                if ss.unique().numel() != ss.numel() or bool(torch.isin(ss, s.long()).any()):
-                    raise ValueError("state_slots: per-draft slots must be distinct and must not be a row's own slot")
-        self._slots[:batch].copy_(slot_indices, non_blocking=True)
-        self._batch = batch
-        self._persistent = self._persistent_for(batch)
-        self._rows = self._rows_override or self._default_rows(batch)
+
+    def _debug_check_slots(self, slot_indices: torch.Tensor, drafts: PendingDrafts, num_slots: int | None) -> int:
+        """debug=True: host checks of the slot ids (one sync). Returns the largest slot id named
+        (rows and state_slots; -1 when none), which run() checks against the cache."""
+        s = slot_indices[slot_indices != self.pad_slot_id].long().cpu()
+        if s.numel() and int(s.min()) < 0:
+            raise ValueError(f"slot_indices: expected slot ids >= 0 (or pad_slot_id={self.pad_slot_id}), "
+                             f"got {int(s.min())}")
+        uniq, counts = torch.unique(s, return_counts=True)
+        if bool((counts > 1).any()):
+            dup = int(uniq[counts > 1][0])
+            raise ValueError(f"slot_indices: expected each slot at most once in a batch, got slot {dup} "
+                             f"{int(counts[counts > 1][0])} times")
+        names = [("slot_indices", s)]
+        if drafts.state_slots is not None:
+            ss = drafts.state_slots.reshape(-1).long().cpu()
+            if ss.numel() and int(ss.min()) < 0:
+                raise ValueError(f"state_slots: expected slot ids >= 0, got {int(ss.min())}")
+            if ss.unique().numel() != ss.numel() or bool(torch.isin(ss, s).any()):
+                raise ValueError("state_slots: expected distinct per-draft slots, none of them a row's own slot")
+            names.append(("state_slots", ss))
+        slot_max = max((int(t.max()) for _, t in names if t.numel()), default=-1)
+        if num_slots is not None:
+            for name, t in names:
+                if t.numel() and int(t.max()) >= num_slots:
+                    raise ValueError(f"{name}: expected slot ids in [0, num_slots={num_slots}), got {int(t.max())}")
+        return slot_max
 
     def _planned_batch(self) -> int:
         if self._batch is None:
@@ -227,6 +279,9 @@ class _DecodeWrapper:
                                          ("device", cache.device, self.device)) if a != b]
         if mismatches:
             raise ValueError(f"cache: does not match the wrapper in {', '.join(mismatches)}")
+        if self.debug and self._batch is not None and self._debug_slot_max >= cache.num_slots:
+            raise ValueError(f"slot_indices: expected slot ids in [0, num_slots={cache.num_slots}) of the cache, "
+                             f"got {self._debug_slot_max} in the plan")
 
 
 class Mamba2DecodeWrapper(_DecodeWrapper):
@@ -235,11 +290,15 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     algorithm: 'replay' (ReplaySSM: read the checkpoint, output-only, flush every ``window``
     steps) or 'conventional' (read-update-write every step; ``cache.checkpoint`` is then the
     live state). Dims: H=nheads, P=head_dim (64, 80, 128), N=state_dim (64, 128, 256), G=ngroups.
-    ``persistent``: None lets plan() choose the replay kernel by batch (the persistent pipelined
-    one from batch x H >= 1,024), True/False forces it; ``rows_per_cta`` fixes the tile.
+    window: int, one of 8, 16, 32; max_batch: positive int; pad_slot_id: int; dt_softplus, debug:
+    bool; device: see the module docstring (a CUDA device). ``persistent``: None lets plan() choose
+    the replay kernel by batch (the persistent pipelined one from batch x H >= 1,024), True/False
+    forces it; ``rows_per_cta``: None or an int tile of P. Every argument is checked here
+    (ValueError/TypeError naming it) before the device is.
     """
 
     cache_type = Mamba2Cache
+    family = "mamba2"
 
     def __init__(self, nheads: int, head_dim: int, state_dim: int, ngroups: int, *, window: int = 16,
                  state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int,
@@ -248,25 +307,24 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
                  debug: bool = False):
         state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype,
                                                     io_dtype)
-        self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, device, debug)
-        if rows_per_cta is not None:
-            m2.check_rows_per_cta(rows_per_cta, head_dim)
+        self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
-        self.dt_softplus = dt_softplus
-        self._rows_override = rows_per_cta
-        self._set_persistent(persistent)
+        self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, rows_per_cta,
+                          persistent, device, debug, tile_dim=head_dim)
 
-    def create_cache(self, num_slots: int, max_draft: int = 1) -> Mamba2Cache:
+    def create_cache(self, num_slots: int, max_draft: int = 1, *, A: torch.Tensor | None = None) -> Mamba2Cache:
+        """A Mamba2Cache matching the wrapper (dims, window, dtypes, device). A: the layer's per-head
+        A [H] (or stride-0 [H, P, N]), kept by the cache for materialize() (see Mamba2Cache)."""
         d = self.dims
         return Mamba2Cache(num_slots, d.nheads, d.head_dim, d.state_dim, d.ngroups, window=self.window,
                            max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype,
-                           device=self.device)
+                           device=self.device, A=A)
 
-    def _load_module(self):
-        return m2.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.draft_capacity)
+    def _load_module(self, op: str, capacity: int):
+        return m2.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, capacity)
 
-    def _default_rows(self, batch: int) -> int:
-        if self._persistent:
+    def _default_rows(self, batch: int, persistent: bool) -> int:
+        if persistent:
             return m2.persistent_rows_per_cta(self.dims, self.state_dtype)
         return m2.default_rows_per_cta(self.dims.head_dim, batch, self.dims.nheads, self.algorithm)
 
@@ -280,7 +338,9 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         B, C: [batch, G, N] io dtype; out: optional [batch, H, P] io dtype.
         Verify (plan with draft_len=T) — the same with a T dim after batch: x, z, out [batch, T, H, P],
         dt [batch, T, H], B, C [batch, T, G, N]; outputs of drafts beyond a row's count are zeros.
-        A: [H] (or stride-0 [H, P, N]); D, dt_bias: [H] (or stride-0 [H, P]). Returns out."""
+        A: [H] (or stride-0 [H, P, N]); D, dt_bias: [H] (or stride-0 [H, P]). Returns out.
+        The cache does not keep A: give it to create_cache()/Mamba2Cache (or cache.set_A) once
+        for materialize()."""
         batch = self._planned_batch()
         self._check_cache(cache)
         T = self._check_drafts(cache)
@@ -292,7 +352,6 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
                                          dt_bias, out)
         p = m2.DecodeParams(inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups,
                             dt_softplus=int(self.dt_softplus))
-        cache.A = A
         self._launch(m2, p, cache)
         return out
 
@@ -303,9 +362,12 @@ class GDNDecodeWrapper(_DecodeWrapper):
     algorithm: 'replay' (ReplaySSM, output-only: one read of the checkpoint serves S k^ and S q^;
     no state written outside flushes) or 'conventional'. Dims: HV=num_v_heads, HK=num_k_heads
     (HV % HK == 0), K=head_k_dim and V=head_v_dim in {64, 128, 256}. ``use_l2norm`` normalises q and
-    k in the kernel (eps 1e-6); ``scale`` multiplies q (default K**-0.5). ``persistent``: None lets
-    plan() choose the replay kernel by batch (the persistent pipelined one from 128 units: batch x
-    HK for GDN, batch x HV for KDA), True/False forces it; ``rows_per_cta`` fixes the tile.
+    k in the kernel (eps 1e-6; a bool); ``scale`` multiplies q (None: K**-0.5, else a positive
+    finite float). window: int, one of 8, 16, 32; max_batch: positive int; pad_slot_id: int;
+    debug: bool; device: see the module docstring (a CUDA device). ``persistent``: None lets plan()
+    choose the replay kernel by batch (the persistent pipelined one from 128 units: batch x HK for
+    GDN, batch x HV for KDA), True/False forces it; ``rows_per_cta``: None or an int tile of V.
+    Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
     cache_type = GDNCache
@@ -318,28 +380,23 @@ class GDNDecodeWrapper(_DecodeWrapper):
                  debug: bool = False):
         state_dtype, io_dtype = check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window,
                                                  state_dtype, io_dtype)
-        self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, device, debug)
-        if rows_per_cta is not None:
-            gdn_ops.check_rows_per_cta(rows_per_cta, head_v_dim)
-        if scale is not None and not (isinstance(scale, (int, float)) and math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale: expected a positive finite float, got {scale!r}")
+        self.use_l2norm = check_bool("use_l2norm", use_l2norm)
+        scale = check_scale(scale)
+        self.scale = scale if scale is not None else head_k_dim ** -0.5
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
-        self.use_l2norm = bool(use_l2norm)
-        self.scale = float(scale) if scale is not None else head_k_dim ** -0.5
-        self._rows_override = rows_per_cta
-        self._set_persistent(persistent)
+        self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, rows_per_cta,
+                          persistent, device, debug, tile_dim=head_v_dim)
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims
         return self.cache_type(num_slots, d.num_v_heads, d.num_k_heads, d.head_k_dim, d.head_v_dim, window=self.window,
                         max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype, device=self.device)
 
-    def _load_module(self):
-        return gdn_ops.load(self.op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family,
-                            self.draft_capacity)
+    def _load_module(self, op: str, capacity: int):
+        return gdn_ops.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family, capacity)
 
-    def _default_rows(self, batch: int) -> int:
-        if self._persistent:
+    def _default_rows(self, batch: int, persistent: bool) -> int:
+        if persistent:
             return gdn_ops.persistent_rows_per_cta(self.dims, self.state_dtype)
         return gdn_ops.default_rows_per_cta(self.dims.head_v_dim, self.dims.head_k_dim, batch, self.dims.num_v_heads)
 

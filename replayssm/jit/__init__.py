@@ -10,7 +10,7 @@
 from . import build as builder
 from .build import build, get_module
 from .env import configure, settings
-from .errors import CompileError, JitError, MissingModuleError, ToolchainError
+from .errors import CompileError, JitError, MissingModuleError, SettingsError, SettingsTypeError, ToolchainError
 from .spec import Specialization, render
 
 __all__ = [
@@ -24,5 +24,7 @@ __all__ = [
     "JitError",
     "CompileError",
     "MissingModuleError",
+    "SettingsError",
+    "SettingsTypeError",
     "ToolchainError",
 ]

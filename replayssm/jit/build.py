@@ -17,6 +17,7 @@ import fcntl
 import json
 import logging
 import os
+import re
 import shlex
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ import threading
 import time
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable
 
 from .._version import __version__
 from . import env
@@ -199,6 +201,9 @@ def _ninja_value(text: str) -> str:
     return shlex.quote(text).replace("$", "$$")
 
 
+_START = ".start"  # suffix of the stamp file each nvcc edge writes when it starts
+
+
 def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
     """One build.ninja with one nvcc edge per module; sources are written beside it."""
     lines = [
@@ -206,7 +211,9 @@ def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
         f"nvcc = {_ninja_value(str(nvcc))}",
         f"incdir = {_ninja_value(str(env.include_dir()))}",
         "rule nvcc",
-        "  command = $nvcc $flags -I$incdir -o $out $in",
+        # ': > ${out}.start' (a shell redirect, no extra process) stamps the edge's start time:
+        # run_ninja reports each module's compile time from it when ninja says the edge finished.
+        f"  command = : > ${{out}}{_START} && $nvcc $flags -I$incdir -o $out $in",
         "  description = nvcc $out",
         "",
     ]
@@ -220,14 +227,39 @@ def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
     return path
 
 
-def run_ninja(build_dir: Path, jobs: int, what: str) -> None:
+#: ninja's status line for a finished edge, with NINJA_STATUS="[%f/%t] " (finished/total edges).
+_STATUS_LINE = re.compile(r"^\[(\d+)/(\d+)\] nvcc (\S+)\.so$")
+
+#: ``progress(done, total, name, seconds, ok)``: called as each module's nvcc edge finishes.
+Progress = Callable[[int, int, str, float, bool], None]
+
+
+def run_ninja(build_dir: Path, jobs: int, what: str, progress: Progress | None = None) -> None:
+    """Run ninja in ``build_dir``; ``progress`` hears of every finished module as it finishes."""
     ninja = env.find_ninja()
     if ninja is None:
         raise ToolchainError("replayssm: ninja not found (pip install ninja)")
     cmd = [ninja, "-C", str(build_dir), f"-j{jobs}"]
-    proc = subprocess.run(cmd, capture_output=True, text=True)
-    if proc.returncode != 0:
-        raise CompileError(what, " ".join(cmd), (proc.stdout + proc.stderr).strip())
+    # Output is a pipe, so ninja prints one status line per edge when it *finishes*.
+    child_env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
+    t0 = time.time()
+    output: list[str] = []
+    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
+                          env=child_env) as proc:
+        for line in proc.stdout:
+            output.append(line)
+            m = _STATUS_LINE.match(line.rstrip("\n"))
+            if m and progress is not None:
+                name = m.group(3)
+                out = build_dir / f"{name}.so"
+                try:
+                    started = (build_dir / f"{name}.so{_START}").stat().st_mtime
+                except OSError:
+                    started = t0
+                progress(int(m.group(1)), int(m.group(2)), name, max(0.0, time.time() - started), out.is_file())
+        returncode = proc.wait()
+    if returncode != 0:
+        raise CompileError(what, " ".join(cmd), "".join(output).strip())
 
 
 def require_nvcc() -> tuple[Path, str]:
@@ -240,24 +272,73 @@ def require_nvcc() -> tuple[Path, str]:
     return nvcc, env.nvcc_version(str(nvcc))
 
 
-def compile_into(root: Path, plans: list[BuildPlan], jobs: int | None = None) -> list[Path]:
-    """Compile ``plans`` in one ninja run and publish them under ``root``. Used by JIT and AOT."""
-    nvcc, compiler = require_nvcc()
-    root.mkdir(parents=True, exist_ok=True)
+def check_nvcc_archs(nvcc: Path, compiler: str, archs) -> None:
+    """Raise ToolchainError (before anything is created) when this nvcc cannot build an arch."""
+    listed = env.nvcc_archs(str(nvcc))
+    if listed is None:  # an nvcc that cannot list its archs: let it try
+        return
+    missing = [a for a in archs if a.rstrip("af") not in listed]
+    if missing:
+        raise ToolchainError(
+            f"replayssm: {nvcc} ({compiler}) cannot build {', '.join(f'sm_{a}' for a in missing)}; it builds "
+            f"{', '.join(f'sm_{a}' for a in sorted(listed, key=int) if int(a) >= env.MIN_ARCH)} (of those "
+            "replayssm can use). Choose another arch or point CUDA_HOME at a CUDA toolkit that has it"
+        )
+
+
+def _make_dirs(path: Path) -> list[Path]:
+    """``mkdir -p path``; returns the folders it created, outermost first."""
+    created = []
+    p = path
+    while not p.exists():
+        created.append(p)
+        p = p.parent
+    path.mkdir(parents=True, exist_ok=True)
+    return created[::-1]
+
+
+def _make_build_dir(root: Path) -> Path:
+    """A fresh private folder under ``root/.tmp``.
+
+    Another process's cleanup may remove ``.tmp`` (when it looks empty) between our mkdir and
+    mkdtemp, so re-create it and retry; once our folder exists, ``.tmp`` is not empty and stays."""
     tmp_root = root / ".tmp"
-    tmp_root.mkdir(exist_ok=True)
-    build_dir = Path(tempfile.mkdtemp(dir=tmp_root, prefix=f"{os.getpid()}-"))
+    for _ in range(100):
+        tmp_root.mkdir(parents=True, exist_ok=True)
+        try:
+            return Path(tempfile.mkdtemp(dir=tmp_root, prefix=f"{os.getpid()}-"))
+        except FileNotFoundError:
+            continue
+    raise OSError(f"replayssm: cannot create a build folder under {tmp_root}: it keeps disappearing")
+
+
+def compile_into(root: Path, plans: list[BuildPlan], jobs: int | None = None,
+                 progress: Progress | None = None) -> list[Path]:
+    """Compile ``plans`` in one ninja run and publish them under ``root``. Used by JIT and AOT.
+
+    ``progress(done, total, name, seconds, ok)`` is called as each module finishes compiling.
+    Safe to run from many processes at once on one ``root``. Folders created for a build that
+    fails are removed again when they are left empty."""
+    nvcc, compiler = require_nvcc()
+    check_nvcc_archs(nvcc, compiler, {a for bp in plans for a in bp.archs})
+    created = _make_dirs(root)
+    build_dir = _make_build_dir(root)
     what = plans[0].name if len(plans) == 1 else f"{len(plans)} modules"
+    ok = False
     try:
         write_ninja(build_dir, plans, nvcc)
-        run_ninja(build_dir, jobs or env.settings().max_jobs, what)
-        return [publish(build_dir, root, bp, compiler) for bp in plans]
+        run_ninja(build_dir, jobs or env.settings().max_jobs, what, progress)
+        published = [publish(build_dir, root, bp, compiler) for bp in plans]
+        ok = True
+        return published
     finally:
         shutil.rmtree(build_dir, ignore_errors=True)
-        try:
-            tmp_root.rmdir()  # only when empty: another process may be building beside us
-        except OSError:
-            pass
+        leftovers = [build_dir.parent] + ([] if ok else created[::-1])
+        for d in leftovers:  # only when empty: another process may be building beside us
+            try:
+                d.rmdir()
+            except OSError:
+                pass
 
 
 @contextmanager
@@ -294,6 +375,9 @@ def _slots() -> threading.BoundedSemaphore:
         return _compile_slots
 
 
+_warned_aot_dirs: set[Path] = set()  # each missing AOT dir is logged once per process
+
+
 def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
     """Directories that may hold prebuilt modules for ``archs``, in search order.
 
@@ -303,6 +387,10 @@ def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
     tag = env.arch_tag(archs)
     roots: list[Path] = []
     for d in env.settings().aot_dirs:
+        if not d.is_dir() and d not in _warned_aot_dirs:
+            _warned_aot_dirs.add(d)
+            log.warning("replayssm: AOT dir %s (REPLAYSSM_AOT_DIR / configure(aot_dirs=...)) %s; no prebuilt "
+                        "modules are found there", d, "is not a directory" if d.exists() else "does not exist")
         roots += [d, d / tag]
     roots += list(_packaged_aot_dirs(archs))
     return roots

@@ -1,28 +1,39 @@
 """Where the JIT finds its sources, compiler and cache, and which GPU archs it builds for.
 
 Every knob has one documented environment variable, read once when the settings are first
-used, and a programmatic override through :func:`configure`. ``python -m replayssm info``
-prints the values in force, so nothing changes behaviour silently.
+used, and one keyword of :func:`configure`, which overrides the variable for this process.
+``python -m replayssm info`` prints the values in force, so nothing changes behaviour silently;
+a value that cannot be read raises :class:`~replayssm.jit.errors.SettingsError` (a ValueError)
+naming the variable or keyword instead of being guessed at.
 
-=========================  ==============================================================
-REPLAYSSM_CACHE_DIR        cache root (default ``~/.cache/replayssm``); modules go under
-                           ``<root>/<version>/<archs>/``
-REPLAYSSM_CUDA_ARCH_LIST   archs to build, e.g. ``"9.0a"`` or ``"8.0 9.0a"`` (default: the
-                           visible GPUs; Hopper becomes ``9.0a``)
-REPLAYSSM_DISABLE_JIT      ``1`` forbids compiling: a missing module raises
-                           :class:`~replayssm.jit.errors.MissingModuleError`
-REPLAYSSM_MAX_JOBS         bound on parallel nvcc jobs (default: cores, at most 1 per 3 GiB RAM)
-REPLAYSSM_AOT_DIR          extra directories of prebuilt modules (``os.pathsep``-separated),
-                           searched before the cache; each is either the ``--out`` DIR of
-                           ``python -m replayssm.aot`` or its ``<DIR>/<archs>`` subfolder
-CUDA_HOME                  CUDA toolkit root used to find nvcc
-=========================  ==============================================================
+=========================  ===============  ===============================================
+variable                   ``configure``    meaning
+=========================  ===============  ===============================================
+REPLAYSSM_CACHE_DIR        ``cache_root``   cache root (default ``~/.cache/replayssm``);
+                                            modules go under ``<root>/<version>/<archs>/``
+REPLAYSSM_CUDA_ARCH_LIST   ``arch_list``    archs to build, sm_90 or newer, e.g. ``"9.0a"``
+                                            or ``"9.0a 12.0"`` (default: the visible GPUs;
+                                            Hopper becomes ``9.0a``)
+REPLAYSSM_DISABLE_JIT      ``disable_jit``  ``1``/``true``/``yes``/``on`` forbid compiling
+                                            (a missing module raises
+                                            :class:`~replayssm.jit.errors.MissingModuleError`);
+                                            ``0``/``false``/``no``/``off`` or empty allow it
+REPLAYSSM_MAX_JOBS         ``max_jobs``     bound on parallel nvcc jobs, a positive integer
+                                            (default: cores, at most 1 per 3 GiB RAM)
+REPLAYSSM_AOT_DIR          ``aot_dirs``     extra directories of prebuilt modules
+                                            (``os.pathsep``-separated), searched before the
+                                            cache; each is either the ``--out`` DIR of
+                                            ``python -m replayssm.aot`` or its
+                                            ``<DIR>/<archs>`` subfolder
+CUDA_HOME                  (none)           CUDA toolkit root used to find nvcc
+=========================  ===============  ===============================================
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import subprocess
 import threading
@@ -30,6 +41,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from .._version import __version__
+from .errors import SettingsError, SettingsTypeError
 
 PACKAGE_DIR = Path(__file__).resolve().parent.parent
 
@@ -59,6 +71,19 @@ class Settings:
     aot_dirs: tuple[Path, ...]
 
 
+#: The environment variable behind each setting (``Settings`` field = ``configure`` keyword).
+ENV_VARS = {
+    "cache_root": "REPLAYSSM_CACHE_DIR",
+    "arch_list": "REPLAYSSM_CUDA_ARCH_LIST",
+    "disable_jit": "REPLAYSSM_DISABLE_JIT",
+    "max_jobs": "REPLAYSSM_MAX_JOBS",
+    "aot_dirs": "REPLAYSSM_AOT_DIR",
+}
+
+_TRUE = ("1", "true", "yes", "on")
+_FALSE = ("0", "false", "no", "off")
+
+
 def _default_max_jobs() -> int:
     cores = os.cpu_count() or 1
     try:
@@ -68,33 +93,118 @@ def _default_max_jobs() -> int:
     return max(1, min(cores, int(mem_gib // 3)))
 
 
-def _parse_arch_list(text: str) -> tuple[str, ...]:
-    archs = tuple(normalize_arch(a) for a in text.replace(",", " ").split() if a)
-    if not archs:
-        raise ValueError(f"REPLAYSSM_CUDA_ARCH_LIST: expected e.g. '9.0a', got {text!r}")
-    return archs
+def _default_cache_root() -> Path:
+    return Path.home() / ".cache" / "replayssm"
 
 
-def _parse_jobs(text: str) -> int:
+def _type_name(value) -> str:
+    return type(value).__name__
+
+
+# ----------------------------------------------------------------------------------------
+# Parsers: one per setting, shared by the environment and configure(); ``name`` is the variable
+# or keyword the value came from, and every error names it.
+# ----------------------------------------------------------------------------------------
+
+def parse_bool(text: str, name: str) -> bool | None:
+    """'1'/'true'/'yes'/'on' -> True, '0'/'false'/'no'/'off' -> False (any case), '' -> None."""
+    t = text.strip().lower()
+    if not t:
+        return None
+    if t in _TRUE:
+        return True
+    if t in _FALSE:
+        return False
+    raise SettingsError(name, f"{name}: expected 1/0, true/false, yes/no or on/off (any case; empty: unset), "
+                              f"got {text!r}")
+
+
+def parse_jobs(text: str, name: str) -> int | None:
+    """A positive integer; '' -> None."""
+    if not text.strip():
+        return None
     try:
-        return int(text)
+        jobs = int(text)
     except ValueError:
-        raise ValueError(f"REPLAYSSM_MAX_JOBS: expected a positive integer, got {text!r}") from None
+        jobs = 0
+    if jobs < 1:
+        raise SettingsError(name, f"{name}: expected a positive integer, got {text!r}")
+    return jobs
+
+
+def parse_arch_list(value, name: str) -> tuple[str, ...]:
+    """'9.0a', '9.0a,12.0', '9.0a 12.0' or a list/tuple of such strings -> ('90a', '120'),
+    each arch checked with :func:`check_arch` (duplicates dropped, order kept)."""
+    if isinstance(value, str):
+        items = value.replace(",", " ").split()
+    elif isinstance(value, (list, tuple)):
+        bad = [a for a in value if not isinstance(a, str)]
+        if bad:
+            raise SettingsTypeError(name, f"{name}: expected arch strings such as '9.0a', got {bad[0]!r} "
+                                          f"({_type_name(bad[0])}) in {value!r}")
+        items = [a for text in value for a in text.replace(",", " ").split()]
+    else:
+        raise SettingsTypeError(name, f"{name}: expected a string such as '9.0a' or '9.0a,12.0', or a list of "
+                                      f"them, got {value!r} ({_type_name(value)})")
+    if not items:
+        raise SettingsError(name, f"{name}: expected at least one CUDA arch, e.g. '9.0a', got {value!r}")
+    archs: list[str] = []
+    for text in items:
+        a = check_arch(text, name, value)
+        if a not in archs:
+            archs.append(a)
+    return tuple(archs)
+
+
+def _parse_path(value, name: str) -> Path:
+    if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
+        raise SettingsTypeError(name, f"{name}: expected a path (str or os.PathLike), got {value!r} "
+                                      f"({_type_name(value)})")
+    text = os.fspath(value)
+    if not isinstance(text, str) or not text:
+        raise SettingsError(name, f"{name}: expected a non-empty path, got {value!r}")
+    return Path(text).expanduser()
+
+
+def read_environment(environ=None) -> tuple[Settings, dict[str, SettingsError]]:
+    """The settings the environment asks for, and the errors of its unreadable variables (by
+    field; an unreadable variable leaves its default in the returned settings)."""
+    e = os.environ if environ is None else environ
+    errors: dict[str, SettingsError] = {}
+
+    def read(field: str, parse, default):
+        var = ENV_VARS[field]
+        text = e.get(var, "")
+        try:
+            value = parse(text, var) if text.strip() else None
+        except SettingsError as err:
+            errors[field] = err
+            value = None
+        return default() if value is None else value
+
+    s = Settings(
+        cache_root=read("cache_root", lambda t, n: Path(t).expanduser(), _default_cache_root),
+        arch_list=read("arch_list", parse_arch_list, lambda: None),
+        disable_jit=read("disable_jit", parse_bool, lambda: False),
+        max_jobs=read("max_jobs", parse_jobs, _default_max_jobs),
+        aot_dirs=read("aot_dirs", lambda t, n: tuple(Path(p).expanduser() for p in t.split(os.pathsep) if p),
+                      tuple),
+    )
+    return s, errors
+
+
+def _one_error(errors) -> SettingsError:
+    errors = list(errors)
+    if len(errors) == 1:
+        return errors[0]
+    return SettingsError(", ".join(e.name for e in errors), "; ".join(str(e) for e in errors))
 
 
 def _settings_from_env() -> Settings:
-    env = os.environ
-    root = Path(env.get("REPLAYSSM_CACHE_DIR") or Path.home() / ".cache" / "replayssm")
-    archs = _parse_arch_list(env["REPLAYSSM_CUDA_ARCH_LIST"]) if env.get("REPLAYSSM_CUDA_ARCH_LIST") else None
-    jobs = _parse_jobs(env["REPLAYSSM_MAX_JOBS"]) if env.get("REPLAYSSM_MAX_JOBS") else _default_max_jobs()
-    aot = tuple(Path(p) for p in env.get("REPLAYSSM_AOT_DIR", "").split(os.pathsep) if p)
-    return Settings(
-        cache_root=root.expanduser(),
-        arch_list=archs,
-        disable_jit=env.get("REPLAYSSM_DISABLE_JIT", "0").strip().lower() not in ("", "0", "false", "no", "off"),
-        max_jobs=max(1, jobs),
-        aot_dirs=aot,
-    )
+    s, errors = read_environment()
+    if errors:
+        raise _one_error(errors.values())
+    return s
 
 
 _lock = threading.Lock()
@@ -102,6 +212,9 @@ _settings: Settings | None = None
 
 
 def settings() -> Settings:
+    """The settings in force (read from the environment on first use).
+
+    Raises :class:`SettingsError` naming every environment variable that cannot be read."""
     global _settings
     with _lock:
         if _settings is None:
@@ -109,22 +222,85 @@ def settings() -> Settings:
         return _settings
 
 
-def configure(**changes) -> Settings:
-    """Override settings for this process, e.g. ``configure(cache_root=..., disable_jit=True)``."""
-    global _settings
-    cur = settings()
-    if "arch_list" in changes and changes["arch_list"] is not None:
-        changes["arch_list"] = tuple(normalize_arch(a) for a in changes["arch_list"])
-    if "cache_root" in changes:
-        changes["cache_root"] = Path(changes["cache_root"]).expanduser()
-    if "aot_dirs" in changes:
-        dirs = changes["aot_dirs"]
-        dirs = [dirs] if isinstance(dirs, (str, os.PathLike)) else (dirs or ())
-        changes["aot_dirs"] = tuple(Path(d).expanduser() for d in dirs)
-    if "max_jobs" in changes:
-        changes["max_jobs"] = max(1, int(changes["max_jobs"]))
+def settings_and_errors() -> tuple[Settings, dict[str, SettingsError]]:
+    """Like :func:`settings`, but never raises: unreadable variables are returned by field (and
+    keep their defaults in the settings). For reports such as ``python -m replayssm info``."""
     with _lock:
-        _settings = dataclasses.replace(cur, **changes)
+        if _settings is not None:
+            return _settings, {}
+    s, errors = read_environment()
+    if not errors:
+        with _lock:
+            return (_settings or s), {}
+    return s, errors
+
+
+_UNSET = object()
+
+
+def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jobs=_UNSET,
+              aot_dirs=_UNSET) -> Settings:
+    """Override settings for this process; returns the settings now in force.
+
+    Every keyword is optional and overrides its environment variable:
+
+    ``cache_root``  (str or os.PathLike; ``~`` is expanded) the cache root, instead of
+                    REPLAYSSM_CACHE_DIR (default ``~/.cache/replayssm``).
+    ``arch_list``   the CUDA archs to build, instead of REPLAYSSM_CUDA_ARCH_LIST: a string
+                    (``'9.0a'``, ``'9.0a,12.0'`` or ``'9.0a 12.0'``) or a list/tuple of such
+                    strings (``['9.0a', 'sm_120']``); sm_90 or newer (the kernels use sm_90
+                    features). ``None``: build for the visible GPUs.
+    ``disable_jit`` ``True`` or ``False`` (a bool), instead of REPLAYSSM_DISABLE_JIT: ``True``
+                    never compiles; a missing module raises ``MissingModuleError``.
+    ``max_jobs``    an int >= 1, instead of REPLAYSSM_MAX_JOBS: bound on parallel nvcc jobs.
+    ``aot_dirs``    a path, or a list/tuple of paths (str or os.PathLike; a single string is one
+                    path, not ``os.pathsep``-separated), instead of REPLAYSSM_AOT_DIR;
+                    ``None`` or ``()``: none.
+
+    A bad value raises :class:`SettingsError` (a ValueError) naming the keyword, a value of the
+    wrong type :class:`SettingsTypeError` (both a TypeError and a SettingsError), an unknown
+    keyword TypeError. Nothing changes unless every keyword is valid.
+
+    Example: ``configure(arch_list='9.0a', disable_jit=True)``.
+    """
+    global _settings
+    changes: dict = {}
+    if cache_root is not _UNSET:
+        changes["cache_root"] = _parse_path(cache_root, "cache_root")
+    if arch_list is not _UNSET:
+        changes["arch_list"] = None if arch_list is None else parse_arch_list(arch_list, "arch_list")
+    if disable_jit is not _UNSET:
+        if not isinstance(disable_jit, bool):
+            raise SettingsTypeError("disable_jit", f"disable_jit: expected True or False, got {disable_jit!r} "
+                                                   f"({_type_name(disable_jit)})")
+        changes["disable_jit"] = disable_jit
+    if max_jobs is not _UNSET:
+        if isinstance(max_jobs, bool) or not isinstance(max_jobs, int):
+            raise SettingsTypeError("max_jobs", f"max_jobs: expected an int >= 1, got {max_jobs!r} "
+                                                f"({_type_name(max_jobs)})")
+        if max_jobs < 1:
+            raise SettingsError("max_jobs", f"max_jobs: expected an int >= 1, got {max_jobs!r}")
+        changes["max_jobs"] = max_jobs
+    if aot_dirs is not _UNSET:
+        if aot_dirs is None:
+            dirs = ()
+        elif isinstance(aot_dirs, (str, os.PathLike)) and not isinstance(aot_dirs, bytes):
+            dirs = (aot_dirs,)
+        elif isinstance(aot_dirs, (list, tuple)):
+            dirs = aot_dirs
+        else:
+            raise SettingsTypeError("aot_dirs", f"aot_dirs: expected a path or a list/tuple of paths, got "
+                                                f"{aot_dirs!r} ({_type_name(aot_dirs)})")
+        changes["aot_dirs"] = tuple(_parse_path(d, "aot_dirs") for d in dirs)
+    with _lock:
+        if _settings is None:
+            base, errors = read_environment()
+            left = [err for field, err in errors.items() if field not in changes]
+            if left:  # a bad variable that this call does not override still fails loudly
+                raise _one_error(left)
+        else:
+            base = _settings
+        _settings = dataclasses.replace(base, **changes)
         return _settings
 
 
@@ -132,8 +308,17 @@ def configure(**changes) -> Settings:
 # Archs
 # ----------------------------------------------------------------------------------------
 
+#: CUDA archs replayssm builds for, as nvcc names them (without the 'a'/'f' suffix). The kernels
+#: use sm_90 features (mbarrier waits, bulk copies), so nothing older compiles. An arch that is
+#: not listed here (a newer GPU) is accepted when the installed nvcc lists it.
+KNOWN_ARCHS = ("90", "100", "101", "103", "110", "120", "121")
+MIN_ARCH = 90
+
+
 def normalize_arch(arch: str) -> str:
-    """'9.0' / '90' / 'sm_90a' / '9.0a' -> '90a' (Hopper always gets its 'a' features)."""
+    """'9.0' / '90' / 'sm_90a' / '9.0a' -> '90a' (Hopper always gets its 'a' features).
+
+    Checks the spelling only; :func:`check_arch` also checks that the arch exists."""
     a = arch.strip().lower().removeprefix("sm_").removeprefix("compute_")
     suffix = ""
     if a and a[-1] in "af":
@@ -145,6 +330,40 @@ def normalize_arch(arch: str) -> str:
     if major == 9 or major in (10, 11):
         suffix = suffix or "a"
     return f"{digits}{suffix}"
+
+
+def _known_spellings() -> str:
+    return " ".join(f"{a[:-1]}.{a[-1]}" + ("a" if int(a) < 120 else "") for a in KNOWN_ARCHS)
+
+
+def check_arch(text: str, name: str, value=None) -> str:
+    """Normalize ``text`` (see :func:`normalize_arch`) and check that replayssm can build it:
+    sm_90 or newer, an arch CUDA names (``KNOWN_ARCHS`` or one the installed nvcc lists), with an
+    'f' suffix only from sm_100 on. Raises :class:`SettingsError` naming ``name``."""
+    got = repr(value if value is not None else text)
+    expected = (f"{name}: expected CUDA archs of sm_{MIN_ARCH} or newer, e.g. '9.0a' or '9.0a,12.0' "
+                f"(known: {_known_spellings()}; 'a'/'f' suffixes where CUDA has them)")
+
+    def fail(why: str):
+        detail = f" ({why})" if why else ""
+        return SettingsError(name, f"{expected}, got {got}{detail}")
+
+    try:
+        a = normalize_arch(text)
+    except ValueError:
+        raise fail(f"{text!r} is not a CUDA arch" if value is not None and text != value else "") from None
+    base, suffix = (a[:-1], a[-1]) if a[-1] in "af" else (a, "")
+    if int(base) < MIN_ARCH:
+        raise fail(f"sm_{a} is older than sm_{MIN_ARCH}, whose features the kernels use")
+    if suffix == "f" and int(base) < 100:
+        raise fail(f"sm_{a} does not exist: 'f' variants start at sm_100")
+    if base not in KNOWN_ARCHS:
+        nvcc = find_nvcc()
+        listed = nvcc_archs(str(nvcc)) if nvcc else None
+        if not listed or base not in listed:
+            raise fail(f"sm_{a} is not a CUDA arch replayssm knows"
+                       + (" or the installed nvcc lists" if listed else ""))
+    return a
 
 
 def gencode_flags(archs: tuple[str, ...]) -> list[str]:
@@ -207,6 +426,18 @@ def nvcc_version(nvcc: str) -> str:
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
     lines = [ln.strip() for ln in out.splitlines() if ln.strip()]
     return lines[-1] if lines else "unknown"
+
+
+@lru_cache(maxsize=None)
+def nvcc_archs(nvcc: str) -> frozenset[str] | None:
+    """Archs ``nvcc --list-gpu-code`` names, without suffix (e.g. {'90', '100', '120'}); None when
+    this nvcc cannot tell (too old for the option, or it does not run)."""
+    try:
+        proc = subprocess.run([nvcc, "--list-gpu-code"], capture_output=True, text=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    archs = frozenset(re.findall(r"\bsm_(\d+)[af]?\b", proc.stdout)) if proc.returncode == 0 else frozenset()
+    return archs or None
 
 
 def find_ninja() -> str | None:

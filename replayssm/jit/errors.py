@@ -7,6 +7,20 @@ class JitError(RuntimeError):
     """Base class of every JIT failure."""
 
 
+class SettingsError(ValueError):
+    """A bad value of an environment variable, a ``configure(...)`` keyword or a command-line
+    argument. ``name`` names it; the message reads ``NAME: expected ..., got ...``."""
+
+    def __init__(self, name: str, message: str):
+        self.name = name
+        super().__init__(message)
+
+
+class SettingsTypeError(SettingsError, TypeError):
+    """A setting of the wrong type (e.g. ``configure(disable_jit='no')``): both a TypeError and a
+    :class:`SettingsError`."""
+
+
 class MissingModuleError(JitError):
     """JIT is disabled and no cached or prebuilt module matches the specialization."""
 

@@ -8,6 +8,17 @@ Shapes (HV value heads, HK key heads with HV % HK == 0, head dims K and V, batch
           KDA (per key channel): g or a [batch, HV, K] (K contiguous), A_log [HV], dt_bias [HV, K]
     beta [batch, HV], or b [batch, HV] (beta = sigmoid(b))
     slot_indices        [batch] int32/int64; ``pad_slot_id`` rows are skipped (output zeros)
+
+Alignment: nothing beyond each dtype's own is required of the step inputs and outputs. The tile
+and conventional decode kernels and both verify kernels read q, k, v and the gates and write out
+element by element. The persistent decode kernel copies q, k and v with 16-byte cp.async (the
+gates and beta as the aligned 4-byte words holding them): the launcher runs it only when q, k
+and v are 16-byte aligned (persistent_inputs_aligned: data pointer and batch and head strides,
+in bytes, multiples of 16, ignoring dims of extent 1) and otherwise serves the step with the tile
+kernel: same results, slower at large batches (the wrapper's ``persistent`` still reports the
+plan's choice; the fallback is decided at each launch). A packed [q | k | v] row works either
+way; for the persistent kernel keep its pieces at offsets, and its row stride, multiples of 8
+bf16 elements. The state pool and rings are the cache's own (16-byte vectors, bulk copies).
 """
 
 from __future__ import annotations
@@ -21,7 +32,7 @@ from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import gdn_decode_spec
 from .tiling import check_rows, largest_rows
-from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
+from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride, vector_aligned
 
 ROWS_CHOICES = (16, 32, 64)
 
@@ -96,6 +107,13 @@ def default_persistent(dims: "GDNDims", batch: int, per_channel: bool) -> bool:
 
 
 PERSISTENT_MIN_UNITS = 128
+
+
+def persistent_inputs_aligned(q, k, v) -> bool:
+    """Whether the persistent replay kernel can serve a step with these q, k [batch, HK, K] and
+    v [batch, HV, V]: all 16-byte aligned (see the module docstring). When not, the launcher runs
+    the tile kernel instead. Mirrors persistent_inputs_aligned in include/replayssm/gdn/launch.cuh."""
+    return all(vector_aligned(t, (0, 1)) for t in (q, k, v))
 
 
 def check_rows_per_cta(rows: int, V: int) -> int:

@@ -79,7 +79,7 @@ def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | Non
     return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T)
 
 
-# Model shapes of benchmarks.md: (P, N) per Mamba-2 model family.
+# Model shapes of docs/benchmarks.md §4: (P, N) per Mamba-2 model family.
 MAMBA2_MODEL_SHAPES = {
     "nemotron-h-8b / nemotron-3-super / nemotron-3-nano": (64, 128),
     "nemotron-h-47b/56b": (64, 256),
@@ -87,7 +87,7 @@ MAMBA2_MODEL_SHAPES = {
 }
 
 
-# Model shapes of benchmarks.md: (K, V) per delta-rule family (Qwen3-Next / Qwen3.5, Kimi-Linear).
+# Model shapes of docs/benchmarks.md §4: (K, V) per delta-rule family (Qwen3-Next / Qwen3.5, Kimi-Linear).
 DELTA_MODEL_SHAPES = {"gdn": ((128, 128),), "kda": ((128, 128),)}
 
 

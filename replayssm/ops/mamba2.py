@@ -8,6 +8,23 @@ Shapes (H heads, P head dim, N state dim, G groups, R ring capacity, batch rows)
     B, C                [batch, G, N]         io dtype, N contiguous
     D, dt_bias          [H] (or [H, P] expanded with stride 0), optional
     slot_indices        [batch] int32/int64; ``pad_slot_id`` rows are skipped (output zeros)
+
+Alignment: nothing beyond each dtype's own is required of the step inputs and outputs; a kernel
+uses 16-byte accesses only where the operand allows them ("aligned": data pointer and the batch
+(token) and head/group strides, in bytes, multiples of 16, ignoring dims of extent 1; see
+validate.misalignment):
+    out, dt, A, D, dt_bias  every kernel element by element (the persistent kernel copies the
+                            aligned 4-byte word holding each scalar)
+    x, z                    persistent decode: 16-byte cp.async; every other kernel: elements
+    B, C                    persistent decode: 16-byte cp.async; replay verify: 16-byte accesses
+                            when aligned, else elements; tile decode, conventional: elements
+The launcher runs the persistent kernel only when x, z, B and C are all aligned
+(persistent_inputs_aligned) and otherwise serves the step with the tile kernel: same results,
+slower at large batches (the wrapper's ``persistent`` still reports the plan's choice; the
+fallback is decided at each launch, so it holds under graph capture). So keep them aligned for
+speed: a view one element into a buffer, or a row stride that is not a multiple of 8 bf16
+elements, falls back. The state pool is the cache's own (16-byte vectors and bulk copies;
+check_state_pool checks a foreign one).
 """
 
 from __future__ import annotations
@@ -21,7 +38,7 @@ from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .generators import mamba2_decode_spec
 from .tiling import check_rows, largest_rows
-from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
+from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride, vector_aligned
 
 ROWS_CHOICES = (16, 32, 64, 80)
 
@@ -126,6 +143,14 @@ def default_persistent(dims: "Mamba2Dims", batch: int) -> bool:
 PERSISTENT_MIN_HEADS = 1024
 
 
+def persistent_inputs_aligned(x, z, B, C) -> bool:
+    """Whether the persistent replay kernel can serve a step with these step inputs ([batch, H, P]
+    x, z (or None), [batch, G, N] B, C): all 16-byte aligned (see the module docstring). When not,
+    the launcher runs the tile kernel instead. Mirrors persistent_inputs_aligned in
+    include/replayssm/mamba2/launch.cuh."""
+    return all(vector_aligned(t, (0, 1)) for t in (x, z, B, C))
+
+
 def check_rows_per_cta(rows: int, P: int) -> int:
     return check_rows(rows, P, "head_dim", ROWS_CHOICES)
 
@@ -142,8 +167,7 @@ def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, 
     check_tensor("A", A, dtype=FLOAT_DTYPES, device=device)
     check_tensor("D", D, dtype=FLOAT_DTYPES, device=device, optional=True)
     check_tensor("dt_bias", dt_bias, dtype=FLOAT_DTYPES, device=device, optional=True)
-    for name, t in (("B", B), ("C", C)):  # read with 16-byte vectors
-        check_aligned(name, t, 16 // t.element_size(), (0, 1))
+    # No alignment check: every kernel accepts any (see the module docstring).
     dt_h = per_head_stride("dt", dt, H, lead=(batch,))
     A_h = per_head_stride("A", A, H)
     if out is None:
@@ -194,4 +218,5 @@ def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None,
     return mod
 
 
-__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "VerifyParams"]
+__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "VerifyParams",
+           "persistent_inputs_aligned"]

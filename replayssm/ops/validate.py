@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import torch
+
+from ..devices import same_device
 
 FLOAT_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 INDEX_DTYPES = (torch.int32, torch.int64)
@@ -33,7 +36,7 @@ def check_tensor(name: str, t, *, shape: Sequence | None = None, dtype=None, dev
         if t.dtype not in allowed:
             names = " or ".join(str(d).removeprefix("torch.") for d in allowed)
             raise TypeError(f"{name}: expected dtype {names}, got {str(t.dtype).removeprefix('torch.')}")
-    if device is not None and t.device != device:
+    if device is not None and t.device != device and not same_device(t.device, device):
         raise ValueError(f"{name}: expected a tensor on {device}, got one on {t.device}")
     if inner_contiguous:
         expect = 1
@@ -47,16 +50,33 @@ def check_tensor(name: str, t, *, shape: Sequence | None = None, dtype=None, dev
     return t
 
 
-def check_aligned(name: str, t: torch.Tensor, elem_multiple: int, stride_dims: Sequence[int]) -> None:
-    """16-byte vector access: base address 16-byte aligned, outer strides multiples of the vector."""
-    if t.data_ptr() % 16:
-        raise ValueError(f"{name}: data pointer must be 16-byte aligned, got address {t.data_ptr():#x}")
+def misalignment(t: torch.Tensor, stride_dims: Sequence[int], nbytes: int = 16) -> str | None:
+    """Why 16-byte vectors (``nbytes``) cannot serve ``t`` at element offsets that are multiples of
+    ``nbytes``, or None when they can: the data pointer and the strides (in bytes) of ``stride_dims``
+    must be multiples of ``nbytes``. A dim of extent 1 never moves the pointer, so its stride does
+    not count. Mirrors aligned16 in include/replayssm/common/types.cuh."""
+    if t.data_ptr() % nbytes:
+        return f"data pointer must be {nbytes}-byte aligned, got address {t.data_ptr():#x}"
+    size = t.element_size()
     for d in stride_dims:
-        if t.stride(d) % elem_multiple:
-            raise ValueError(
-                f"{name}: stride of dim {d} must be a multiple of {elem_multiple} elements "
-                f"(16 bytes), got {t.stride(d)}"
-            )
+        if t.shape[d] > 1 and (t.stride(d) * size) % nbytes:
+            return (f"stride of dim {d} must be a multiple of {nbytes // math.gcd(nbytes, size)} elements "
+                    f"({nbytes} bytes), got {t.stride(d)}")
+    return None
+
+
+def vector_aligned(t: torch.Tensor | None, stride_dims: Sequence[int], nbytes: int = 16) -> bool:
+    """Whether ``t`` passes misalignment() (None, an absent operand, does)."""
+    return t is None or misalignment(t, stride_dims, nbytes) is None
+
+
+def check_aligned(name: str, t: torch.Tensor, elem_multiple: int, stride_dims: Sequence[int]) -> None:
+    """Raise ValueError naming ``name`` unless vectors of ``elem_multiple`` elements can serve ``t``:
+    data pointer aligned to the vector, strides of ``stride_dims`` (dims of extent > 1) multiples
+    of it. Used for what the kernels read with 16-byte vectors and cannot read otherwise."""
+    why = misalignment(t, stride_dims, elem_multiple * t.element_size())
+    if why is not None:
+        raise ValueError(f"{name}: {why}")
 
 
 def per_head_stride(name: str, t: torch.Tensor, nheads: int, lead: Sequence[int] = ()) -> int:

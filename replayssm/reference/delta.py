@@ -1,4 +1,4 @@
-"""Gated DeltaNet and Kimi Delta Attention references (design.md §1.2–§1.4, §1.6).
+"""Gated DeltaNet and Kimi Delta Attention references (docs/design.md §1.2–§1.4, §1.6).
 
 Value head ``hv`` of HV uses key head ``hv // (HV // HK)``; state ``S [V, K]`` (K contiguous)::
 

@@ -1,4 +1,4 @@
-"""Mamba-2 reference: the conventional decode step and the replay pool (design.md §1.1, §1.4).
+"""Mamba-2 reference: the conventional decode step and the replay pool (docs/design.md §1.1, §1.4).
 
 Per head h (group ``g = h // (H // G)``) with state ``S [P, N]``::
 

@@ -1,4 +1,4 @@
-"""Emulation of the low-precision read copy ``S_lp`` of a checkpoint (design.md §1.6).
+"""Emulation of the low-precision read copy ``S_lp`` of a checkpoint (docs/design.md §1.6).
 
 Both formats quantise along the last (contiguous) dimension of the state:
 

@@ -310,7 +310,7 @@ def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots
 
 def run_lowprec(fam: Family, L: int, read_format: str, rounds: int, seed: int, max_draft: int = 4,
                 num_slots: int = 3, rtol: float = 1e-12, check_every: int = 10) -> Dict:
-    """Two-copy low-precision mode (design.md §1.6), checked exactly where it can be.
+    """Two-copy low-precision mode (docs/design.md §1.6), checked exactly where it can be.
 
     Besides the exact oracle ``conv`` it keeps a ``shadow`` oracle per slot: the conventional
     recurrence restarted from ``S_lp`` at the slot's last explicit flush / load / reset. Then

@@ -112,3 +112,14 @@ def seed():
     s = new_seed()
     print(f"seed={s}")
     return s
+
+
+# ------------------------------------------------------------------ host-side wrapper and cache tests
+@pytest.fixture(autouse=True)
+def host_devices(monkeypatch):
+    """Wrappers and caches refuse non-CUDA devices; the CPU tests build them on the CPU to check
+    plans, params structs and cache bookkeeping (no kernel runs), so allow it here. A test of the
+    refusal itself sets replayssm.devices.ALLOW_HOST_DEVICES back to False."""
+    from replayssm import devices
+
+    monkeypatch.setattr(devices, "ALLOW_HOST_DEVICES", True)

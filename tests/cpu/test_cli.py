@@ -169,7 +169,15 @@ def test_aot_argument_errors(tmp_path):
     r = run(["replayssm.aot", "--arch", "9.0a"])
     assert r.returncode == 2 and "--out DIR is required" in r.stderr
     r = run(["replayssm.aot", "--arch", "hopper", "--out", str(tmp_path)])
-    assert r.returncode == 2 and "CUDA arch" in r.stderr
+    assert r.returncode == 2 and "--arch: expected CUDA archs" in r.stderr and "got 'hopper'" in r.stderr
+    # an arch no GPU has, or one the kernels cannot use: an error before anything is created
+    for arch, why in (("99.9", "sm_999 is not a CUDA arch"), ("8.0", "sm_80 is older than sm_90"),
+                      ("9.0a,7.5", "sm_75 is older than sm_90")):
+        out = tmp_path / f"out-{arch}"
+        r = run(["replayssm.aot", "--arch", arch, "--out", str(out)])
+        assert r.returncode == 2 and r.stderr.startswith("error: --arch: expected CUDA archs"), r.stderr
+        assert f"got {arch!r} ({why}" in r.stderr and "Traceback" not in r.stderr, r.stderr
+        assert not out.exists()
     if not HAS_GPU:
         e = {"REPLAYSSM_CUDA_ARCH_LIST": ""}
         r = run(["replayssm.aot", "--out", str(tmp_path)], **e)
@@ -192,6 +200,8 @@ def test_aot_build_is_used_by_the_runtime(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "1 built, 0 already current" in r.stdout
     assert "compiling 1 module(s) for sm_90a with -j1" in r.stderr  # INFO log
+    assert re.search(rf"^\[1/1\] {name} \d+\.\d s$", r.stderr, re.M), r.stderr  # one line per module
+    assert re.search(r"^replayssm\.aot: compiled 1 module\(s\) in \d+\.\d s$", r.stderr, re.M), r.stderr
     mod = out / "90a" / name
     assert sorted(p.name for p in mod.iterdir()) == sorted([f"{name}.so", f"{name}.cu", "meta.json"])
     assert [p.name for p in (out / "90a").iterdir()] == [name]  # no build leftovers

@@ -245,13 +245,13 @@ def test_gencode_and_tag():
 
 def test_settings_from_environment(monkeypatch, tmp_path):
     monkeypatch.setenv("REPLAYSSM_CACHE_DIR", str(tmp_path / "c"))
-    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "8.0, 9.0")
+    monkeypatch.setenv("REPLAYSSM_CUDA_ARCH_LIST", "12.0, 9.0")
     monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", "1")
     monkeypatch.setenv("REPLAYSSM_MAX_JOBS", "3")
     monkeypatch.setenv("REPLAYSSM_AOT_DIR", f"{tmp_path / 'a'}:{tmp_path / 'b'}")
     s = env._settings_from_env()
     assert s.cache_root == tmp_path / "c"
-    assert s.arch_list == ("80", "90a")
+    assert s.arch_list == ("120", "90a")
     assert s.disable_jit and s.max_jobs == 3
     assert s.aot_dirs == (tmp_path / "a", tmp_path / "b")
 
@@ -267,7 +267,8 @@ def test_settings_defaults(monkeypatch):
 
 
 @pytest.mark.parametrize("value,disabled", [("0", False), ("", False), ("false", False), ("off", False),
-                                            ("1", True), ("yes", True), ("true", True)])
+                                            ("No", False), (" OFF ", False), ("1", True), ("yes", True),
+                                            ("true", True), ("On", True), ("TRUE", True)])
 def test_disable_jit_parsing(monkeypatch, value, disabled):
     monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", value)
     assert env._settings_from_env().disable_jit is disabled
@@ -275,12 +276,15 @@ def test_disable_jit_parsing(monkeypatch, value, disabled):
 
 @pytest.mark.parametrize("var,value,match", [
     ("REPLAYSSM_MAX_JOBS", "many", "REPLAYSSM_MAX_JOBS: expected a positive integer, got 'many'"),
-    ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "CUDA arch: expected e.g. '9.0a' or 'sm_90a', got 'hopper'"),
+    ("REPLAYSSM_MAX_JOBS", "0", "REPLAYSSM_MAX_JOBS: expected a positive integer, got '0'"),
+    ("REPLAYSSM_DISABLE_JIT", "maybe", "REPLAYSSM_DISABLE_JIT: expected 1/0, true/false, yes/no or on/off"),
+    ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "REPLAYSSM_CUDA_ARCH_LIST: expected CUDA archs of sm_90 or newer"),
 ])
 def test_bad_environment_values_are_named(monkeypatch, var, value, match):
     monkeypatch.setenv(var, value)
-    with pytest.raises(ValueError, match=re.escape(match)):
+    with pytest.raises(ValueError, match=re.escape(match)) as ei:
         env._settings_from_env()
+    assert str(ei.value).endswith(f"got {value!r}")
 
 
 def test_cache_dir_layout(jit_env):
@@ -290,8 +294,8 @@ def test_cache_dir_layout(jit_env):
 
 
 def test_configure_normalizes(jit_env, tmp_path):
-    s = env.configure(arch_list=["sm_90", "8.0"], aot_dirs=str(tmp_path), max_jobs=0)
-    assert s.arch_list == ("90a", "80") and s.aot_dirs == (tmp_path,) and s.max_jobs == 1
+    s = env.configure(arch_list=["sm_90", "12.0"], aot_dirs=str(tmp_path), max_jobs=1)
+    assert s.arch_list == ("90a", "120") and s.aot_dirs == (tmp_path,) and s.max_jobs == 1
     s = env.configure(aot_dirs=[tmp_path / "x", str(tmp_path / "y")])
     assert s.aot_dirs == (tmp_path / "x", tmp_path / "y")
 

@@ -27,7 +27,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # ---------------------------------------------------------------------------- the oracle itself
 def _naive_step(kind, S, q, k, v, A_log, a, dt_bias, b, use_l2norm=True, scale=None):
-    """Per-head loop transcription of design.md §1.2/§1.3 (independent of the vectorised code)."""
+    """Per-head loop transcription of docs/design.md §1.2/§1.3 (independent of the vectorised code)."""
     S = S.clone()
     o = torch.zeros_like(v)
     scale = K ** -0.5 if scale is None else scale

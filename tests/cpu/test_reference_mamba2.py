@@ -25,7 +25,7 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 # ---------------------------------------------------------------------------- the oracle itself
 def _naive_step(S, x, dt, A, B, C, D, z, dt_bias, dt_softplus):
-    """Scalar-loop transcription of design.md §1.1 (independent of mamba2_step's vectorisation)."""
+    """Scalar-loop transcription of docs/design.md §1.1 (independent of mamba2_step's vectorisation)."""
     S = S.clone()
     y = torch.zeros_like(x)
     batch = S.shape[0]

@@ -66,6 +66,26 @@ def _delta_verify_specs():
     return list(specs.values())
 
 
+def _base_specs():
+    """The base configurations' modules only (test_alignment, test_duplicate_slots): Mamba-2
+    P64 N128 and GDN/KDA K128 V128, fp32 state, bf16 io, L16; decode and T = 4 verify."""
+    import torch
+
+    from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec, verify_capacity
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    cap = verify_capacity(4)
+    specs = [mamba2_decode_spec(op, 64, 128, f32, bf16, 16) for op in ("replay_decode", "conventional_decode")]
+    specs.append(mamba2_decode_spec("replay_verify", 64, 128, f32, bf16, 16, cap))
+    specs.append(mamba2_decode_spec("conventional_verify", 64, 128, f32, bf16, T=4))
+    for family in ("gdn", "kda"):
+        specs += [gdn_decode_spec(op, 128, 128, f32, bf16, 16, family)
+                  for op in ("replay_decode", "conventional_decode")]
+        specs.append(gdn_decode_spec("replay_verify", 128, 128, f32, bf16, 16, family, cap))
+        specs.append(gdn_decode_spec("conventional_verify", 128, 128, f32, bf16, family=family, T=4))
+    return specs
+
+
 # Which modules each test file needs (only the collected files' modules are pre-warmed).
 _SPECS_BY_FILE = {
     "test_mamba2_decode": _mamba2_specs,
@@ -73,6 +93,8 @@ _SPECS_BY_FILE = {
     "test_gdn_decode": _gdn_specs,
     "test_fla_crosscheck": _gdn_specs,
     "test_delta_verify": _delta_verify_specs,
+    "test_alignment": _base_specs,
+    "test_duplicate_slots": _base_specs,
 }
 
 

@@ -7,7 +7,9 @@
 //               no-op, so a commit is idempotent for its step);
 //   draft = 0   nothing pending (a standard step clears it).
 // A rejected commit (nothing pending, n outside [1, draft], not a tree path) raises kErrBadCommit
-// and leaves the row unchanged.
+// and leaves the row unchanged. The pending drafts are claimed with a compare-and-swap on draft,
+// so of two rows naming one slot (a contract violation) whose commits both found them pending,
+// only the first moves the cursors; the other raises kErrDuplicateSlot.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -58,7 +60,7 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
     if (kind == SlotKind::kOutOfRange && threadIdx.x == 0) raise_error(p.error_flag, kErrSlotOutOfRange);
     return;
   }
-  __shared__ int n_s, m_s, start_s, copy_s;
+  __shared__ int n_s, m_s, start_s, copy_s, pending_s;
   __shared__ int path_s[kMaxDrafts];
   if (threadIdx.x == 0) {
     const int pending = p.draft[slot];
@@ -98,6 +100,7 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
     n_s = ok ? n : 0;
     copy_s = ok && copy;
     m_s = m;
+    pending_s = pending;
     start_s = p.start[slot];
   }
   __syncthreads();
@@ -126,8 +129,8 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
     }
   }
   if (threadIdx.x == 0) {
-    p.len[slot] = m_s + n;
-    p.draft[slot] = -n;
+    if (atomicCAS(&p.draft[slot], pending_s, -n) == pending_s) p.len[slot] = m_s + n;
+    else raise_error(p.error_flag, kErrDuplicateSlot);
   }
 }
 

@@ -1,11 +1,12 @@
 // Per-unit bookkeeping shared by the persistent replay kernels: reading a unit's slot and ring
-// cursors (producer), skipping a unit (consumers), and the last unit of a slot moving its
-// cursors. `RingT` is a family's Ring (start, len, done, draft, capacity).
+// cursors (producer) and skipping a unit (consumers); the last unit of a slot moves its cursors
+// with count_unit_in (cursors.cuh). `RingT` is a family's Ring (start, len, done, draft, capacity).
 #pragma once
 
 #include <cstdint>
 
 #include "cp_async.cuh"
+#include "cursors.cuh"
 #include "slots.cuh"
 #include "types.cuh"
 
@@ -33,18 +34,6 @@ __device__ __forceinline__ void skip_unit(int32_t* error_flag, int status) {
   if (threadIdx.x != 0) return;
   if (status == kUnitOutOfRange) raise_error(error_flag, kErrSlotOutOfRange);
   if (status == kUnitBadCursor) raise_error(error_flag, kErrCorruptCursor);
-}
-
-// One thread per finished unit: the last of the slot's `units_per_slot` units to arrive moves
-// the cursors (every unit read them before it arrived).
-template <typename RingT>
-__device__ __forceinline__ void count_unit_in(const RingT& ring, int64_t slot, int units_per_slot, bool flush,
-                                              int start, int m, int pos) {
-  if (atomicAdd(&ring.done[slot], 1) != units_per_slot - 1) return;
-  ring.start[slot] = flush ? pos : start;
-  ring.len[slot] = flush ? 1 : m + 1;
-  ring.done[slot] = 0;
-  ring.draft[slot] = 0;  // a standard step leaves nothing to commit
 }
 
 // Async copy of the 4-byte word holding a scalar argument's element (nothing when absent).

@@ -11,6 +11,7 @@ enum ErrorBits : int32_t {
   kErrCorruptCursor = 2,   // ring cursor outside its valid range: the row was skipped
   kErrBadDrafts = 4,       // verify: draft count outside [1, T] or a parent not earlier in the tree (row skipped)
   kErrBadCommit = 8,       // commit: no pending verify, num_accepted outside [1, T], or not a tree path (row unchanged)
+  kErrDuplicateSlot = 16,  // a slot named by two rows of one batch (contract violation; see common/cursors.cuh)
 };
 
 struct SlotArg {

@@ -48,6 +48,30 @@ __device__ __forceinline__ uint4 pack16(const float (&in)[Vec16<T>::kElems]) {
   return raw;
 }
 
+// Whether an io operand [n0, n1, elems] (elems contiguous, `elem_bytes` each) may be read with
+// 16-byte vectors at element offsets that are multiples of 16 bytes: its base address and the
+// strides of its outer dims are multiples of 16 bytes. A dim of extent 1 never moves the pointer,
+// so its stride does not count. Host and device (launchers pick kernels by it; kernels pick loads).
+__host__ __device__ __forceinline__ bool aligned16(const void* ptr, int elem_bytes, int64_t stride0, int64_t n0,
+                                                   int64_t stride1, int64_t n1) {
+  const uint64_t bits = static_cast<uint64_t>(reinterpret_cast<uintptr_t>(ptr)) |
+                        static_cast<uint64_t>((n0 > 1 ? stride0 : 0) * elem_bytes) |
+                        static_cast<uint64_t>((n1 > 1 ? stride1 : 0) * elem_bytes);
+  return (bits & 15u) == 0;
+}
+
+// 16 bytes of T elements at p as a raw vector: one 16-byte load when `vec` (p 16-byte aligned),
+// else element by element (p only needs T's own alignment).
+template <typename T>
+__device__ __forceinline__ uint4 load16_or_elems(const T* p, bool vec) {
+  if (vec) return *reinterpret_cast<const uint4*>(p);
+  uint4 raw;
+  T* e = reinterpret_cast<T*>(&raw);
+#pragma unroll
+  for (int i = 0; i < Vec16<T>::kElems; ++i) e[i] = p[i];
+  return raw;
+}
+
 // Streaming 16-byte global load (read once: do not keep in L1).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;

@@ -15,6 +15,19 @@
 namespace replayssm {
 namespace gdn {
 
+// The persistent kernel copies q, k and v with 16-byte cp.async, so it runs only when their base
+// addresses and row strides are multiples of 16 bytes (aligned16); otherwise the tile kernel
+// (which reads them element by element) serves the step. Mirrored by
+// replayssm.ops.gdn.persistent_inputs_aligned.
+template <typename TI>
+inline bool persistent_inputs_aligned(const DecodeParams& p) {
+  constexpr int e = sizeof(TI);
+  const StepInputs& in = p.in;
+  return aligned16(in.q, e, in.q_stride_batch, p.batch, in.q_stride_head, p.nk_heads) &&
+         aligned16(in.k, e, in.k_stride_batch, p.batch, in.k_stride_head, p.nk_heads) &&
+         aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.nv_heads);
+}
+
 template <typename TS, typename TI, int K, int V, int L, bool PC>
 struct ReplayDecode {
   using Params = DecodeParams;
@@ -27,7 +40,7 @@ struct ReplayDecode {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      if (p.persistent) {
+      if (p.persistent && persistent_inputs_aligned<TI>(p)) {
         if constexpr (kPersistentOk<kRows>) {
           const auto kernel = replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>;
           int64_t resident = 0;
@@ -38,6 +51,7 @@ struct ReplayDecode {
         }
         // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
       }
+      // (misaligned step inputs, see persistent_inputs_aligned, also run one CTA per tile)
       return launch_grid(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>, p, p.batch, p.nv_heads, kRows, V, stream,
                          ReplayRingSmem<K, kRows, PC>::bytes(p.ring.capacity));
     });

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "../common/cp_async.cuh"
+#include "../common/cursors.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -123,7 +124,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   // Every thread has read the cursors: count this CTA in (the last one moves them at the end).
   int arrived = 0;
-  if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
+  if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
   auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
@@ -281,11 +282,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int i = tid; i < K; i += kThreads) kout[i] = k_s[i];
     }
   }
-  if (tid == 0 && arrived == p.nv_heads * kChunks - 1) {
-    p.ring.start[slot] = flush ? pos : start;
-    p.ring.len[slot] = flush ? 1 : m + 1;
-    p.ring.done[slot] = 0;
-    p.ring.draft[slot] = 0;  // a standard step leaves nothing to commit
+  if (tid == 0) {
+    const Cursors seen{start, m, 0};
+    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, seen, cursors_after_step(seen, flush, pos),
+                p.error_flag);
   }
 }
 

@@ -329,7 +329,10 @@ struct PersistentReplay {
       }
     };
 
-    auto counted_in = [&](int64_t) { count_unit_in(p.ring, slot, per_row, flush, start, m, pos); };
+    auto counted_in = [&](int64_t) {
+      const Cursors seen{start, m, 0};
+      count_unit_in(p.ring, slot, per_row, seen, cursors_after_step(seen, flush, pos), p.error_flag);
+    };
 
     pipe.consume(units, heads * kChunks, begin_unit, tile_fn, end_unit, counted_in);
   }

@@ -17,6 +17,7 @@
 #pragma once
 
 #include "../common/cp_async.cuh"
+#include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
 
   // Every thread has read the cursors: count this CTA in (the last one moves them at the end).
   int arrived = 0;
-  if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
+  if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays. Committed: kd_j replaces k_j in shared memory, tot = E(Gc). Drafts: P_i.
   auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
@@ -362,11 +363,10 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       for (int idx = tid; idx < n * K; idx += kThreads) kout[static_cast<int64_t>(phys(m + idx / K)) * K + idx % K] = kh_s[idx];
     }
   }
-  if (tid == 0 && arrived == p.nv_heads * kChunks - 1) {
-    p.ring.start[slot] = flush ? phys(m) : start;
-    p.ring.len[slot] = flush ? 0 : m;
-    p.ring.draft[slot] = n;
-    p.ring.done[slot] = 0;
+  if (tid == 0) {
+    const Cursors seen{start, m, 0};
+    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, seen, cursors_after_verify(seen, flush, phys(m), n),
+                p.error_flag);
   }
 }
 

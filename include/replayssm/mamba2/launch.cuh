@@ -15,6 +15,20 @@
 namespace replayssm {
 namespace mamba2 {
 
+// The persistent kernel copies x, z, B and C with 16-byte cp.async, so it runs only when their
+// base addresses and row strides are multiples of 16 bytes (aligned16); otherwise the tile kernel
+// serves the step: it reads x and z element by element, and B and C with 16-byte loads only when
+// they are aligned. Mirrored by replayssm.ops.mamba2.persistent_inputs_aligned.
+template <typename TI>
+inline bool persistent_inputs_aligned(const DecodeParams& p) {
+  constexpr int e = sizeof(TI);
+  const StepInputs& in = p.in;
+  return aligned16(in.x, e, in.x_stride_batch, p.batch, in.x_stride_head, p.nheads) &&
+         (in.z == nullptr || aligned16(in.z, e, in.z_stride_batch, p.batch, in.z_stride_head, p.nheads)) &&
+         aligned16(in.B, e, in.B_stride_batch, p.batch, in.B_stride_group, p.ngroups) &&
+         aligned16(in.C, e, in.C_stride_batch, p.batch, in.C_stride_group, p.ngroups);
+}
+
 // One op = one kernel family; `launch` and `prepare` are what the module entry exports.
 template <typename TS, typename TI, int P, int N, int L>
 struct ReplayDecode {
@@ -28,7 +42,7 @@ struct ReplayDecode {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      if (p.persistent) {
+      if (p.persistent && persistent_inputs_aligned<TI>(p)) {
         if constexpr (kPersistentOk<kRows>) {
           const auto kernel = replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>;
           int64_t resident = 0;
@@ -42,6 +56,7 @@ struct ReplayDecode {
         }
         // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
       }
+      // (misaligned step inputs, see persistent_inputs_aligned, also run one CTA per tile)
       return launch_grid(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, p.batch, p.nheads, kRows, P, stream,
                          ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity));
     });

@@ -31,7 +31,7 @@ struct Ring {
   int64_t dt_stride_head;
   int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
   int32_t* len;    // [slots] committed records since the checkpoint
-  int32_t* done;   // [slots] CTA arrival counter for the in-kernel cursor update (0 between launches)
+  int32_t* done;   // [slots] arrival counter of the in-kernel cursor move (0 at rest; common/cursors.cuh)
   int32_t* draft;  // [slots] pending drafts of the last verify (see common/commit.cuh)
   int32_t capacity;
   int32_t reserved;

@@ -18,6 +18,7 @@
 #pragma once
 
 #include "../common/cp_async.cuh"
+#include "../common/cursors.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -44,7 +45,6 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   constexpr int kBVec = Vec16<TI>::kElems;  // io elements per 16 bytes
   constexpr int kNV = N / kBVec;            // 16-byte vectors per B/C row
   constexpr int kXV = ROWS / kBVec;         // 16-byte vectors per x-row chunk
-  constexpr int kCur = (2 * kNV + kThreads - 1) / kThreads;
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
 
   const CtaCoords c = cta_coords<P, ROWS>(p);
@@ -92,12 +92,17 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
   const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
   const TI* xp = static_cast<const TI*>(p.in.x) + c.b * p.in.x_stride_batch + c.h * p.in.x_stride_head + c.p0;
-  uint4 vc[kCur];
+  // This step's B and C, element by element (any alignment; a warp still reads whole lines),
+  // converted once the cursors are known.
+  constexpr int kBC = (N + kThreads - 1) / kThreads;
+  TI Craw[kBC], Braw[kBC];
 #pragma unroll
-  for (int k = 0; k < kCur; ++k) {
-    const int i = tid + k * kThreads;
-    if (i < kNV) vc[k] = *reinterpret_cast<const uint4*>(Cp + i * kBVec);
-    else if (i < 2 * kNV) vc[k] = *reinterpret_cast<const uint4*>(Bp + (i - kNV) * kBVec);
+  for (int k = 0; k < kBC; ++k) {
+    const int n = tid + k * kThreads;
+    if (n < N) {
+      Craw[k] = Cp[n];
+      Braw[k] = Bp[n];
+    }
   }
   float xcur = 0.f, dcur = 0.f;
   if (tid < ROWS) xcur = to_float(xp[tid]);
@@ -112,14 +117,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   const bool flush = m + 1 > L;
 
 #pragma unroll
-  for (int k = 0; k < kCur; ++k) {
-    const int i = tid + k * kThreads;
-    if (i < 2 * kNV) {
-      float f[kBVec];
-      unpack16<TI>(vc[k], f);
-      float* dst = i < kNV ? &C_s[i * kBVec] : &Bcur_s[(i - kNV) * kBVec];
-#pragma unroll
-      for (int e = 0; e < kBVec; ++e) dst[e] = f[e];
+  for (int k = 0; k < kBC; ++k) {
+    const int n = tid + k * kThreads;
+    if (n < N) {
+      C_s[n] = to_float(Craw[k]);
+      Bcur_s[n] = to_float(Braw[k]);
     }
   }
   if (tid < ROWS) xcur_s[tid] = xcur;
@@ -130,7 +132,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   // Every thread of this CTA has read the cursors by now: count this CTA in. The last CTA of
   // the slot to arrive moves the cursors at the end (the others hold them in registers).
   int arrived = 0;
-  if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
+  if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
   //    warp per record). Ring positions wrap with one compare: start < R and j < R.
@@ -269,11 +271,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int n = tid; n < N; n += kThreads) Bout[n] = from_float<TI>(Bcur_s[n]);
     }
   }
-  if (tid == 0 && arrived == p.nheads * kChunks - 1) {
-    p.ring.start[slot] = flush ? pos : start;
-    p.ring.len[slot] = flush ? 1 : m + 1;
-    p.ring.done[slot] = 0;
-    p.ring.draft[slot] = 0;  // a standard step leaves nothing to commit
+  if (tid == 0) {
+    const Cursors seen{start, m, 0};
+    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, seen, cursors_after_step(seen, flush, pos),
+                p.error_flag);
   }
 }
 

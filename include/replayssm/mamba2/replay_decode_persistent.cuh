@@ -34,7 +34,7 @@ struct PersistentLayout {
     int64_t slot;
     int32_t start;
     int32_t m;
-    int32_t status;  // kActive or why the unit is skipped
+    int32_t status;  // kUnitActive or why the unit is skipped
     int32_t unused;
   };
 
@@ -252,7 +252,10 @@ struct PersistentReplay {
         *reinterpret_cast<uint4*>(Bout + q * kBVec) = *reinterpret_cast<const uint4*>(UB + q * kBVec);
     };
 
-    auto counted_in = [&](int64_t) { count_unit_in(p.ring, slot, upr, flush, start, m, pos); };
+    auto counted_in = [&](int64_t) {
+      const Cursors seen{start, m, 0};
+      count_unit_in(p.ring, slot, upr, seen, cursors_after_step(seen, flush, pos), p.error_flag);
+    };
 
     pipe.consume(units, hpu * kChunks, begin_unit, tile_fn, end_unit, counted_in);
   }

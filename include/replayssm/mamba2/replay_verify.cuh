@@ -18,6 +18,7 @@
 #pragma once
 
 #include "../common/cp_async.cuh"
+#include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
@@ -84,6 +85,9 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   float* ysc_s = reinterpret_cast<float*>(smem + Smem::ysc(R));
   float* rsum_s = reinterpret_cast<float*>(smem + Smem::rsum(R));
   const int Tl = T < TMAX ? T : TMAX;  // drafts whose inputs are fetched (T > TMAX is rejected below)
+  // The drafts' B (async copies) and C below use 16-byte accesses when their token rows are
+  // 16-byte aligned, else element by element (flags computed where used: registers are scarce).
+  const int64_t tokens = static_cast<int64_t>(p.batch) * T;
   {
     const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
     const TI* xring = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
@@ -94,19 +98,24 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       cp_async16(xring_s + j * ROWS + q * kBVec, xring + static_cast<int64_t>(j) * P + q * kBVec);
     }
     for (int i = tid; i < R; i += kThreads) cp_async4(dring_s + i, dtring + i);
+    const bool B_vec = aligned16(p.in.B, sizeof(TI), p.in.B_stride_batch, tokens, p.in.B_stride_group, p.ngroups);
     const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * T * p.in.B_stride_batch + c.g * p.in.B_stride_group;
     for (int i = tid; i < Tl * kNV; i += kThreads) {
       const int d = i / kNV, q = i % kNV;
-      cp_async16(Bd_s + d * N + q * kBVec, Bp + d * p.in.B_stride_batch + q * kBVec);
+      TI* dst = Bd_s + d * N + q * kBVec;
+      const TI* src = Bp + d * p.in.B_stride_batch + q * kBVec;
+      if (B_vec) cp_async16(dst, src);
+      else *reinterpret_cast<uint4*>(dst) = load16_or_elems(src, false);
     }
   }
   {
+    const bool C_vec = aligned16(p.in.C, sizeof(TI), p.in.C_stride_batch, tokens, p.in.C_stride_group, p.ngroups);
     const TI* xp = static_cast<const TI*>(p.in.x) + c.b * T * p.in.x_stride_batch + c.h * p.in.x_stride_head + c.p0;
     const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * T * p.in.C_stride_batch + c.g * p.in.C_stride_group;
     for (int i = tid; i < Tl * ROWS; i += kThreads) xd_s[i] = xp[(i / ROWS) * p.in.x_stride_batch + i % ROWS];
     for (int i = tid; i < Tl * kNV; i += kThreads) {
       const int d = i / kNV, q = i % kNV;
-      const uint4 v = *reinterpret_cast<const uint4*>(Cp + d * p.in.C_stride_batch + q * kBVec);
+      const uint4 v = load16_or_elems(Cp + d * p.in.C_stride_batch + q * kBVec, C_vec);
       float f[kBVec];
       unpack16<TI>(v, f);
 #pragma unroll
@@ -134,7 +143,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
 
   // Every thread has read the cursors: count this CTA in (the last one moves them at the end).
   int arrived = 0;
-  if (tid == 0) arrived = atomicAdd(&p.ring.done[slot], 1);
+  if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays: committed suffix sums (warp 0, one lane per record) and path sums (one thread per
   //    draft).
@@ -271,11 +280,10 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
         Bout[static_cast<int64_t>(phys(m + idx / N)) * N + idx % N] = Bd_s[idx];
     }
   }
-  if (tid == 0 && arrived == p.nheads * kChunks - 1) {
-    p.ring.start[slot] = flush ? phys(m) : start;
-    p.ring.len[slot] = flush ? 0 : m;
-    p.ring.draft[slot] = n;
-    p.ring.done[slot] = 0;
+  if (tid == 0) {
+    const Cursors seen{start, m, 0};
+    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, seen, cursors_after_verify(seen, flush, phys(m), n),
+                p.error_flag);
   }
 }
 

@@ -1,0 +1,116 @@
+"""A small workload for compute-sanitizer: every kernel kind of every family, once or twice each.
+
+Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush, a
+conventional step, a replay verify with a chain commit and a tree verify with a path commit (the
+flush fused into the verify included), and a conventional verify. Sizes are small so that memcheck,
+racecheck and synccheck finish in seconds. Exits non-zero if a kernel raised an error bit.
+
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 perf/sanitize_driver.py
+    (perf/device_check.sh sanitize runs all three tools and writes their logs under $OUT)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+DEV = torch.device("cuda")
+
+
+def _mamba2(gen, algorithm, batch, **kw):
+    from replayssm import Mamba2DecodeWrapper
+
+    H, P, N, G = 8, 64, 128, 2
+    w = Mamba2DecodeWrapper(H, P, N, G, window=16, max_batch=batch, algorithm=algorithm, **kw)
+    A = -torch.rand(H, device=DEV, generator=gen) * 15 - 1
+    D, dt_bias = torch.randn(H, device=DEV, generator=gen), torch.full((H,), -3.0, device=DEV)
+
+    def inputs(*lead):
+        r = lambda *s: torch.randn(*lead, *s, device=DEV, generator=gen).bfloat16()  # noqa: E731
+        return (r(H, P), r(H), r(G, N), r(G, N), r(H, P))
+
+    def run(cache, inp):
+        x, dt, B, C, z = inp
+        return w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+
+    return w, (H, P, N), inputs, run
+
+
+def _delta(family, gen, algorithm, batch, **kw):
+    from replayssm import GDNDecodeWrapper, KDADecodeWrapper
+
+    HV, HK, K, V = 4, 2, 128, 128
+    cls = KDADecodeWrapper if family == "kda" else GDNDecodeWrapper
+    w = cls(HV, HK, K, V, window=16, max_batch=batch, algorithm=algorithm, **kw)
+    A_log = torch.rand(HV, device=DEV, generator=gen)
+    gate = (HV, K) if family == "kda" else (HV,)
+    dt_bias = torch.full(gate, -3.0, device=DEV)
+
+    def inputs(*lead):
+        r = lambda *s: torch.randn(*lead, *s, device=DEV, generator=gen).bfloat16()  # noqa: E731
+        return (r(HK, K), r(HK, K), r(HV, V), r(*gate), r(HV))
+
+    def run(cache, inp):
+        q, k, v, a, b = inp
+        return w.run(cache, q, k, v, a=a, b=b, A_log=A_log, dt_bias=dt_bias)
+
+    return w, (HV, V, K), inputs, run
+
+
+def _family(name, gen, algorithm, batch, **kw):
+    return _mamba2(gen, algorithm, batch, **kw) if name == "mamba2" else _delta(name, gen, algorithm, batch, **kw)
+
+
+def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 10, T: int = 4) -> list[str]:
+    """Run every kernel kind of one family; returns the error reports (empty when clean)."""
+    errors = []
+    slots = torch.tensor([3, -1, 7, 1], dtype=torch.int32, device=DEV)[:batch]  # one pad row
+    for label, algorithm, kw in (("tile", "replay", {"persistent": False}),
+                                 ("persistent", "replay", {"persistent": True}),
+                                 ("conventional", "conventional", {})):
+        w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
+        cache = w.create_cache(num_slots, max_draft=T)
+        cache.load_state(list(range(num_slots)), 0.1 * torch.randn(num_slots, *shape, device=DEV, generator=gen))
+        w.plan(slots)
+        for _ in range(17):  # crosses a flush
+            run(cache, inputs(batch))
+        if algorithm == "replay" and label == "tile":
+            w.plan(slots, draft_len=T)
+            run(cache, inputs(batch, T))
+            w.commit(cache, num_accepted=torch.tensor([2, 1, 4, 3], dtype=torch.int32, device=DEV)[:batch])
+            w.plan(slots, draft_len=T, parents=torch.tensor([-1, 0, 0, 1], dtype=torch.int32))
+            for _ in range(5):  # the last ones flush inside the verify
+                run(cache, inputs(batch, T))
+                w.commit(cache, accepted_path=torch.tensor([[0, 1, 3, -1]] * batch, dtype=torch.int32, device=DEV))
+        if algorithm == "conventional":  # per-draft snapshots into distinct slots, none a row's own
+            state_slots = torch.tensor([[0, 2, 4, 5], [6, 8, 9, 1]], dtype=torch.int32)
+            w.plan(slots[:2], draft_len=T, state_slots=state_slots)
+            run(cache, inputs(2, T))
+        torch.cuda.synchronize()
+        bits = cache.check_errors()
+        if bits:
+            errors.append(f"{name} {label}: kernel error bits {bits}: {cache.describe_errors(bits)}")
+    return errors
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--families", nargs="+", default=["mamba2", "gdn", "kda"])
+    ap.add_argument("--seed", type=int, default=1234)
+    args = ap.parse_args(argv)
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    errors = []
+    for name in args.families:
+        errors += exercise(name, gen)
+        print(f"{name}: done", flush=True)
+    for e in errors:
+        print("ERROR", e)
+    print(f"sanitize_driver: {len(errors)} error report(s), seed {args.seed}")
+    return 1 if errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
