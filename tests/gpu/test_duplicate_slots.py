@@ -9,9 +9,9 @@ the float64 reference again. Kernel kinds: tile and persistent replay decode, re
 commit, which claims the pending drafts with a compare-and-swap). The conventional kernels keep no
 counter (nothing to detect or to get stuck).
 
-All units of the small batches here are resident at once, the case where detection is certain
-(cursors.cuh): a standard step always moves start or len, and the duplicated slot is set up to
-fold its window in the verify, so the verify moves them too. Base specializations only (those of
+All units of the small batches here are resident at once, the case the detection covers
+(cursors.cuh): every unit counts itself in right after reading the cursors, the row's mover
+releases the count only at its end, so the second row's arrivals find more than a row's count. Base specializations only (those of
 test_mamba2_decode.py, test_gdn_decode.py and the T = 4 verify modules).
 """
 

@@ -333,11 +333,15 @@ class TestMamba2BadSlots:
         H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
         w, cache = make(BASE, "replay", 4, 2, debug=True)
         A, D, dt_bias = layer_weights(H, gen, dev)
-        with pytest.raises(ValueError, match="appears twice"):
+        with pytest.raises(ValueError, match="at most once"):
             w.plan(torch.tensor([1, 1], device=dev))
-        w.plan(torch.tensor([1, 7], device=dev))
+        w.plan(torch.tensor([1, 7], device=dev))  # caught on the host before the launch
         x, dt, B, C, z = step_inputs(2, H, P, N, G, BF16, gen, dev)
-        with pytest.raises(RuntimeError, match="out of range"):
+        with pytest.raises(ValueError, match=r"slot ids in \[0, num_slots=4\)"):
+            w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+        cache.ring_len[2] = 99  # what only the kernel sees: raised from its error bit after the launch
+        w.plan(torch.tensor([1, 2], device=dev))
+        with pytest.raises(RuntimeError, match="corrupt ring cursor"):
             w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
 
 

@@ -3,14 +3,17 @@
 // done, draft).
 //
 // A slot is served by U work units per launch (the CTAs of its row in a tile kernel, the units of
-// its row in a persistent kernel). Each unit reads the cursors, then counts itself in on the
-// slot's arrival counter done[slot]; the last one to arrive moves the cursors once it has written
-// its own records (other units may still be writing theirs: the next launch sees them all):
+// its row in a persistent kernel). Each unit reads the cursors (directly, or through the unit
+// header its producer filled), then counts itself in on the slot's arrival counter done[slot];
+// the U-th arrival moves the cursors once it has written its own records (the other units have
+// read the cursors before they arrived; they may still be writing their records, which the next
+// launch sees):
 //
-//   arrive()        old = atomicAdd(done, 1), once the unit has read the cursors;
+//   arrive()        old = atomicAdd(done, 1), as soon as the unit has read the cursors; nothing
+//                   waits on the result until finish_unit, so its latency hides behind the unit;
 //   finish_unit()   once the unit's records are written: the unit with old % U == U - 1 is the
-//                   last of its row; it atomicExch-es start and len to their new values, stores
-//                   draft, then atomicAdd(done, -U).
+//                   last of its row; it stores start, len and draft, then adds -U to done (a
+//                   reduction whose result nobody waits for).
 //
 // done[slot] only ever receives +1 and -U, never a plain store, so it is back at 0 (its value at
 // rest) after any whole number of rows: an arrival that lands while another row's mover is still
@@ -19,20 +22,14 @@
 //
 // A slot named by two rows of one batch violates the contract (rows write the same ring records;
 // the slot's state is then unspecified until reset). It is detected on the device, raising
-// kErrDuplicateSlot, when
-//   (a) an arrival finds old >= U: more than U units arrived before a mover released its row; or
-//   (b) a mover's exchange returns a start or len different from what its row read: another
-//       row's mover has moved the slot since.
-// Neither can happen in a valid batch (exactly U arrivals from 0; nothing else writes the cursors
-// during the launch), so the bit is never raised spuriously. When both rows read the cursors
-// before either row's mover runs (every unit resident at once, as in small batches), a standard
-// step always raises it by (b): the two movers' exchanges on a cursor are ordered, and the later
-// one returns the earlier one's new value, which differs from what both read (a step always
-// changes start or len). A verify that keeps its committed records changes only draft, so there
-// (a) alone watches: the tile kernels count in right after reading the cursors and release at
-// their end, so a second row's CTA that arrives while the first row's mover runs is flagged. A
-// duplicate row that starts only after the other row's move runs as a second step of the slot
-// and is not flagged.
+// kErrDuplicateSlot, when an arrival finds old >= U: more than U units arrived before a mover
+// released its row. That cannot happen in a valid batch (exactly U arrivals from 0). Units arrive
+// early (right after reading the cursors) and movers subtract late (after their unit's work), so
+// when the two rows' units run at the same time, as in small batches, the bit is raised. A
+// duplicate row whose units all start only after the other row's mover ran is served as a second
+// step of the slot from cursors read earlier, and is not flagged. (An earlier version also
+// compared the cursors a mover replaced with atomicExch; the wait on that exchange sat on the
+// critical path of every row's last unit and cost 1-5% of a step, so it was dropped.)
 #pragma once
 
 #include <cstdint>
@@ -66,29 +63,20 @@ __device__ __forceinline__ int arrive(const RingT& ring, int64_t slot) {
   return atomicAdd(&ring.done[slot], 1);
 }
 
-// The same thread, once the unit's records are written: flags a duplicate slot (rule (a)) and, if
-// the unit is the last of its row, moves the cursors from `seen` (what the row read) to `next`
-// (flagging rule (b)) and releases the row's arrivals.
+// The same thread, once the unit's records are written: flags a duplicate slot and, if the unit
+// is the last of its row, moves the cursors to `next` and releases the row's arrivals.
 template <typename RingT>
 __device__ __forceinline__ void finish_unit(const RingT& ring, int64_t slot, int units, int arrived,
-                                            const Cursors& seen, const Cursors& next, int32_t* error_flag) {
+                                            const Cursors& next, int32_t* error_flag) {
   // Keep the compiler from computing on `arrived` as soon as the atomic returns (mid-kernel in
   // the tile kernels, where registers are scarce): nothing here is needed before this point.
   asm volatile("" : "+r"(arrived)::"memory");
   if (arrived >= units) raise_error(error_flag, kErrDuplicateSlot);
   if (arrived % units != units - 1) return;
-  const int s = atomicExch(&ring.start[slot], next.start);
-  const int l = atomicExch(&ring.len[slot], next.len);
+  ring.start[slot] = next.start;
+  ring.len[slot] = next.len;
   ring.draft[slot] = next.draft;
-  if (s != seen.start || l != seen.len) raise_error(error_flag, kErrDuplicateSlot);
-  atomicAdd(&ring.done[slot], -units);
-}
-
-// Both at once, for a unit that counts itself in after writing its records (persistent kernels).
-template <typename RingT>
-__device__ __forceinline__ void count_unit_in(const RingT& ring, int64_t slot, int units, const Cursors& seen,
-                                              const Cursors& next, int32_t* error_flag) {
-  finish_unit(ring, slot, units, arrive(ring, slot), seen, next, error_flag);
+  atomicAdd(&ring.done[slot], -units);  // result unused: compiled as a reduction, no wait
 }
 
 }  // namespace replayssm

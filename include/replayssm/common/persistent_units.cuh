@@ -1,6 +1,6 @@
 // Per-unit bookkeeping shared by the persistent replay kernels: reading a unit's slot and ring
-// cursors (producer) and skipping a unit (consumers); the last unit of a slot moves its cursors
-// with count_unit_in (cursors.cuh). `RingT` is a family's Ring (start, len, done, draft, capacity).
+// cursors (producer) and skipping a unit (consumers); a unit counts itself in and the last one
+// of a slot moves its cursors with arrive/finish_unit (cursors.cuh). `RingT` is a family's Ring (start, len, done, draft, capacity).
 #pragma once
 
 #include <cstdint>

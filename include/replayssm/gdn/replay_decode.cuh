@@ -284,7 +284,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, seen, cursors_after_step(seen, flush, pos),
+    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, cursors_after_step(seen, flush, pos),
                 p.error_flag);
   }
 }

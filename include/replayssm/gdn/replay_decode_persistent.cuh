@@ -190,6 +190,7 @@ struct PersistentReplay {
     const int R = p.ring.capacity;
     int64_t slot = 0;
     int start = 0, m = 0, pos = 0;
+    int arrived = 0;  // thread 0: the slot's arrival count before this unit (cursors.cuh)
     bool flush = false;
     float kn[Tile::kVpl][kV], qn[Tile::kVpl][kV];  // k^, q^ (KDA: kt, qt) at this thread's columns
     float kk0 = 0.f, kq0 = 0.f, kqm = 0.f;         // lane j: k_j . k^, k_j . q^; k^ . q^
@@ -211,6 +212,7 @@ struct PersistentReplay {
       m = hd.m;
       flush = m + 1 > L;
       pos = start + m >= R ? start + m - R : start + m;
+      if (tid == 0) arrived = arrive(p.ring, slot);  // the producer has read the cursors
       Ucur = U;
       unsigned char* Uw = const_cast<unsigned char*>(U);
       const TI* Uq = reinterpret_cast<const TI*>(U + Lay::kUQ);
@@ -330,8 +332,7 @@ struct PersistentReplay {
     };
 
     auto counted_in = [&](int64_t) {
-      const Cursors seen{start, m, 0};
-      count_unit_in(p.ring, slot, per_row, seen, cursors_after_step(seen, flush, pos), p.error_flag);
+      finish_unit(p.ring, slot, per_row, arrived, cursors_after_step(Cursors{start, m, 0}, flush, pos), p.error_flag);
     };
 
     pipe.consume(units, heads * kChunks, begin_unit, tile_fn, end_unit, counted_in);

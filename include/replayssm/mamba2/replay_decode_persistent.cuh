@@ -187,6 +187,7 @@ struct PersistentReplay {
     const int R = p.ring.capacity;
     int64_t slot = 0;
     int start = 0, m = 0, pos = 0;
+    int arrived = 0;  // thread 0: the slot's arrival count before this unit (cursors.cuh)
     bool flush = false;
     float Cv[Tile::kVpl][kV];
     float bcj = 0.f, bcm = 0.f;
@@ -207,6 +208,7 @@ struct PersistentReplay {
       m = hd.m;
       flush = m + 1 > L;
       pos = start + m >= R ? start + m - R : start + m;
+      if (tid == 0) arrived = arrive(p.ring, slot);  // the producer has read the cursors
       Ucur = U;
       const TI* UC = reinterpret_cast<const TI*>(U + Lay::kUC);
       const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
@@ -253,8 +255,7 @@ struct PersistentReplay {
     };
 
     auto counted_in = [&](int64_t) {
-      const Cursors seen{start, m, 0};
-      count_unit_in(p.ring, slot, upr, seen, cursors_after_step(seen, flush, pos), p.error_flag);
+      finish_unit(p.ring, slot, upr, arrived, cursors_after_step(Cursors{start, m, 0}, flush, pos), p.error_flag);
     };
 
     pipe.consume(units, hpu * kChunks, begin_unit, tile_fn, end_unit, counted_in);

@@ -282,7 +282,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, seen, cursors_after_verify(seen, flush, phys(m), n),
+    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n),
                 p.error_flag);
   }
 }
