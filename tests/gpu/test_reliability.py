@@ -100,40 +100,27 @@ class TestBitIdenticalReruns:
         _run_twice(body, cache)
         assert cache.check_errors() == 0, f"seed {seed}"
 
-    def test_replay_verify_and_commit(self, family):
-        seed, T = 2000, 4
+    @pytest.mark.parametrize("drafts", ["chain", "tree"])
+    def test_replay_verify_and_commit(self, family, drafts):
+        seed, T = 2000 + (drafts == "tree"), 4
         fam, w, cache, slots, gen = self._setup(family, seed, "replay", max_draft=T)
-        rounds = [(fam.inputs(self.batch, T),
-                   torch.randint(1, T + 1, (self.batch,), generator=gen, device=DEV, dtype=torch.int32))
-                  for _ in range(6)]  # ~15 accepted tokens: crosses a flush
+        if drafts == "chain":  # random accepted counts, drawn once: both runs commit the same
+            plan = dict(draft_len=T)
+            commits = [dict(num_accepted=torch.randint(1, T + 1, (self.batch,), generator=gen, device=DEV,
+                                                       dtype=torch.int32)) for _ in range(6)]
+        else:  # a token tree and a root path through it
+            plan = dict(draft_len=T, parents=torch.tensor([-1, 0, 0, 1], dtype=torch.int32))
+            path = torch.tensor([[0, 1, 3, -1]] * self.batch, dtype=torch.int32, device=DEV)
+            commits = [dict(accepted_path=path)] * 6
+        rounds = [fam.inputs(self.batch, T) for _ in commits]  # ~15 accepted tokens: crosses a flush
 
         def body():
             outs = []
-            for inp, n_acc in rounds:
+            for inp, commit in zip(rounds, commits):
                 out = fam.out_like(inp)
-                w.plan(slots, draft_len=T)
+                w.plan(slots, **plan)
                 fam.run(w, cache, inp, out)
-                w.commit(cache, num_accepted=n_acc)
-                outs.append(out)
-            return outs
-
-        _run_twice(body, cache)
-        assert cache.check_errors() == 0, f"seed {seed}"
-
-    def test_tree_verify_and_path_commit(self, family):
-        seed, T = 2001, 4
-        fam, w, cache, slots, _ = self._setup(family, seed, "replay", max_draft=T)
-        parents = torch.tensor([-1, 0, 0, 1], dtype=torch.int32)
-        path = torch.tensor([[0, 1, 3, -1]] * self.batch, dtype=torch.int32, device=DEV)
-        rounds = [fam.inputs(self.batch, T) for _ in range(6)]
-
-        def body():
-            outs = []
-            for inp in rounds:
-                out = fam.out_like(inp)
-                w.plan(slots, draft_len=T, parents=parents)
-                fam.run(w, cache, inp, out)
-                w.commit(cache, accepted_path=path)
+                w.commit(cache, **commit)
                 outs.append(out)
             return outs
 
