@@ -6,8 +6,11 @@
 // as a wrong sum; whatever compute-sanitizer --tool racecheck reports on this program is what it
 // reports for the protocol itself.
 //
+// Two releases of a stage are compared: lane 0 of each consumer warp arrives after __syncwarp()
+// (what the kernels do: 4 arrivals per stage), or every consumer thread arrives (128 arrivals).
+//
 //   nvcc -std=c++17 -arch=sm_90a -I include -o /tmp/racecheck_probe perf/racecheck_probe.cu
-//   compute-sanitizer --tool racecheck /tmp/racecheck_probe
+//   compute-sanitizer --tool racecheck /tmp/racecheck_probe warp     (or: thread)
 #include <cstdio>
 #include <vector>
 
@@ -18,6 +21,7 @@ using namespace replayssm;
 constexpr int kStages = 3, kTiles = 24, kFloats = 1024, kExtra = 32;
 constexpr int kStageBytes = (kFloats + kExtra) * 4;
 
+template <bool kEveryThreadArrives>
 __global__ void __launch_bounds__(160) probe(const float* tiles, const float* extra, float* sums) {
   extern __shared__ __align__(128) unsigned char smem[];
   uint64_t* full = reinterpret_cast<uint64_t*>(smem);
@@ -26,7 +30,7 @@ __global__ void __launch_bounds__(160) probe(const float* tiles, const float* ex
   if (threadIdx.x == 0) {
     for (int s = 0; s < kStages; ++s) {
       mbar_init(&full[s], 33);
-      mbar_init(&empty[s], 4);
+      mbar_init(&empty[s], kEveryThreadArrives ? 128 : 4);
     }
     mbar_init_fence();
   }
@@ -54,14 +58,19 @@ __global__ void __launch_bounds__(160) probe(const float* tiles, const float* ex
     float acc = 0.f;
     for (int i = warp * 256 + lane; i < (warp + 1) * 256; i += 32) acc += st[i];
     if (warp == 0) acc += st[kFloats + lane];
-    __syncwarp();
-    if (lane == 0) mbar_arrive(&empty[s]);
+    if (kEveryThreadArrives) {
+      mbar_arrive(&empty[s]);
+    } else {
+      __syncwarp();
+      if (lane == 0) mbar_arrive(&empty[s]);
+    }
     for (int o = 16; o; o /= 2) acc += __shfl_xor_sync(0xffffffffu, acc, o);
     if (lane == 0) atomicAdd(&sums[t], acc);
   }
 }
 
-int main() {
+int main(int argc, char** argv) {
+  const bool every_thread = argc > 1 && argv[1][0] == 't';
   std::vector<float> h_tiles(kTiles * kFloats), h_extra(kTiles * kExtra), expect(kTiles, 0.f);
   for (int t = 0; t < kTiles; ++t) {
     for (int i = 0; i < kFloats; ++i) expect[t] += h_tiles[t * kFloats + i] = float((t * 7 + i) % 13);
@@ -75,13 +84,19 @@ int main() {
   cudaMemcpy(extra, h_extra.data(), h_extra.size() * 4, cudaMemcpyHostToDevice);
   cudaMemset(sums, 0, kTiles * 4);
   const int smem = 128 + kStages * kStageBytes;
-  cudaFuncSetAttribute(probe, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
-  probe<<<1, 160, smem>>>(tiles, extra, sums);
+  if (every_thread) {
+    cudaFuncSetAttribute(probe<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    probe<true><<<1, 160, smem>>>(tiles, extra, sums);
+  } else {
+    cudaFuncSetAttribute(probe<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, smem);
+    probe<false><<<1, 160, smem>>>(tiles, extra, sums);
+  }
   cudaError_t err = cudaDeviceSynchronize();
   std::vector<float> got(kTiles);
   cudaMemcpy(got.data(), sums, kTiles * 4, cudaMemcpyDeviceToHost);
   int bad = 0;
   for (int t = 0; t < kTiles; ++t) bad += got[t] != expect[t];
-  std::printf("racecheck_probe: %s, %d of %d sums wrong\n", cudaGetErrorString(err), bad, kTiles);
+  std::printf("racecheck_probe (%s arrives): %s, %d of %d sums wrong\n", every_thread ? "every thread" : "lane 0",
+              cudaGetErrorString(err), bad, kTiles);
   return err != cudaSuccess || bad;
 }

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import reprlib
-from functools import cached_property
 
 import torch
 
@@ -11,14 +10,18 @@ from .configs import check_gdn_config, check_mamba2_config, check_max_draft, pos
 from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
-from .ops.abi import RingArray, ring_array
+from .ops.constants import ERROR_BITS as _BITS
 from .ops.validate import check_tensor, per_head_stride
 
-ERROR_BITS = {1: "slot index out of range (row skipped)", 2: "corrupt ring cursor (row skipped)",
-              4: "draft count outside [1, T] or a parent not earlier in the tree (row skipped)",
-              8: "commit without a pending verify, num_accepted outside [1, n], or not a tree path (row unchanged)",
-              16: "a slot named by two rows of one batch (contract violation: that slot's state is unspecified "
-                  "until reset; other slots are unaffected)"}
+#: What each error bit of the kernels' flag means (bits: kErr* in include/replayssm/common/constants.h).
+ERROR_BITS = {_BITS["kErrSlotOutOfRange"]: "slot index out of range (row skipped)",
+              _BITS["kErrCorruptCursor"]: "corrupt ring cursor (row skipped)",
+              _BITS["kErrBadDrafts"]: "draft count outside [1, T] or a parent not earlier in the tree (row skipped)",
+              _BITS["kErrBadCommit"]: "commit without a pending verify, num_accepted outside [1, n], or not a tree "
+                                      "path (row unchanged)",
+              _BITS["kErrDuplicateSlot"]: "a slot named by two rows of one batch (contract violation: that slot's "
+                                          "state is unspecified until reset; other slots are unaffected)"}
+assert set(ERROR_BITS) == set(_BITS.values()), "describe every kErr* bit of constants.h"
 
 
 def _as_slots(name: str, slots, num_slots: int, device, *, distinct: bool = False) -> torch.Tensor:
@@ -87,11 +90,6 @@ class ReplayCache:
     def cursors(self) -> tuple[torch.Tensor, ...]:
         """The per-slot cursor tensors (int32 [num_slots] each)."""
         return self.ring_start, self.ring_len, self.ring_done, self.ring_draft
-
-    @cached_property
-    def ring_arrays(self) -> tuple[RingArray, ...]:
-        """The rings as the commit kernel sees them (records of 4-byte words); built once."""
-        return tuple(ring_array(r) for r in self.rings())
 
     # -- sizes --------------------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
@@ -206,17 +204,6 @@ class Mamba2Cache(ReplayCache):
     def rings(self):
         return self.x_ring, self.B_ring, self.dt_ring
 
-    def pool_struct(self) -> m2_ops.StatePool:
-        c = self.checkpoint
-        return m2_ops.StatePool(c.data_ptr(), c.stride(0), c.stride(1))
-
-    def ring_struct(self) -> m2_ops.Ring:
-        x, B, dt = self.x_ring, self.B_ring, self.dt_ring
-        return m2_ops.Ring(x.data_ptr(), x.stride(0), x.stride(1), B.data_ptr(), B.stride(0), B.stride(1),
-                           dt.data_ptr(), dt.stride(0), dt.stride(1), self.ring_start.data_ptr(),
-                           self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.ring_draft.data_ptr(),
-                           self.capacity, 0)
-
     def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
 
@@ -274,17 +261,6 @@ class GDNCache(ReplayCache):
 
     def rings(self):
         return self.u_ring, self.k_ring, self.g_ring
-
-    def pool_struct(self) -> gdn_ops.StatePool:
-        c = self.checkpoint
-        return gdn_ops.StatePool(c.data_ptr(), c.stride(0), c.stride(1))
-
-    def ring_struct(self) -> gdn_ops.Ring:
-        u, k, g = self.u_ring, self.k_ring, self.g_ring
-        return gdn_ops.Ring(u.data_ptr(), u.stride(0), u.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-                            g.data_ptr(), g.stride(0), g.stride(1), self.ring_start.data_ptr(),
-                            self.ring_len.data_ptr(), self.ring_done.data_ptr(), self.ring_draft.data_ptr(),
-                           self.capacity, 0)
 
     def materialize(self, slots) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), HV, V, K] (nothing is modified)."""

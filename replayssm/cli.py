@@ -15,7 +15,6 @@ row ``invalid: ...``, and warns about an AOT dir that does not exist.
 from __future__ import annotations
 
 import argparse
-import ctypes
 import json
 import os
 import platform
@@ -27,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ._version import __version__
-from .jit import env
+from .jit import driver, env
 from .jit.errors import SettingsError
 
 # Directories directly under the cache root that this package created: one per version.
@@ -119,14 +118,10 @@ def clear_cache(root: Path | None = None) -> tuple[int, int]:
 
 def driver_info() -> str:
     """CUDA driver API version from libcuda (and the driver release from nvidia-smi)."""
-    try:
-        lib = ctypes.CDLL("libcuda.so.1")
-    except OSError:
-        return "not found (no libcuda.so.1: no NVIDIA driver on this machine)"
-    v = ctypes.c_int(0)
-    if lib.cuDriverGetVersion(ctypes.byref(v)) != 0:
-        return "libcuda.so.1 found, but cuDriverGetVersion failed"
-    text = f"CUDA {v.value // 1000}.{(v.value % 1000) // 10}"
+    d = driver.probe()
+    if not d.available:
+        return d.reason
+    text = f"CUDA {d.version_text}"
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
@@ -140,25 +135,31 @@ def driver_info() -> str:
     return text
 
 
+def gpu_info() -> list[str]:
+    """One line per GPU the driver sees (no torch needed): name, compute capability, the arch the
+    JIT builds for it, memory and SM count; a single line saying why when there is none."""
+    d = driver.probe()
+    lines = []
+    for g in d.gpus:
+        try:
+            arch = f"sm_{env.normalize_arch(g.capability)}"
+        except ValueError:
+            arch = "?"
+        lines.append(f"{g.index}: {g.name}, compute capability {g.capability} -> builds {arch}, "
+                     f"{g.total_memory / 2**30:.1f} GiB, {g.sm_count} SMs")
+    if d.reason and lines:
+        lines.append(f"(listing stopped: {d.reason})")
+    return lines
+
+
 def torch_info() -> tuple[str, list[str]]:
-    """('2.13.0+cpu (CUDA build: none)', [one line per visible GPU])."""
+    """('2.13.0+cpu (CUDA build: none)', [one line per GPU the driver sees, see gpu_info])."""
     try:
         import torch
     except Exception as e:  # pragma: no cover - torch is a dependency
-        return f"not importable ({e})", []
+        return f"not importable ({e})", gpu_info()
     cuda = torch.version.cuda or "none (CPU build of torch)"
-    text = f"{torch.__version__} (CUDA build: {cuda})"
-    gpus = []
-    try:
-        if torch.cuda.is_available():
-            for i in range(torch.cuda.device_count()):
-                p = torch.cuda.get_device_properties(i)
-                arch = env.normalize_arch(f"{p.major}.{p.minor}")
-                gpus.append(f"{i}: {p.name}, compute capability {p.major}.{p.minor} -> builds sm_{arch}, "
-                            f"{p.total_memory / 2**30:.1f} GiB, {p.multi_processor_count} SMs")
-    except Exception as e:
-        gpus.append(f"(querying GPUs failed: {e})")
-    return text, gpus
+    return f"{torch.__version__} (CUDA build: {cuda})", gpu_info()
 
 
 def nvcc_info() -> str:
@@ -200,7 +201,8 @@ def cmd_info(args) -> int:
         for g in gpus[1:]:
             row("", g)
     else:
-        row("GPUs", "none visible (the ops need a CUDA GPU; `demo` runs the reference path)")
+        why = driver.probe().reason or "the driver lists none"
+        row("GPUs", f"none visible ({why}; the ops need a CUDA GPU; `demo` runs the reference path)")
     row("nvcc", nvcc_info())
     row("ninja", env.find_ninja() or "not found (pip install ninja)")
     archs = tuple(sorted(set(s.arch_list))) if s.arch_list else env.visible_gpu_archs()
@@ -216,7 +218,7 @@ def cmd_info(args) -> int:
     from .jit.build import packaged_aot_root
 
     if "aot_dirs" in errors:
-        row("AOT dirs", invalid("aot_dirs"))
+        row("AOT dirs", f"invalid: {errors['aot_dirs']}")
     elif not s.aot_dirs:
         row("AOT dirs", "(none; set REPLAYSSM_AOT_DIR)")
     for i, d in enumerate(s.aot_dirs):

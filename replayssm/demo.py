@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import statistics
 import time
 
 #: Mamba-2 layer shapes of docs/benchmarks.md (H heads, P head dim, N state dim, G groups).

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-from .ops.abi import CommitParams, DraftArgs, SlotArg
-from .ops.generators import MAX_DRAFTS
+from .ops.abi import CommitParams, DraftArgs, SlotArg, commit_params
+from .ops.constants import MAX_DRAFTS
 from .ops.validate import INDEX_DTYPES, check_tensor
 
 
@@ -122,13 +122,8 @@ class DraftPlan:
         if (num_accepted is None) == (accepted_path is None):
             raise ValueError("commit(): pass exactly one of num_accepted ([batch] int32) or accepted_path "
                              "([batch, T] int32, -1 after the path)")
-        p = CommitParams()
-        arrays = cache.ring_arrays
-        for i, a in enumerate(arrays):
-            p.arrays[i] = a
-        p.num_arrays = len(arrays)
+        p = commit_params(cache)  # rings and cursors (replayssm.ops.abi: the storage holds no ctypes)
         p.slots = slots
-        p.start, p.len, p.draft = cache.ring_start.data_ptr(), cache.ring_len.data_ptr(), cache.ring_draft.data_ptr()
         if num_accepted is not None:
             check_tensor("num_accepted", num_accepted, shape=(batch,), dtype=torch.int32, device=cache.device)
             if batch > 1 and num_accepted.stride(0) != 1:
@@ -140,6 +135,5 @@ class DraftPlan:
             p.paths, p.paths_stride = accepted_path.data_ptr(), accepted_path.stride(0)
         if self.is_tree:
             p.parents, p.parents_stride = self.parents.data_ptr(), self.parents.stride(0)
-        p.error_flag = cache.error_flag.data_ptr()
-        p.capacity, p.T, p.batch = cache.capacity, self.T, batch
+        p.T, p.batch = self.T, batch
         return p

@@ -8,9 +8,12 @@
 
 The constructor fixes what a captured graph must not see change (dims, dtypes, L, max batch,
 device) and checks every argument before it touches the GPU; ``plan`` validates the batch, then
-loads (or JIT-compiles) the module and copies the slot indices into a fixed device buffer (a plan
-that raises leaves the previous one intact); ``run`` only validates and launches on torch's
-current stream.
+loads (or JIT-compiles) the module, asks the module's plan entry for the schedule (kernel, tile,
+heads per unit, grid, shared memory, any fallback: ``w.schedule``, decided from the device's
+limits) and copies the slot indices into a fixed device buffer (a plan that raises leaves the
+previous one intact); ``run`` only validates and launches the planned schedule on torch's current
+stream (the one choice left to a launch: a persistent schedule serves a step whose step inputs
+are not 16-byte aligned with ``w.schedule.tile``).
 
 device: None or 'cuda' (torch's current CUDA device when the wrapper is built), 'cuda:1',
 torch.device('cuda', 1) or 1; it is stored with its index (see replayssm.devices). A CUDA device
@@ -29,7 +32,8 @@ from .configs import (check_algorithm, check_bool, check_gdn_config, check_mamba
 from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
-from .ops.abi import CommitParams, SlotArg, current_stream
+from .ops.abi import CommitParams, Schedule, SlotArg, current_stream
+from .ops.constants import ENTRY_COMMIT, ENTRY_STEP
 from .ops.generators import verify_capacity
 from .ops.validate import check_slot_indices
 from .speculative import DraftPlan, PendingDrafts
@@ -56,10 +60,10 @@ class _DecodeWrapper:
         self._batch: int | None = None
         self._modules: dict = {}
         self._module = None
-        self._rows = 16
+        self._schedule: Schedule | None = None  # fixed by plan()
+        self._device_limits: dict | None = None  # None: the module queries the device (tests inject H200_LIMITS)
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
-        self._persistent = False  # fixed by plan()
         self._debug_slot_max = -1  # debug: the largest slot id the plan names (checked against the cache)
 
     @property
@@ -93,25 +97,30 @@ class _DecodeWrapper:
     def _load_module(self, op: str, capacity: int):
         raise NotImplementedError
 
-    def _default_rows(self, batch: int, persistent: bool) -> int:
+    def _plan_query(self, batch: int, T: int):
+        """The plan entry's query: batch, the dims the module is not compiled for, the overrides."""
         raise NotImplementedError
 
-    def _default_persistent(self, batch: int) -> bool:
-        raise NotImplementedError
-
-    def _persistent_for(self, batch: int, T: int) -> bool:
-        """Whether a standard replay step of ``batch`` rows runs the persistent pipelined kernel
-        (constructor ``persistent``: True/False forces it, None picks by batch)."""
-        if self.algorithm != "replay" or T:
-            return False
-        if self._persistent_override is not None:
-            return self._persistent_override
-        return self._default_persistent(batch)
+    @property
+    def schedule(self) -> Schedule:
+        """What the current plan runs, as the module's plan entry decided it (replayssm.ops.abi.Schedule):
+        kernel ('persistent' | 'tile' | 'conventional' | 'verify'), rows_per_cta, heads_per_unit, grid,
+        smem_bytes, fallback (None, or why a persistent request runs the tile kernel), and ``tile``: the
+        launch that serves a step whose inputs are not 16-byte aligned when the kernel is 'persistent'
+        (the one choice made per launch)."""
+        if self._schedule is None:
+            raise RuntimeError("schedule: call plan() first")
+        return self._schedule
 
     @property
     def persistent(self) -> bool:
-        """Whether the current plan runs the persistent pipelined replay kernel."""
-        return self._persistent
+        """Whether the current plan runs the persistent pipelined replay kernel (schedule.kernel)."""
+        return self._schedule is not None and self._schedule.persistent
+
+    @property
+    def _rows(self) -> int:
+        """rows_per_cta of the current plan's launch (16 before the first plan)."""
+        return self._schedule.rows_per_cta if self._schedule is not None else 16
 
     def plan(self, slot_indices: torch.Tensor, *, num_slots: int | None = None, draft_len: int | None = None,
              parents=None, draft_counts=None, state_slots=None) -> None:
@@ -146,13 +155,12 @@ class _DecodeWrapper:
         slot_max = self._debug_check_slots(slot_indices, drafts, num_slots) if self.debug else -1
         key = (self._op_for(drafts.T), self._capacity_for(drafts.T))
         module = self._modules[key] if key in self._modules else self._load_module(*key)
-        persistent = self._persistent_for(batch, drafts.T)
-        rows = self._rows_override or self._default_rows(batch, persistent)
+        schedule = Schedule.from_struct(module.plan(self._plan_query(batch, drafts.T)))
         # Nothing below raises: the new plan replaces the old one as a whole.
         self._modules[key] = module
         self._drafts.apply(drafts)
         self._slots[:batch].copy_(slot_indices, non_blocking=True)
-        self._module, self._batch, self._persistent, self._rows = module, batch, persistent, rows
+        self._module, self._batch, self._schedule = module, batch, schedule
         self._debug_slot_max = slot_max
         self._verified = False
 
@@ -243,8 +251,8 @@ class _DecodeWrapper:
         if not self._verified:
             raise RuntimeError("commit(): no verify has run since plan(); call run() first")
         p = self._drafts.commit_params(cache, self._slot_arg(cache), batch, num_accepted, accepted_path)
-        self._module.check_params(1, CommitParams)
-        self._module.launch(1, p, current_stream(self.device))
+        self._module.check_params(ENTRY_COMMIT, CommitParams)
+        self._module.launch_commit(p, current_stream(self.device))
         if self.debug:
             self._raise_errors(cache, "commit()")
 
@@ -255,17 +263,17 @@ class _DecodeWrapper:
 
     def _launch(self, ops, p, cache: ReplayCache) -> None:
         """Fill what every family's DecodeParams ``p`` shares and launch the step (or the verify,
-        wrapping ``p`` with the draft plan). ops: the family's module (replayssm.ops.mamba2 / gdn)."""
-        p.pool = cache.pool_struct()
+        wrapping ``p`` with the draft plan) with the plan's schedule (no decision here).
+        ops: the family's module (replayssm.ops.mamba2 / gdn)."""
+        p.pool = ops.pool_struct(cache)
         if self.algorithm == "replay":
-            p.ring = cache.ring_struct()
+            p.ring = ops.ring_struct(cache)
         p.slots = self._slot_arg(cache)
         p.error_flag = cache.error_flag.data_ptr()
-        p.batch, p.rows_per_cta = self._batch, self._rows
-        p.persistent = int(self._persistent)
+        p.batch = self._batch
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
-        self._module.check_params(0, type(params))
-        self._module.launch(0, params, current_stream(self.device))
+        self._module.check_params(ENTRY_STEP, type(params))
+        self._module.launch_step(params, self._schedule.struct, current_stream(self.device))
         self._verified = bool(self._drafts.T)
         if self.debug:
             self._raise_errors(cache, "run()")
@@ -293,7 +301,8 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     window: int, one of 8, 16, 32; max_batch: positive int; pad_slot_id: int; dt_softplus, debug:
     bool; device: see the module docstring (a CUDA device). ``persistent``: None lets plan() choose
     the replay kernel by batch (the persistent pipelined one from batch x H >= 1,024), True/False
-    forces it; ``rows_per_cta``: None or an int tile of P. Every argument is checked here
+    forces it (a specialization whose persistent buffers do not fit the device runs the tile
+    kernel, with ``w.schedule.fallback`` saying why); ``rows_per_cta``: None or an int tile of P. Every argument is checked here
     (ValueError/TypeError naming it) before the device is.
     """
 
@@ -323,13 +332,9 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     def _load_module(self, op: str, capacity: int):
         return m2.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, capacity)
 
-    def _default_rows(self, batch: int, persistent: bool) -> int:
-        if persistent:
-            return m2.persistent_rows_per_cta(self.dims, self.state_dtype)
-        return m2.default_rows_per_cta(self.dims.head_dim, batch, self.dims.nheads, self.algorithm)
-
-    def _default_persistent(self, batch: int) -> bool:
-        return m2.default_persistent(self.dims, batch)
+    def _plan_query(self, batch: int, T: int):
+        return m2.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T,
+                             self._device_limits)
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
         """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.
@@ -366,7 +371,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
     finite float). window: int, one of 8, 16, 32; max_batch: positive int; pad_slot_id: int;
     debug: bool; device: see the module docstring (a CUDA device). ``persistent``: None lets plan()
     choose the replay kernel by batch (the persistent pipelined one from 128 units: batch x HK for
-    GDN, batch x HV for KDA), True/False forces it; ``rows_per_cta``: None or an int tile of V.
+    GDN, batch x HV for KDA), True/False forces it (``w.schedule.fallback`` reports a persistent
+    request the device cannot serve); ``rows_per_cta``: None or an int tile of V.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -395,13 +401,9 @@ class GDNDecodeWrapper(_DecodeWrapper):
     def _load_module(self, op: str, capacity: int):
         return gdn_ops.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family, capacity)
 
-    def _default_rows(self, batch: int, persistent: bool) -> int:
-        if persistent:
-            return gdn_ops.persistent_rows_per_cta(self.dims, self.state_dtype)
-        return gdn_ops.default_rows_per_cta(self.dims.head_v_dim, self.dims.head_k_dim, batch, self.dims.num_v_heads)
-
-    def _default_persistent(self, batch: int) -> bool:
-        return gdn_ops.default_persistent(self.dims, batch, self.cache_type.per_channel)
+    def _plan_query(self, batch: int, T: int):
+        return gdn_ops.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T,
+                                  self._device_limits)
 
     def run(self, cache: GDNCache, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
             out=None) -> torch.Tensor:

@@ -55,7 +55,7 @@ def compile_flags(archs: tuple[str, ...]) -> list[str]:
 
 
 @dataclasses.dataclass
-class BuildPlan:
+class BuildTarget:
     spec: Specialization
     archs: tuple[str, ...]
     source: str
@@ -70,7 +70,7 @@ class BuildPlan:
         return fingerprint(self.src_hash, compiler)
 
 
-def plan(spec: Specialization, archs: tuple[str, ...] | None = None, headers: str | None = None) -> BuildPlan:
+def plan(spec: Specialization, archs: tuple[str, ...] | None = None, headers: str | None = None) -> BuildTarget:
     archs = tuple(sorted(archs if archs is not None else env.target_archs()))
     if not archs:
         raise ToolchainError(
@@ -79,7 +79,7 @@ def plan(spec: Specialization, archs: tuple[str, ...] | None = None, headers: st
         )
     source = render(spec)
     flags = compile_flags(archs)
-    return BuildPlan(spec, archs, source, flags, source_hash(source, flags, headers or header_digest()))
+    return BuildTarget(spec, archs, source, flags, source_hash(source, flags, headers or header_digest()))
 
 
 # ----------------------------------------------------------------------------------------
@@ -108,7 +108,7 @@ def _umask() -> int:
     return mask
 
 
-def module_is_current(mod_dir: Path, bp: BuildPlan, compiler: str | None = None) -> bool:
+def module_is_current(mod_dir: Path, bp: BuildTarget, compiler: str | None = None) -> bool:
     """``mod_dir`` holds ``bp``'s module built from the same sources and flags (and, when
     ``compiler`` is given, by that compiler version)."""
     return _matches(mod_dir, bp.name, bp.src_hash, bp.fingerprint(compiler) if compiler else None)
@@ -127,7 +127,7 @@ def _atomic_write(path: Path, text: str) -> None:
         raise
 
 
-def publish(build_dir: Path, root: Path, bp: BuildPlan, compiler: str) -> Path:
+def publish(build_dir: Path, root: Path, bp: BuildTarget, compiler: str) -> Path:
     """Move a finished build into ``root/<name>/``; meta.json is written last (commit point)."""
     mod_dir = root / bp.name
     mod_dir.mkdir(parents=True, exist_ok=True)
@@ -204,7 +204,7 @@ def _ninja_value(text: str) -> str:
 _START = ".start"  # suffix of the stamp file each nvcc edge writes when it starts
 
 
-def write_ninja(build_dir: Path, plans: list[BuildPlan], nvcc: Path) -> Path:
+def write_ninja(build_dir: Path, plans: list[BuildTarget], nvcc: Path) -> Path:
     """One build.ninja with one nvcc edge per module; sources are written beside it."""
     lines = [
         "ninja_required_version = 1.3",
@@ -312,7 +312,7 @@ def _make_build_dir(root: Path) -> Path:
     raise OSError(f"replayssm: cannot create a build folder under {tmp_root}: it keeps disappearing")
 
 
-def compile_into(root: Path, plans: list[BuildPlan], jobs: int | None = None,
+def compile_into(root: Path, plans: list[BuildTarget], jobs: int | None = None,
                  progress: Progress | None = None) -> list[Path]:
     """Compile ``plans`` in one ninja run and publish them under ``root``. Used by JIT and AOT.
 
@@ -396,7 +396,7 @@ def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
     return roots
 
 
-def find_prebuilt(bp: BuildPlan) -> Path | None:
+def find_prebuilt(bp: BuildTarget) -> Path | None:
     """An AOT module whose sources and flags match (compiler version is not required)."""
     for root in prebuilt_roots(bp.archs):
         mod_dir = root / bp.name
@@ -415,7 +415,7 @@ def _packaged_aot_dirs(archs: tuple[str, ...]) -> tuple[Path, ...]:
     return (d,) if d.is_dir() else ()
 
 
-def cached_module_dir(bp: BuildPlan, check_compiler: bool = True) -> Path | None:
+def cached_module_dir(bp: BuildTarget, check_compiler: bool = True) -> Path | None:
     mod_dir = env.cache_dir(bp.archs) / bp.name
     fp = None
     if check_compiler:

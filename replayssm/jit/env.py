@@ -37,7 +37,7 @@ import re
 import shutil
 import subprocess
 import threading
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 from .._version import __version__
@@ -282,6 +282,7 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
             raise SettingsError("max_jobs", f"max_jobs: expected an int >= 1, got {max_jobs!r}")
         changes["max_jobs"] = max_jobs
     if aot_dirs is not _UNSET:
+        dirs: list | tuple
         if aot_dirs is None:
             dirs = ()
         elif isinstance(aot_dirs, (str, os.PathLike)) and not isinstance(aot_dirs, bytes):
@@ -370,18 +371,19 @@ def gencode_flags(archs: tuple[str, ...]) -> list[str]:
     return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
 
 
-@lru_cache(maxsize=None)
+@cache
 def visible_gpu_archs() -> tuple[str, ...]:
-    """Archs of the visible GPUs, e.g. ('90a',); () without a usable GPU."""
-    try:
-        import torch
+    """Archs of the GPUs the driver sees, e.g. ('90a',); () without a driver or a GPU. Asks libcuda
+    directly (:mod:`replayssm.jit.driver`): no torch and no CUDA context needed."""
+    from .driver import probe
 
-        if torch.cuda.is_available():
-            caps = {torch.cuda.get_device_capability(i) for i in range(torch.cuda.device_count())}
-            return tuple(sorted(normalize_arch(f"{ma}.{mi}") for ma, mi in caps))
-    except Exception:  # pragma: no cover - torch missing or broken driver
-        pass
-    return ()
+    archs = set()
+    for gpu in probe().gpus:
+        try:
+            archs.add(normalize_arch(gpu.capability))
+        except ValueError:  # pragma: no cover - a capability the driver reports oddly
+            pass
+    return tuple(sorted(archs))
 
 
 def target_archs() -> tuple[str, ...]:
@@ -420,7 +422,7 @@ def find_nvcc() -> Path | None:
     return None
 
 
-@lru_cache(maxsize=None)
+@cache
 def nvcc_version(nvcc: str) -> str:
     """The last line of ``nvcc --version`` (e.g. 'Build cuda_13.0.r13.0/compiler.36424714_0')."""
     out = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
@@ -428,7 +430,7 @@ def nvcc_version(nvcc: str) -> str:
     return lines[-1] if lines else "unknown"
 
 
-@lru_cache(maxsize=None)
+@cache
 def nvcc_archs(nvcc: str) -> frozenset[str] | None:
     """Archs ``nvcc --list-gpu-code`` names, without suffix (e.g. {'90', '100', '120'}); None when
     this nvcc cannot tell (too old for the option, or it does not run)."""
@@ -442,7 +444,7 @@ def nvcc_archs(nvcc: str) -> frozenset[str] | None:
 
 def find_ninja() -> str | None:
     try:
-        import ninja  # type: ignore
+        import ninja
 
         path = Path(ninja.BIN_DIR) / "ninja"
         if path.is_file():

@@ -1,16 +1,25 @@
 """Load a compiled module with ctypes and call its extern "C" entries.
 
-Every module exports the same small C ABI (see jit_templates/*.jinja):
+Every module exports the same small C ABI (include/replayssm/common/module_abi.cuh):
 
     int         replayssm_abi_version(void);
     const char* replayssm_module_name(void);
     size_t      replayssm_params_size(int entry);
+    int         replayssm_params_field(int entry, int index, const char** name, long long* offset,
+                                       long long* size);
+    int         replayssm_constant(const char* name, long long* value);
     int         replayssm_prepare(void);                      // loads kernels, sets attributes
-    int         replayssm_launch(int entry, const void* params, void* stream);
+    int         replayssm_plan(int entry, PlanQuery* query, Schedule* schedule);
+    int         replayssm_launch(int entry, const void* params, const Schedule* schedule, void* stream);
     const char* replayssm_error_string(int code);
 
-``launch`` returns a cudaError_t code (0 = success). The stream is torch's current stream
-handle, so launches are ordered with torch work and can be captured in CUDA graphs.
+Entries: ENTRY_STEP (the op: a decode step or a verify) and ENTRY_COMMIT (a replay verify's
+commit). ``plan`` runs once per wrapper plan (outside graph capture): it decides the kernel, tiling
+and grid from the device's limits. ``launch`` returns a cudaError_t code (0 = success); the stream is
+torch's current stream handle, so launches are ordered with torch work and can be captured in CUDA
+graphs. Loading calls no CUDA API; at load the module's constants are compared with
+include/replayssm/common/constants.h, and each params struct's fields (names, order, offsets,
+sizes) with its ctypes mirror before first use (check_params).
 """
 
 from __future__ import annotations
@@ -18,15 +27,21 @@ from __future__ import annotations
 import ctypes
 from pathlib import Path
 
-ABI_VERSION = 1
+ABI_VERSION = 2
 
 
 class ModuleLoadError(RuntimeError):
     pass
 
 
+class PlanError(ValueError):
+    """The plan entry refused the query (e.g. a forced rows_per_cta whose kernel does not fit)."""
+
+
 class Module:
     def __init__(self, path: Path, name: str):
+        from ..ops import constants as C
+
         self.path = Path(path)
         self.name = name
         try:
@@ -34,30 +49,67 @@ class Module:
         except OSError as e:
             raise ModuleLoadError(f"replayssm: cannot load module {path}: {e}") from e
         lib = self._lib
-        lib.replayssm_abi_version.restype = ctypes.c_int
+        try:
+            lib.replayssm_abi_version.restype = ctypes.c_int
+            abi = lib.replayssm_abi_version()
+        except AttributeError as e:
+            raise ModuleLoadError(f"replayssm: {path} is not a replayssm module: {e}") from e
+        if abi != ABI_VERSION:
+            raise ModuleLoadError(f"replayssm: module {path} has ABI {abi}, expected {ABI_VERSION}")
         lib.replayssm_module_name.restype = ctypes.c_char_p
         lib.replayssm_params_size.restype = ctypes.c_size_t
         lib.replayssm_params_size.argtypes = [ctypes.c_int]
+        lib.replayssm_params_field.restype = ctypes.c_int
+        lib.replayssm_params_field.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
+                                               ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_longlong)]
+        lib.replayssm_constant.restype = ctypes.c_int
+        lib.replayssm_constant.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
         lib.replayssm_prepare.restype = ctypes.c_int
+        lib.replayssm_plan.restype = ctypes.c_int
+        lib.replayssm_plan.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
         lib.replayssm_launch.restype = ctypes.c_int
-        lib.replayssm_launch.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
+        lib.replayssm_launch.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         lib.replayssm_error_string.restype = ctypes.c_char_p
         lib.replayssm_error_string.argtypes = [ctypes.c_int]
-        abi = lib.replayssm_abi_version()
-        if abi != ABI_VERSION:
-            raise ModuleLoadError(f"replayssm: module {path} has ABI {abi}, expected {ABI_VERSION}")
         got = lib.replayssm_module_name().decode()
         if got != name:
             raise ModuleLoadError(f"replayssm: module {path} is '{got}', expected '{name}'")
+        self.check_constants(C.flat())
+        self._entry_step, self._entry_commit = C.ENTRY_STEP, C.ENTRY_COMMIT  # read once, not per launch
         self._prepared = False
-        self._checked: set[tuple[int, int]] = set()
+        self._checked: set[tuple[int, type]] = set()
 
+    # ------------------------------------------------------------------ introspection
     def params_size(self, entry: int) -> int:
         return int(self._lib.replayssm_params_size(entry))
 
+    def params_fields(self, entry: int) -> list[tuple[str, int, int]]:
+        """(name, offset, size) of every leaf field of the entry's params struct, in C++."""
+        out = []
+        name, off, size = ctypes.c_char_p(), ctypes.c_longlong(), ctypes.c_longlong()
+        while self._lib.replayssm_params_field(entry, len(out), ctypes.byref(name), ctypes.byref(off),
+                                               ctypes.byref(size)) == 0:
+            out.append((name.value.decode(), off.value, size.value))
+        return out
+
+    def constant(self, name: str) -> int | None:
+        v = ctypes.c_longlong()
+        return v.value if self._lib.replayssm_constant(name.encode(), ctypes.byref(v)) == 0 else None
+
+    def check_constants(self, expected: dict[str, int]) -> None:
+        """Fail loudly if the module was compiled with other constants than constants.h defines."""
+        bad = [(k, v, self.constant(k)) for k, v in expected.items() if self.constant(k) != v]
+        if bad:
+            text = ", ".join(f"{k}: header {v}, module {got}" for k, v, got in bad)
+            raise ModuleLoadError(f"replayssm: module {self.path} was built with other constants than "
+                                  f"include/replayssm/common/constants.h ({text}); rebuild it")
+
     def check_params(self, entry: int, struct_type) -> None:
-        """Fail loudly if the Python mirror of a params struct disagrees with the C++ one."""
-        key = (entry, ctypes.sizeof(struct_type))
+        """Fail loudly if the Python mirror of a params struct disagrees with the C++ one: size, and
+        every field's name, order, offset and size."""
+        from ..ops.abi import field_table
+
+        key = (entry, struct_type)
         if key in self._checked:
             return
         size = self.params_size(entry)
@@ -66,18 +118,50 @@ class Module:
                 f"replayssm: params struct of entry {entry} in {self.name} is {size} bytes in C++ "
                 f"but {ctypes.sizeof(struct_type)} in Python ({struct_type.__name__})"
             )
+        cxx, py = self.params_fields(entry), field_table(struct_type)
+        if cxx != py:
+            n = max(len(cxx), len(py))
+            i = next(i for i in range(n) if (cxx[i] if i < len(cxx) else None) != (py[i] if i < len(py) else None))
+            a, b = (cxx[i] if i < len(cxx) else None), (py[i] if i < len(py) else None)
+            raise ModuleLoadError(
+                f"replayssm: params struct of entry {entry} in {self.name} differs from its Python mirror "
+                f"{struct_type.__name__} at field {i}: C++ (name, offset, size) {a}, Python {b}"
+            )
         self._checked.add(key)
 
+    # ------------------------------------------------------------------ entries
     def prepare(self) -> None:
         """Load the kernels onto the current device (call outside graph capture)."""
         if not self._prepared:
             self._raise_if(self._lib.replayssm_prepare(), "prepare")
             self._prepared = True
 
-    def launch(self, entry: int, params: ctypes.Structure, stream: int) -> None:
-        code = self._lib.replayssm_launch(entry, ctypes.byref(params), ctypes.c_void_p(stream))
+    def plan(self, query, entry: int | None = None):
+        """The module's schedule for ``query`` (replayssm.ops.abi.PlanQuery), as a ScheduleStruct.
+        With device limits in the query it calls no CUDA API (plans without a GPU)."""
+        from ..ops import constants as C
+        from ..ops.abi import ScheduleStruct
+
+        s = ScheduleStruct()
+        code = self._lib.replayssm_plan(C.ENTRY_STEP if entry is None else entry, ctypes.byref(query),
+                                        ctypes.byref(s))
+        if code >= C.PLAN_ERROR_BASE:
+            raise PlanError(f"{self.name}: {self._lib.replayssm_error_string(code).decode()}")
+        self._raise_if(code, "plan")
+        return s
+
+    def launch_step(self, params: ctypes.Structure, schedule, stream: int) -> None:
+        """Launch the module's op with the ScheduleStruct its plan returned (no decision here)."""
+        code = self._lib.replayssm_launch(self._entry_step, ctypes.byref(params), ctypes.byref(schedule),
+                                          ctypes.c_void_p(stream))
         if code:
-            self._raise_if(code, f"launch(entry={entry})")
+            self._raise_if(code, "launch (step)")
+
+    def launch_commit(self, params: ctypes.Structure, stream: int) -> None:
+        """Launch a replay verify module's commit."""
+        code = self._lib.replayssm_launch(self._entry_commit, ctypes.byref(params), None, ctypes.c_void_p(stream))
+        if code:
+            self._raise_if(code, "launch (commit)")
 
     def _raise_if(self, code: int, what: str) -> None:
         if code:

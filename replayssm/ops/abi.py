@@ -1,16 +1,25 @@
-"""ctypes mirrors of the shared C structs in include/replayssm/common/ (types.cuh, slots.cuh)."""
+"""ctypes mirrors of the shared C structs in include/replayssm/common/ (types.cuh, slots.cuh,
+drafts.cuh, commit.cuh, schedule.h), the plan's Schedule as Python sees it, and the field tables
+the loader compares with each module's (replayssm_params_field)."""
 
 from __future__ import annotations
 
 import ctypes
+from dataclasses import dataclass
 
 import torch
+
+from . import constants as C
 
 c_ptr = ctypes.c_void_p
 i64 = ctypes.c_int64
 i32 = ctypes.c_int32
 
-DTYPE_CODE = {torch.float32: 0, torch.bfloat16: 1, torch.float16: 2}
+DTYPE_CODE = {torch.float32: C.DTYPE_CODES["float32"], torch.bfloat16: C.DTYPE_CODES["bfloat16"],
+              torch.float16: C.DTYPE_CODES["float16"]}
+
+#: C++ field names that Python spells differently (``in`` is a Python keyword).
+CXX_FIELD_NAMES = {"inputs": "in"}
 
 
 class ScalarArg(ctypes.Structure):
@@ -45,7 +54,7 @@ class RingArray(ctypes.Structure):
     _fields_ = [("ptr", c_ptr), ("stride_slot", i64), ("stride_head", i64), ("heads", i32), ("record_words", i32)]
 
 
-MAX_RING_ARRAYS = 4
+MAX_RING_ARRAYS = C.MAX_RING_ARRAYS
 
 
 class CommitParams(ctypes.Structure):
@@ -65,3 +74,152 @@ def ring_array(t: torch.Tensor) -> RingArray:
         raise ValueError(f"ring: records must be contiguous whole 4-byte words, got shape {list(t.shape)} "
                          f"strides {list(t.stride())} {t.dtype}")
     return RingArray(t.data_ptr(), strides[0] // 4, strides[1] // 4, t.shape[1], rec_bytes // 4)
+
+
+def commit_params(cache) -> CommitParams:
+    """CommitParams with a cache's rings (records of 4-byte words) and cursors filled in."""
+    p = CommitParams()
+    rings = cache.rings()
+    for i, r in enumerate(rings):
+        p.arrays[i] = ring_array(r)
+    p.num_arrays = len(rings)
+    p.start, p.len, p.draft = cache.ring_start.data_ptr(), cache.ring_len.data_ptr(), cache.ring_draft.data_ptr()
+    p.error_flag = cache.error_flag.data_ptr()
+    p.capacity = cache.capacity
+    return p
+
+
+# ------------------------------------------------------------------ plan (common/schedule.h)
+class DeviceLimits(ctypes.Structure):
+    _fields_ = [("sm_count", i32), ("smem_per_block_optin", i32), ("smem_per_sm", i32),
+                ("reserved_smem_per_block", i32), ("max_blocks_per_sm", i32), ("max_threads_per_sm", i32)]
+
+
+class PlanQuery(ctypes.Structure):
+    _fields_ = [("batch", i32), ("heads", i32), ("groups", i32), ("persistent", i32), ("rows_per_cta", i32),
+                ("drafts", i32), ("has_limits", i32), ("reserved", i32), ("limits", DeviceLimits)]
+
+
+class KernelLaunch(ctypes.Structure):
+    _fields_ = [("kernel", i32), ("rows_per_cta", i32), ("heads_per_unit", i32), ("grid", i32), ("threads", i32),
+                ("smem_bytes", i32), ("ctas_per_sm", i32), ("units", i32)]
+
+
+class ScheduleStruct(ctypes.Structure):
+    _fields_ = [("main", KernelLaunch), ("tile", KernelLaunch), ("fallback", i32), ("reserved", i32)]
+
+
+#: H200 (SXM, 141 GB) limits, for plans made without the device (tests, tools).
+H200_LIMITS = dict(sm_count=132, smem_per_block_optin=227 * 1024, smem_per_sm=228 * 1024,
+                   reserved_smem_per_block=1024, max_blocks_per_sm=32, max_threads_per_sm=2048)
+
+
+def plan_query(batch: int, heads: int, groups: int, persistent: bool | None, rows_per_cta: int | None,
+               drafts: int = 0, limits: dict | None = None) -> PlanQuery:
+    """The plan entry's query. ``limits``: None (the module queries the current device) or a dict of
+    DeviceLimits fields (e.g. H200_LIMITS) to plan without one."""
+    q = PlanQuery(batch=batch, heads=heads, groups=groups,
+                  persistent=C.PERSISTENT_AUTO if persistent is None else
+                  (C.PERSISTENT_ON if persistent else C.PERSISTENT_OFF),
+                  rows_per_cta=rows_per_cta or 0, drafts=drafts)
+    if limits is not None:
+        q.has_limits = 1
+        q.limits = DeviceLimits(**limits)
+    return q
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One planned launch: ``kernel`` 'persistent' | 'tile' | 'conventional' | 'verify'; ``grid`` CTAs of
+    ``threads``; ``smem_bytes`` dynamic shared memory (ring-sized kernels: at the module's largest ring,
+    a launch sizes it by the cache's capacity); ``heads_per_unit`` (persistent; else 0)."""
+
+    kernel: str
+    rows_per_cta: int
+    heads_per_unit: int
+    grid: int
+    threads: int
+    smem_bytes: int
+    ctas_per_sm: int
+
+    @classmethod
+    def from_struct(cls, k: KernelLaunch) -> "Launch":
+        return cls(C.KERNEL_NAMES.get(k.kernel, f"kernel {k.kernel}"), k.rows_per_cta, k.heads_per_unit, k.grid,
+                   k.threads, k.smem_bytes, k.ctas_per_sm)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """What a plan runs (``wrapper.schedule``), decided once by the module's plan entry.
+
+    kernel, rows_per_cta, heads_per_unit, grid, smem_bytes: the launch that runs (``main``).
+    fallback: None, or why a persistent request (forced or automatic) runs the tile kernel.
+    tile: the tile launch that serves a step whose step inputs are not 16-byte aligned when the
+    kernel is 'persistent' (decided per launch: persistent_inputs_aligned); else the same as main."""
+
+    main: Launch
+    tile: Launch
+    fallback: str | None
+    struct: ScheduleStruct  # what run() hands to the launch entry
+
+    @property
+    def kernel(self) -> str:
+        return self.main.kernel
+
+    @property
+    def rows_per_cta(self) -> int:
+        return self.main.rows_per_cta
+
+    @property
+    def heads_per_unit(self) -> int:
+        return self.main.heads_per_unit
+
+    @property
+    def grid(self) -> int:
+        return self.main.grid
+
+    @property
+    def smem_bytes(self) -> int:
+        return self.main.smem_bytes
+
+    @property
+    def persistent(self) -> bool:
+        return self.main.kernel == "persistent"
+
+    @classmethod
+    def from_struct(cls, s: ScheduleStruct) -> "Schedule":
+        copy = ScheduleStruct.from_buffer_copy(s)
+        return cls(Launch.from_struct(copy.main), Launch.from_struct(copy.tile),
+                   C.FALLBACK_NAMES.get(copy.fallback, f"fallback {copy.fallback}"), copy)
+
+    def __repr__(self) -> str:
+        fb = f", fallback={self.fallback!r}" if self.fallback else ""
+        tile = f", tile(misaligned inputs)={self.tile.rows_per_cta} rows x {self.tile.grid}" if self.persistent else ""
+        return (f"Schedule(kernel={self.kernel!r}, rows_per_cta={self.rows_per_cta}, heads_per_unit="
+                f"{self.heads_per_unit}, grid={self.grid}, smem_bytes={self.smem_bytes}{tile}{fb})")
+
+
+# ------------------------------------------------------------------ field tables
+def field_table(struct_type) -> list[tuple[str, int, int]]:
+    """(dotted C++ name, offset, size) of every leaf field of a ctypes Structure, recursively through
+    nested structures and arrays of structures, as replayssm_params_field lists them."""
+    out: list[tuple[str, int, int]] = []
+
+    def walk(t, prefix: str, base: int) -> None:
+        for f in t._fields_:
+            name, ftype = f[0], f[1]
+            desc = getattr(t, name)
+            path = prefix + CXX_FIELD_NAMES.get(name, name)
+            at = base + desc.offset
+            if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure):
+                walk(ftype, path + ".", at)
+            elif (isinstance(ftype, type) and issubclass(ftype, ctypes.Array)
+                  and isinstance(ftype._type_, type) and issubclass(ftype._type_, ctypes.Structure)):
+                esz = ctypes.sizeof(ftype._type_)
+                for i in range(ftype._length_):
+                    walk(ftype._type_, f"{path}[{i}].", at + i * esz)
+            else:
+                out.append((path, at, ctypes.sizeof(ftype)))
+
+    walk(struct_type, "", 0)
+    return out

@@ -14,9 +14,10 @@ and conventional decode kernels and both verify kernels read q, k, v and the gat
 element by element. The persistent decode kernel copies q, k and v with 16-byte cp.async (the
 gates and beta as the aligned 4-byte words holding them): the launcher runs it only when q, k
 and v are 16-byte aligned (persistent_inputs_aligned: data pointer and batch and head strides,
-in bytes, multiples of 16, ignoring dims of extent 1) and otherwise serves the step with the tile
-kernel: same results, slower at large batches (the wrapper's ``persistent`` still reports the
-plan's choice; the fallback is decided at each launch). A packed [q | k | v] row works either
+in bytes, multiples of 16, ignoring dims of extent 1) and otherwise serves the step with the
+schedule's tile launch (``wrapper.schedule.tile``): same results, slower at large batches. This is
+the one choice made at each launch; everything else (kernel, tile, grid) is the plan's (the
+module's plan entry, include/replayssm/gdn/launch.cuh). A packed [q | k | v] row works either
 way; for the persistent kernel keep its pieces at offsets, and its row stride, multiples of 8
 bf16 elements. The state pool and rings are the cache's own (16-byte vectors, bulk copies).
 """
@@ -30,11 +31,13 @@ import torch
 
 from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .abi import plan_query as plan_query_
 from .generators import gdn_decode_spec
-from .tiling import check_rows, largest_rows
+from .constants import ROW_CHOICES
+from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride, vector_aligned
 
-ROWS_CHOICES = (16, 32, 64)
+ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing V
 
 
 class StatePool(ctypes.Structure):
@@ -64,10 +67,10 @@ class StepInputs(ctypes.Structure):
 
 class DecodeParams(ctypes.Structure):
     _fields_ = [
-        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
+        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),  # inputs: C++ `in`
         ("error_flag", c_ptr),
         ("batch", i32), ("nv_heads", i32), ("nk_heads", i32), ("use_l2norm", i32),
-        ("scale", ctypes.c_float), ("rows_per_cta", i32), ("persistent", i32),
+        ("scale", ctypes.c_float),
     ]
 
 
@@ -81,32 +84,6 @@ class GDNDims:
     num_k_heads: int
     head_k_dim: int
     head_v_dim: int
-
-
-def default_rows_per_cta(V: int, K: int, batch: int, nv_heads: int) -> int:
-    """64 rows of V once there are enough tiles (32 when a K-row is 1 KB or more), else 32."""
-    rows = 64 if batch * nv_heads >= 512 and K <= 128 else 32
-    while V % rows:
-        rows //= 2
-    return rows
-
-
-def persistent_rows_per_cta(dims: "GDNDims", state_dtype) -> int:
-    """Tile of the persistent kernel: the largest of 64/32/16 rows of V dividing V whose checkpoint
-    tile is at most 32 KB. At K = 128, fp32, 64-row tiles (two stages per CTA) beat 32-row tiles
-    (five stages): 165 vs 212 µs for GDN and 189 vs 223 µs for KDA at B = 256 (perf/README.md)."""
-    return largest_rows(dims.head_v_dim, dims.head_k_dim * state_dtype.itemsize, 32 * 1024, ROWS_CHOICES)
-
-
-def default_persistent(dims: "GDNDims", batch: int, per_channel: bool) -> bool:
-    """Persistent pipelined replay step once there are enough units (GDN: batch rows x key heads;
-    KDA: x value heads). H200 (perf/results/decode_{gdn,kda}_persistent_h200.json): it wins from
-    B = 8 (128 units for Qwen3-Next: 12.2 vs 17.9 µs) and loses at B = 1 (16 units)."""
-    units = batch * (dims.num_v_heads if per_channel else dims.num_k_heads)
-    return units >= PERSISTENT_MIN_UNITS
-
-
-PERSISTENT_MIN_UNITS = 128
 
 
 def persistent_inputs_aligned(q, k, v) -> bool:
@@ -205,14 +182,37 @@ def verify_inputs(dims: GDNDims, io_dtype, device, batch: int, T: int, q, k, v, 
     return s, out
 
 
-def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None, family: str = "gdn", T: int = 1):
-    """Build or load the module and put its kernels on the current device (outside capture).
-    Verify modules: T is the draft capacity; replay_verify's entry 1 is the commit."""
+def pool_struct(cache) -> StatePool:
+    """The cache's checkpoint [num_slots, HV, V, K] as the kernels' StatePool."""
+    c = cache.checkpoint
+    return StatePool(c.data_ptr(), c.stride(0), c.stride(1))
+
+
+def ring_struct(cache) -> Ring:
+    """The cache's rings and cursors as the kernels' Ring."""
+    u, k, g = cache.u_ring, cache.k_ring, cache.g_ring
+    return Ring(u.data_ptr(), u.stride(0), u.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
+                g.data_ptr(), g.stride(0), g.stride(1), cache.ring_start.data_ptr(), cache.ring_len.data_ptr(),
+                cache.ring_done.data_ptr(), cache.ring_draft.data_ptr(), cache.capacity, 0)
+
+
+def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
+    """The module's plan query (heads = HV, groups = HK); see replayssm.ops.abi.plan_query."""
+    return plan_query_(batch, dims.num_v_heads, dims.num_k_heads, persistent, rows_per_cta, drafts, limits)
+
+
+def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None, family: str = "gdn", T: int = 1, *,
+         prepare: bool = True):
+    """Build or load the module, check its params structs against the mirrors, and (``prepare``)
+    put its kernels on the current device (outside capture). Verify modules: T is the draft
+    capacity; replay_verify's commit entry takes CommitParams."""
     from .abi import CommitParams
+    from .constants import ENTRY_COMMIT, ENTRY_STEP
 
     mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T))
-    mod.check_params(0, VerifyParams if op.endswith("verify") else DecodeParams)
+    mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)
     if op == "replay_verify":
-        mod.check_params(1, CommitParams)
-    mod.prepare()
+        mod.check_params(ENTRY_COMMIT, CommitParams)
+    if prepare:
+        mod.prepare()
     return mod

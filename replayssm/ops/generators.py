@@ -7,6 +7,7 @@ configuration fails here with a clear message instead of as a template error in 
 from __future__ import annotations
 
 from ..jit.spec import Specialization, dtype_code
+from .constants import MAX_DRAFTS as _MAX_DRAFTS
 
 MAMBA2_P = (64, 80, 128)
 MAMBA2_N = (64, 128, 256)
@@ -21,8 +22,10 @@ def _check_choice(arg: str, value, allowed) -> None:
 DECODE_OPS = ("replay_decode", "conventional_decode", "replay_verify", "conventional_verify")
 #: Compiled draft capacities of the verify ops; a plan for T drafts uses the smallest >= T.
 VERIFY_T = (2, 4, 8, 16)
-#: Most drafts per row (kMaxDrafts in include/replayssm/common/drafts.cuh).
-MAX_DRAFTS = VERIFY_T[-1]
+#: Most drafts per row (kMaxDrafts in include/replayssm/common/constants.h).
+MAX_DRAFTS = _MAX_DRAFTS
+assert VERIFY_T[-1] == MAX_DRAFTS, "the largest compiled draft capacity is kMaxDrafts"
+
 GDN_DIMS = (64, 128, 256)
 
 

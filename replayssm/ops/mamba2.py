@@ -19,9 +19,10 @@ validate.misalignment):
     B, C                    persistent decode: 16-byte cp.async; replay verify: 16-byte accesses
                             when aligned, else elements; tile decode, conventional: elements
 The launcher runs the persistent kernel only when x, z, B and C are all aligned
-(persistent_inputs_aligned) and otherwise serves the step with the tile kernel: same results,
-slower at large batches (the wrapper's ``persistent`` still reports the plan's choice; the
-fallback is decided at each launch, so it holds under graph capture). So keep them aligned for
+(persistent_inputs_aligned) and otherwise serves the step with the schedule's tile launch
+(``wrapper.schedule.tile``): same results, slower at large batches. This is the one choice made
+at each launch (so it holds under graph capture); everything else (kernel, tile, grid) is the
+plan's (the module's plan entry, include/replayssm/mamba2/launch.cuh). So keep them aligned for
 speed: a view one element into a buffer, or a row stride that is not a multiple of 8 bf16
 elements, falls back. The state pool is the cache's own (16-byte vectors and bulk copies;
 check_state_pool checks a foreign one).
@@ -36,11 +37,13 @@ import torch
 
 from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .abi import plan_query as plan_query_
 from .generators import mamba2_decode_spec
-from .tiling import check_rows, largest_rows
+from .constants import ROW_CHOICES
+from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride, vector_aligned
 
-ROWS_CHOICES = (16, 32, 64, 80)
+ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing P
 
 
 class StatePool(ctypes.Structure):
@@ -70,10 +73,10 @@ class StepInputs(ctypes.Structure):
 
 class DecodeParams(ctypes.Structure):
     _fields_ = [
-        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),
+        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),  # inputs: C++ `in`
         ("error_flag", c_ptr),
         ("batch", i32), ("nheads", i32), ("ngroups", i32), ("dt_softplus", i32),
-        ("rows_per_cta", i32), ("persistent", i32), ("heads_per_unit", i32), ("reserved", i32),
+        ("heads_per_unit", i32), ("reserved", i32),
     ]
 
 
@@ -110,37 +113,6 @@ def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=No
                  device=device, inner_contiguous=2)
     check_aligned(name, t, 16 // t.element_size(), (0, 1))
     return t
-
-
-def default_rows_per_cta(P: int, batch: int, nheads: int, algorithm: str = "replay") -> int:
-    """Rows of P per CTA, from H200 sweeps (perf/results/decode_mamba2_*h200.json): once there
-    are enough tiles (batch * H >= 512) the replay kernel wants 64 rows and both kernels want a
-    whole head when P = 80; below that, 32 rows (16 when 32 does not divide P)."""
-    if batch * nheads >= 512:
-        if algorithm == "replay" and P % 64 == 0:
-            return 64
-        if P % 80 == 0:
-            return 80
-    return 32 if P % 32 == 0 else 16
-
-
-def persistent_rows_per_cta(dims: "Mamba2Dims", state_dtype) -> int:
-    """Tile of the persistent kernel: the largest of 80/64/32/16 rows dividing P whose checkpoint
-    tile is at most 40 KB (P = 64, N = 128, fp32: 64 rows and three stages per CTA, two CTAs per
-    SM; P = 80: a whole 40 KB head and two stages; 16-row tiles measured 1.6x slower there)."""
-    return largest_rows(dims.head_dim, dims.state_dim * state_dtype.itemsize, 40 * 1024, ROWS_CHOICES)
-
-
-def default_persistent(dims: "Mamba2Dims", batch: int) -> bool:
-    """Persistent pipelined replay step once there are enough heads to stream (the launcher splits
-    groups into units of at least four heads); below that, one CTA per tile spreads a few rows
-    over more SMs. H200 (perf/results/decode_mamba2_split_h200.json and
-    decode_mamba2_persistent_h200.json): 2,048 heads (B = 16 at H = 128) 28.7 vs 32.5 µs, 1,024
-    heads (TP8 shape, B = 64) 13.7 vs 16.5 µs."""
-    return batch * dims.nheads >= PERSISTENT_MIN_HEADS
-
-
-PERSISTENT_MIN_HEADS = 1024
 
 
 def persistent_inputs_aligned(x, z, B, C) -> bool:
@@ -205,18 +177,41 @@ def verify_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, T: int, x, dt,
     return s, out
 
 
-def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None, T: int = 1):
-    """Build or load the module and put its kernels on the current device (outside capture).
-    Verify modules: T is the draft capacity; replay_verify's entry 1 is the commit."""
+def pool_struct(cache) -> StatePool:
+    """The cache's checkpoint [num_slots, H, P, N] as the kernels' StatePool."""
+    c = cache.checkpoint
+    return StatePool(c.data_ptr(), c.stride(0), c.stride(1))
+
+
+def ring_struct(cache) -> Ring:
+    """The cache's rings and cursors as the kernels' Ring."""
+    x, B, dt = cache.x_ring, cache.B_ring, cache.dt_ring
+    return Ring(x.data_ptr(), x.stride(0), x.stride(1), B.data_ptr(), B.stride(0), B.stride(1),
+                dt.data_ptr(), dt.stride(0), dt.stride(1), cache.ring_start.data_ptr(), cache.ring_len.data_ptr(),
+                cache.ring_done.data_ptr(), cache.ring_draft.data_ptr(), cache.capacity, 0)
+
+
+def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
+    """The module's plan query (heads = H, groups = G); see replayssm.ops.abi.plan_query."""
+    return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits)
+
+
+def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None, T: int = 1, *,
+         prepare: bool = True):
+    """Build or load the module, check its params structs against the mirrors, and (``prepare``)
+    put its kernels on the current device (outside capture). Verify modules: T is the draft
+    capacity; replay_verify's commit entry takes CommitParams."""
     from .abi import CommitParams
+    from .constants import ENTRY_COMMIT, ENTRY_STEP
 
     mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T))
-    mod.check_params(0, VerifyParams if op.endswith("verify") else DecodeParams)
+    mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)
     if op == "replay_verify":
-        mod.check_params(1, CommitParams)
-    mod.prepare()
+        mod.check_params(ENTRY_COMMIT, CommitParams)
+    if prepare:
+        mod.prepare()
     return mod
 
 
 __all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "VerifyParams",
-           "persistent_inputs_aligned"]
+           "persistent_inputs_aligned", "pool_struct", "ring_struct", "plan_query", "load"]

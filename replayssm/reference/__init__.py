@@ -4,12 +4,13 @@
 * :mod:`.delta`  — :func:`gdn_step`, :func:`kda_step` and :class:`GDNReplayRef`, :class:`KDAReplayRef`.
 * :mod:`.quant`  — fp8 e4m3 / NVFP4 emulation of the low-precision checkpoint read copy.
 * :mod:`.pool`   — slot / ring / cursor bookkeeping shared by the replay pools.
-* :mod:`.testing` — seeds, realistic random inputs, a conventional slot pool (the oracle) and
-  relative-error checks (import explicitly; not re-exported).
-* :mod:`.scenarios` — randomised drivers (decode, spec, tree, wrap-around, low precision) that
-  check any pool with this API against the oracle (import explicitly; not re-exported).
+
+The test-only helpers that drive these references (seeds, random inputs, the conventional-pool
+oracle, randomised scenarios) live with the tests: ``tests/reference_testing.py`` and
+``tests/reference_scenarios.py``.
 """
 
+from ._math import l2norm, softplus
 from .delta import GDNReplayRef, KDAReplayRef, gdn_gate, gdn_step, kda_gate, kda_step
 from .mamba2 import Mamba2ReplayRef, mamba2_delta, mamba2_step
 from .pool import ReplayPool
@@ -24,7 +25,6 @@ from .quant import (
     quantize_nvfp4,
     round_to_e2m1,
 )
-from ._math import l2norm, softplus
 
 __all__ = [
     "mamba2_step", "mamba2_delta", "Mamba2ReplayRef",

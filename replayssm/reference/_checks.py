@@ -6,12 +6,12 @@ Every failure names the function, the argument, what was expected and what came,
 
 from __future__ import annotations
 
-from typing import Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
 # One expected dimension: an int (must match) or None (any size).
-Dim = Optional[int]
+Dim = int | None
 
 
 def _fmt_expected(dims: Sequence[str], sizes: Sequence[Dim]) -> str:
@@ -55,7 +55,7 @@ def positive_int(where: str, name: str, v, minimum: int = 1) -> int:
     return v
 
 
-def int_vector(where: str, name: str, v, length: Optional[int] = None) -> torch.Tensor:
+def int_vector(where: str, name: str, v, length: int | None = None) -> torch.Tensor:
     """Turn a 1-D integer tensor / list / tuple into an int64 CPU tensor, checking the length."""
     if isinstance(v, torch.Tensor):
         if v.dtype.is_floating_point or v.dtype.is_complex or v.dtype == torch.bool:
@@ -80,7 +80,7 @@ def int_vector(where: str, name: str, v, length: Optional[int] = None) -> torch.
     return t
 
 
-def slot_list(where: str, slots, num_slots: int) -> Tuple[int, ...]:
+def slot_list(where: str, slots, num_slots: int) -> tuple[int, ...]:
     """Validate a batch's slot indices: ints in [-1, num_slots), -1 = pad, no repeats."""
     t = int_vector(where, "slots", slots)
     vals = tuple(int(s) for s in t.tolist())

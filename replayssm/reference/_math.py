@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Sequence, Tuple
+from collections.abc import Sequence
 
 import torch
 
@@ -36,7 +36,7 @@ def ancestor_mask(parents: Sequence[int]) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=4096)
-def _ancestor_mask(parents: Tuple[int, ...]) -> torch.Tensor:
+def _ancestor_mask(parents: tuple[int, ...]) -> torch.Tensor:
     T = len(parents)
     vis = torch.eye(T, dtype=torch.bool)
     for i, p in enumerate(parents):
@@ -57,7 +57,7 @@ def window_visibility(m: int, parents: Sequence[int]) -> torch.Tensor:
 
 
 @functools.lru_cache(maxsize=4096)
-def _window_visibility(m: int, parents: Tuple[int, ...]) -> torch.Tensor:
+def _window_visibility(m: int, parents: tuple[int, ...]) -> torch.Tensor:
     T = len(parents)
     n = m + T
     M = torch.zeros(n, n, dtype=torch.bool)

@@ -25,7 +25,7 @@ All computation is in the state dtype; inputs are upcast to it.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -34,13 +34,13 @@ from ._math import chain_parents, group_index, l2norm, softplus, window_visibili
 from .pool import ReplayPool, prefix, verify_T
 
 
-def gdn_gate(A_log: torch.Tensor, a: torch.Tensor, dt_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def gdn_gate(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor | None = None) -> torch.Tensor:
     """GDN log-decay: A_log [HV], a [..., HV], dt_bias [HV]|None -> g [..., HV]."""
     s = a if dt_bias is None else a + dt_bias
     return -torch.exp(A_log) * softplus(s)
 
 
-def kda_gate(A_log: torch.Tensor, a: torch.Tensor, dt_bias: Optional[torch.Tensor] = None) -> torch.Tensor:
+def kda_gate(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor | None = None) -> torch.Tensor:
     """KDA log-decay: A_log [HV], a [..., HV, K], dt_bias [HV, K]|None -> g [..., HV, K]."""
     s = a if dt_bias is None else a + dt_bias
     return -torch.exp(A_log)[:, None] * softplus(s)
@@ -156,7 +156,7 @@ def delta_fold(S: torch.Tensor, g3: torch.Tensor, u: torch.Tensor, kh: torch.Ten
 
 def delta_replay_outputs(S_c: torch.Tensor, g3: torch.Tensor, kh: torch.Tensor, u_prior: torch.Tensor,
                          v: torch.Tensor, beta: torch.Tensor, m: int, parents: Sequence[int],
-                         qh: Optional[torch.Tensor] = None):
+                         qh: torch.Tensor | None = None):
     """Output-only evaluation of T drafts after m committed records (no state is formed).
 
     S_c [HV, V, K] checkpoint as read (hp or lp copy);
@@ -198,7 +198,7 @@ class _DeltaReplayRef(ReplayPool):
     state_dims = ("HV", "V", "K")
 
     def __init__(self, num_slots: int, HV: int, HK: int, K: int, V: int, L: int, max_draft: int = 1,
-                 dtype: torch.dtype = torch.float64, read_format: Optional[str] = None):
+                 dtype: torch.dtype = torch.float64, read_format: str | None = None):
         for name, val in (("HV", HV), ("HK", HK), ("K", K), ("V", V)):
             positive_int(self.family, name, val)
         _check_heads(self.family, HV, HK)

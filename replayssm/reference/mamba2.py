@@ -18,7 +18,7 @@ All computation is in the state dtype; inputs are upcast to it.
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
@@ -27,7 +27,7 @@ from ._math import group_index, softplus, window_visibility
 from .pool import ReplayPool, prefix, verify_T
 
 
-def mamba2_delta(dt: torch.Tensor, dt_bias: Optional[torch.Tensor] = None,
+def mamba2_delta(dt: torch.Tensor, dt_bias: torch.Tensor | None = None,
                  dt_softplus: bool = True) -> torch.Tensor:
     """Processed time step: dt [..., H], dt_bias [H] or None -> delta [..., H] (dtype of dt)."""
     s = dt if dt_bias is None else dt + dt_bias
@@ -52,7 +52,7 @@ def _prep(where, names, sizes, H, P, N, G, dtype, x, dt, A, B, C, D, z, dt_bias,
                 B=cast(B), C=cast(C), D=cast(D), z=cast(z))
 
 
-def _finish(y: torch.Tensor, x: torch.Tensor, D: Optional[torch.Tensor], z: Optional[torch.Tensor]):
+def _finish(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None):
     """Add the skip term and the gate: y, x, z [..., H, P], D [H]."""
     if D is not None:
         y = y + D[:, None] * x
@@ -67,8 +67,8 @@ def _check_groups(where: str, H: int, G: int) -> None:
 
 
 def mamba2_step(S: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                B: torch.Tensor, C: torch.Tensor, D: Optional[torch.Tensor] = None,
-                z: Optional[torch.Tensor] = None, dt_bias: Optional[torch.Tensor] = None,
+                B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,
+                z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
                 dt_softplus: bool = True):
     """One conventional Mamba-2 decode step for a batch.
 
@@ -140,14 +140,14 @@ class Mamba2ReplayRef(ReplayPool):
     state_dims = ("H", "P", "N")
 
     def __init__(self, num_slots: int, H: int, P: int, N: int, G: int, L: int, max_draft: int = 1,
-                 dtype: torch.dtype = torch.float64, read_format: Optional[str] = None):
+                 dtype: torch.dtype = torch.float64, read_format: str | None = None):
         for name, v in (("H", H), ("P", P), ("N", N), ("G", G)):
             positive_int(self.family, name, v)
         _check_groups(self.family, H, G)
         if read_format == "nvfp4" and N % 16 != 0:
             raise ValueError(f"{self.family}: read_format 'nvfp4' needs N to be a multiple of 16, got N={N}")
         self.H, self.P, self.N, self.G = H, P, N, G
-        self.A: Optional[torch.Tensor] = None
+        self.A: torch.Tensor | None = None
         super().__init__(num_slots, (H, P, N), {"x": (H, P), "delta": (H,), "B": (G, N)},
                          L, max_draft, dtype, read_format)
         self._grp = group_index(H, G)

@@ -31,7 +31,7 @@ plus their own ``step``/``verify`` front ends that call :meth:`ReplayPool._verif
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
 
 import torch
 
@@ -39,17 +39,17 @@ from ._checks import int_vector, positive_int, shaped, slot_list
 from ._math import chain_parents
 from .quant import check_read_format, fake_quant
 
-Records = Dict[str, torch.Tensor]
+Records = dict[str, torch.Tensor]
 
 
 class ReplayPool:
     """Base class: slots, checkpoints, physical ring and cursors (see module docstring)."""
 
     family = "replay"
-    state_dims: Tuple[str, ...] = ()
+    state_dims: tuple[str, ...] = ()
 
-    def __init__(self, num_slots: int, state_shape: Sequence[int], ring_shapes: Dict[str, Sequence[int]],
-                 L: int, max_draft: int, dtype: torch.dtype, read_format: Optional[str]):
+    def __init__(self, num_slots: int, state_shape: Sequence[int], ring_shapes: dict[str, Sequence[int]],
+                 L: int, max_draft: int, dtype: torch.dtype, read_format: str | None):
         where = f"{type(self).__name__}"
         positive_int(where, "num_slots", num_slots)
         positive_int(where, "L", L)
@@ -66,7 +66,7 @@ class ReplayPool:
         self.state_shape = tuple(state_shape)
         self.checkpoint = torch.zeros(num_slots, *self.state_shape, dtype=dtype)
         self.checkpoint_lp = None if read_format is None else torch.zeros_like(self.checkpoint)
-        self.ring: Dict[str, torch.Tensor] = {
+        self.ring: dict[str, torch.Tensor] = {
             name: torch.full((num_slots, self.R, *shape), float("nan"), dtype=dtype)
             for name, shape in ring_shapes.items()
         }
@@ -326,7 +326,7 @@ class ReplayPool:
             )
 
     def _verify_rows(self, slots: Sequence[int], T: int, parents: torch.Tensor, out_shape: Sequence[int],
-                     row_fn: Callable[[int, int, torch.Tensor, Records, Tuple[int, ...]], Tuple[torch.Tensor, Records]]
+                     row_fn: Callable[[int, int, torch.Tensor, Records, tuple[int, ...]], tuple[torch.Tensor, Records]]
                      ) -> torch.Tensor:
         """Run one verify over a batch (slots already validated).
 
@@ -346,8 +346,8 @@ class ReplayPool:
             if flushed:
                 self._flush_slot(s)
                 m = 0
-            use_lp = self.checkpoint_lp is not None and not flushed
-            S_read = self.checkpoint_lp[s] if use_lp else self.checkpoint[s]
+            lp = self.checkpoint_lp
+            S_read = lp[s] if lp is not None and not flushed else self.checkpoint[s]
             y, recs = row_fn(r, s, S_read, self._committed(s), tuple(parents[r].tolist()))
             out[r] = y
             self._write_range(s, m, recs)
@@ -363,7 +363,7 @@ class ReplayPool:
                 self.draft_len[s] = 0
 
 
-def prefix(batch: int, T: Optional[int]) -> Tuple[Tuple[str, ...], Tuple[int, ...]]:
+def prefix(batch: int, T: int | None) -> tuple[tuple[str, ...], tuple[int, ...]]:
     """Leading dim names/sizes of a step (``T is None``: [batch]) or verify ([batch, T]) input."""
     if T is None:
         return ("batch",), (batch,)

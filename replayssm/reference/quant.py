@@ -25,8 +25,6 @@ fake-quant helpers return the dequantised tensor in the dtype and shape of their
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
 import torch
 
 from ._checks import float_tensor
@@ -59,7 +57,7 @@ def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(y), y, out)
 
 
-def quantize_fp8_e4m3_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def quantize_fp8_e4m3_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Quantise each row (last dim) of ``x`` to fp8 e4m3 with one fp32 scale.
 
     x: [..., D] floating. Returns ``(codes [..., D] torch.float8_e4m3fn, scale [..., 1] float32)``
@@ -86,7 +84,7 @@ def fake_quant_fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
     return dequantize_fp8_e4m3_rows(codes, scale, x.dtype)
 
 
-def quantize_nvfp4(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Quantise ``x`` [..., D] (D a multiple of 16) to NVFP4 with per-row fp32 scales.
 
     Returns ``(codes, block_scale, row_scale)``:
@@ -133,7 +131,7 @@ def fake_quant_nvfp4(x: torch.Tensor) -> torch.Tensor:
     return dequantize_nvfp4(*quantize_nvfp4(x), dtype=x.dtype)
 
 
-def check_read_format(where: str, read_format: Optional[str]) -> Optional[str]:
+def check_read_format(where: str, read_format: str | None) -> str | None:
     """Validate a ``read_format`` argument (one of :data:`READ_FORMATS`)."""
     if read_format not in READ_FORMATS:
         raise ValueError(
@@ -142,7 +140,7 @@ def check_read_format(where: str, read_format: Optional[str]) -> Optional[str]:
     return read_format
 
 
-def fake_quant(x: torch.Tensor, read_format: Optional[str]) -> torch.Tensor:
+def fake_quant(x: torch.Tensor, read_format: str | None) -> torch.Tensor:
     """Quantise→dequantise ``x`` [..., D] in ``read_format``; ``None`` returns a copy of ``x``."""
     check_read_format("fake_quant", read_format)
     if read_format is None:

@@ -107,7 +107,7 @@ def one_torch_thread():
 @pytest.fixture
 def seed():
     """A fresh seed per test, printed so a failure can be replayed (REPLAYSSM_TEST_SEED=...)."""
-    from replayssm.reference.testing import new_seed
+    from ..reference_testing import new_seed
 
     s = new_seed()
     print(f"seed={s}")

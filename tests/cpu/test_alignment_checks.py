@@ -262,8 +262,8 @@ def test_duplicate_slot_error_bit_is_described():
 
 
 def test_error_bit_values_match_the_header():
-    src = (REPO / "include" / "replayssm" / "common" / "slots.cuh").read_text()
+    src = (REPO / "include" / "replayssm" / "common" / "constants.h").read_text()
     for name, bit in (("kErrSlotOutOfRange", 1), ("kErrCorruptCursor", 2), ("kErrBadDrafts", 4),
                       ("kErrBadCommit", 8), ("kErrDuplicateSlot", 16)):
-        assert f"{name} = {bit}," in src
+        assert f"{name} = {bit};" in src
         assert bit in ERROR_BITS

@@ -218,13 +218,8 @@ def test_check_rows_per_cta():
         m2.check_rows_per_cta(48, 64)
 
 
-@pytest.mark.parametrize("P_", (64, 80, 128))
-def test_default_rows_per_cta_is_always_valid(P_):
-    for batch, nheads, alg in itertools.product((1, 8, 64, 512), (16, 128, 256), ("replay", "conventional")):
-        m2.check_rows_per_cta(m2.default_rows_per_cta(P_, batch, nheads, alg), P_)
-    assert m2.default_rows_per_cta(64, 512, 128, "replay") == 64  # big batches: large tiles
-    assert m2.default_rows_per_cta(64, 1, 16, "replay") == 32  # small batches: smaller tiles
-    assert m2.default_rows_per_cta(80, 256, 128, "conventional") == 80  # P=80: a whole head
+# The default tilings are the plan entry's (include/replayssm/common/schedule.h): see
+# tests/cpu/test_persistent_choice.py.
 
 
 def test_check_state_pool():
@@ -290,7 +285,7 @@ def test_cache_construction_on_cpu():
     assert c.error_flag.shape == (1,)
     assert c.state_bytes_per_slot() == H * P * N * 4
     assert c.ring_bytes_per_slot() == H * R * P * 2 + G * R * N * 2 + H * R * 4 + 16
-    pool, ring = c.pool_struct(), c.ring_struct()
+    pool, ring = m2.pool_struct(c), m2.ring_struct(c)  # the ops layer builds the structs
     assert (pool.state, pool.stride_slot, pool.stride_head) == (c.checkpoint.data_ptr(), H * P * N, P * N)
     assert (ring.x, ring.x_stride_slot, ring.x_stride_head) == (c.x_ring.data_ptr(), H * R * P, R * P)
     assert (ring.B_stride_slot, ring.B_stride_group) == (G * R * N, R * N)

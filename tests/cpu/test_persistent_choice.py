@@ -1,20 +1,264 @@
-"""Which replay decode kernel a plan picks (persistent pipelined vs one CTA per tile), its tile,
-and how that choice reaches the params struct, without a GPU (module replaced by a recorder)."""
+"""The plan entry's decisions (include/replayssm/common/schedule.h and the launchers'
+plan()): which kernel, tile, heads per unit, grid and fallback a plan gets, checked on real
+modules built with nvcc and dlopened here, planning for injected H200 limits (PlanQuery with
+has_limits: the entry then calls no CUDA API, so no GPU or driver is needed). The expected
+values restate the measured heuristics (H200 sweeps cited in schedule.h) as the test's oracle.
+Also: how the schedule reaches w.schedule / w.persistent and the launch (module replaced by a
+recorder)."""
 
 from __future__ import annotations
+
+import ctypes
+import time
 
 import pytest
 import torch
 
 from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper
+from replayssm.jit import builder as jb
+from replayssm.jit import env
+from replayssm.jit.loader import PlanError, load_module
+from replayssm.ops import constants as C
 from replayssm.ops import gdn as gdn_ops
 from replayssm.ops import mamba2 as m2
+from replayssm.ops.abi import H200_LIMITS, Schedule, plan_query
+from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec
 
+from .conftest import FIGURES, needs_nvcc
 from .recording import RecordingModule
 
 CPU = torch.device("cpu")
+F32, BF16 = "float32", "bfloat16"
+
+SPECS = {
+    "m2": mamba2_decode_spec("replay_decode", 64, 128, F32, BF16, L=16),          # Nemotron-3-Super
+    "m2_p80_f32io_L32": mamba2_decode_spec("replay_decode", 80, 128, F32, F32, L=32),  # buffers too large
+    "m2_conv": mamba2_decode_spec("conventional_decode", 64, 128, F32, BF16),
+    "m2_verify": mamba2_decode_spec("replay_verify", 64, 128, F32, BF16, L=16, T=4),
+    "gdn": gdn_decode_spec("replay_decode", 128, 128, F32, BF16, L=16),
+    "kda": gdn_decode_spec("replay_decode", 128, 128, F32, BF16, L=16, family="kda"),
+    "kda_k256_L32": gdn_decode_spec("replay_decode", 256, 128, F32, BF16, L=32, family="kda"),  # too large
+    "gdn_conv_verify": gdn_decode_spec("conventional_verify", 128, 128, F32, BF16, family="gdn", T=4),
+}
 
 
+@pytest.fixture(scope="module")
+def modules(tmp_path_factory):
+    if not (env.find_nvcc() and env.find_ninja()):
+        pytest.skip("needs nvcc (CUDA toolkit) and ninja")
+    root = tmp_path_factory.mktemp("plan_entry") / "90a"
+    t0 = time.perf_counter()
+    dirs = jb.compile_into(root, [jb.plan(s, ("90a",)) for s in SPECS.values()], env.settings().max_jobs)
+    FIGURES[f"plan-entry modules: {len(SPECS)} for sm_90a"] = f"{time.perf_counter() - t0:.1f} s"
+    # Loading checks the ABI version, the name and every constant against constants.h.
+    return {k: load_module(d / f"{s.name}.so", s.name) for (k, s), d in zip(SPECS.items(), dirs)}
+
+
+def plan(mod, batch, heads, groups, persistent=None, rows=None, drafts=0, limits=H200_LIMITS) -> Schedule:
+    return Schedule.from_struct(mod.plan(plan_query(batch, heads, groups, persistent, rows, drafts, limits)))
+
+
+# ---------------------------------------------------------------- the oracle (former Python heuristics)
+def rows_dividing(dim):
+    return [r for r in C.ROW_CHOICES if dim % r == 0]
+
+
+def largest_rows(dim, row_bytes, max_bytes):
+    fit = [r for r in rows_dividing(dim) if r * row_bytes <= max_bytes]
+    return max(fit) if fit else min(rows_dividing(dim))
+
+
+def mamba2_tile_rows(P, batch, heads, replay=True):
+    if batch * heads >= 512:
+        if replay and P % 64 == 0:
+            return 64
+        if P % 80 == 0:
+            return 80
+    return 32 if P % 32 == 0 else 16
+
+
+def delta_tile_rows(V, K, batch, hv):
+    rows = 64 if batch * hv >= 512 and K <= 128 else 32
+    while V % rows:
+        rows //= 2
+    return rows
+
+
+def split_heads(heads, tiles_per_head, units, resident, min_tiles):
+    best = heads
+    for d in range(1, heads + 1):
+        if heads % d:
+            continue
+        if (heads // d) * tiles_per_head < min_tiles:
+            break
+        best = heads // d
+        if units * d >= 2 * resident:
+            break
+    return best
+
+
+# ---------------------------------------------------------------- Mamba-2
+@needs_nvcc
+class TestMamba2Plan:
+    H, G, P, N = 128, 8, 64, 128
+
+    @pytest.mark.parametrize("batch", [1, 4, 7, 8, 16, 64, 256])
+    def test_auto_choice_follows_the_number_of_heads(self, modules, batch):
+        s = plan(modules["m2"], batch, self.H, self.G)
+        tile = mamba2_tile_rows(self.P, batch, self.H)
+        assert s.tile.kernel == "tile" and s.tile.rows_per_cta == tile
+        assert s.tile.grid == batch * self.H * self.P // tile and s.tile.threads == 128
+        assert s.persistent == (batch * self.H >= 1024) and s.fallback is None
+        if not s.persistent:
+            assert s.main == s.tile
+            return
+        rows = largest_rows(self.P, self.N * 4, 40 * 1024)
+        assert rows == 64 and s.rows_per_cta == rows
+        assert s.main.ctas_per_sm == 2 and s.main.threads == 160  # two CTAs per SM, as the budget intends
+        resident = 132 * 2
+        assert s.main.smem_bytes <= (228 * 1024) // 2 - 1024
+        # heads_per_unit: split so that there are two units per resident CTA, keeping a pipeline
+        # of tiles per unit (kStages + 1 >= 3: at most 16 // 4 heads ... whatever the layout gives)
+        hpu = s.heads_per_unit
+        assert (self.H // self.G) % hpu == 0
+        assert s.grid == min(batch * (self.H // hpu), resident)
+
+    def test_split_heads_matches_the_rule(self, modules):
+        s = plan(modules["m2"], 16, self.H, self.G)  # 128 (row, group) units < 2 x 264 resident CTAs
+        assert s.persistent
+        tiles = self.P // s.rows_per_cta
+        hpu = s.heads_per_unit
+        assert hpu < self.H // self.G  # split
+        # the launcher's rule, with the layout's stages recovered from the chosen split
+        assert any(split_heads(self.H // self.G, tiles, 16 * self.G, 264, st + 1) == hpu for st in range(2, 13))
+
+    def test_forced_either_way(self, modules):
+        assert plan(modules["m2"], 1, self.H, self.G, persistent=True).persistent
+        assert not plan(modules["m2"], 256, self.H, self.G, persistent=False).persistent
+
+    @pytest.mark.parametrize("rows", [16, 32, 64])
+    def test_forced_rows_serve_both_kernels(self, modules, rows):
+        s = plan(modules["m2"], 256, self.H, self.G, rows=rows)
+        assert s.tile.rows_per_cta == rows
+        if s.persistent:
+            assert s.rows_per_cta == rows
+
+    def test_bad_rows_and_query_are_errors(self, modules):
+        with pytest.raises(PlanError, match="rows_per_cta"):
+            plan(modules["m2"], 4, self.H, self.G, rows=80)  # 80 does not divide P = 64
+        with pytest.raises(PlanError, match="out of range"):
+            plan(modules["m2"], 4, self.H, 3)  # H % G != 0
+
+    def test_buffers_too_large_fall_back_with_a_reason(self, modules):
+        """P = 80, fp32 io, L = 32: no persistent layout fits two CTAs per SM (compile time)."""
+        s = plan(modules["m2_p80_f32io_L32"], 256, self.H, self.G, persistent=True)
+        assert s.kernel == "tile" and s.fallback.startswith("layout") and not s.persistent
+        assert s.rows_per_cta == mamba2_tile_rows(80, 256, self.H) == 80
+        s = plan(modules["m2_p80_f32io_L32"], 256, self.H, self.G)  # automatic: the same, reported
+        assert s.kernel == "tile" and s.fallback.startswith("layout")
+
+    def test_small_device_falls_back(self, modules):
+        small = dict(H200_LIMITS, smem_per_block_optin=64 * 1024, smem_per_sm=128 * 1024)
+        s = plan(modules["m2"], 256, self.H, self.G, persistent=True, limits=small)
+        assert s.kernel == "tile" and s.fallback.startswith("smem")
+
+    def test_occupancy_follows_the_device(self, modules):
+        """A device with fewer SMs gets a smaller persistent grid (no fixed 132 x 2)."""
+        s = plan(modules["m2"], 256, self.H, self.G, limits=dict(H200_LIMITS, sm_count=78))
+        assert s.persistent and s.grid == min(256 * self.H // s.heads_per_unit, 78 * 2)
+
+    def test_conventional_never_persistent(self, modules):
+        s = plan(modules["m2_conv"], 256, self.H, self.G, persistent=True)
+        assert s.kernel == "conventional" and s.fallback is None
+        assert s.rows_per_cta == mamba2_tile_rows(self.P, 256, self.H, replay=False) == 32
+        assert s.grid == 256 * self.H * self.P // 32
+
+    @pytest.mark.parametrize("batch", [1, 8, 256])
+    def test_verify(self, modules, batch):
+        s = plan(modules["m2_verify"], batch, self.H, self.G, persistent=True, drafts=4)
+        assert s.kernel == "verify" and s.rows_per_cta == mamba2_tile_rows(self.P, batch, self.H)
+        assert s.grid == batch * self.H * self.P // s.rows_per_cta and s.smem_bytes > 0
+        with pytest.raises(PlanError, match="out of range"):
+            plan(modules["m2_verify"], batch, self.H, self.G, drafts=5)  # beyond the draft capacity 4
+
+    def test_verify_shared_memory_is_the_devices(self, modules):
+        need = plan(modules["m2_verify"], 256, self.H, self.G, drafts=4).smem_bytes
+        tight = dict(H200_LIMITS, smem_per_block_optin=need - 1)
+        s = plan(modules["m2_verify"], 256, self.H, self.G, drafts=4, limits=tight)  # automatic: steps down
+        assert s.rows_per_cta < 64 and s.fallback.startswith("tile_smem") and s.smem_bytes < need
+        with pytest.raises(PlanError, match="shared memory"):
+            plan(modules["m2_verify"], 256, self.H, self.G, rows=64, drafts=4, limits=tight)  # forced: an error
+
+
+# ---------------------------------------------------------------- GDN / KDA
+@needs_nvcc
+class TestDeltaPlan:
+    @pytest.mark.parametrize("batch", [1, 4, 7, 8, 64, 256])
+    def test_gdn_auto_choice_follows_the_units(self, modules, batch):
+        HV, HK = 32, 16  # Qwen3-Next
+        s = plan(modules["gdn"], batch, HV, HK)
+        assert s.tile.rows_per_cta == delta_tile_rows(128, 128, batch, HV)
+        assert s.persistent == (batch * HK >= 128) and s.fallback is None
+        if s.persistent:
+            assert s.rows_per_cta == largest_rows(128, 128 * 4, 32 * 1024) == 64
+            assert s.heads_per_unit == HV // HK and s.grid == min(batch * HK, 132 * s.main.ctas_per_sm)
+            assert s.main.ctas_per_sm == 2
+
+    @pytest.mark.parametrize("batch", [1, 2, 4, 256])
+    def test_kda_units_are_value_heads(self, modules, batch):
+        HV = HK = 32  # Kimi-Linear
+        s = plan(modules["kda"], batch, HV, HK)
+        assert s.persistent == (batch * HV >= 128)
+        if s.persistent:
+            assert s.heads_per_unit == 1 and s.grid == min(batch * HV, 132 * s.main.ctas_per_sm)
+
+    def test_kda_k256_L32_falls_back(self, modules):
+        s = plan(modules["kda_k256_L32"], 256, 32, 32, persistent=True)
+        assert s.kernel == "tile" and s.fallback.startswith("layout")
+
+    def test_conventional_verify(self, modules):
+        s = plan(modules["gdn_conv_verify"], 8, 32, 16, drafts=4)
+        assert s.kernel == "verify" and s.rows_per_cta == delta_tile_rows(128, 128, 8, 32) == 32
+
+
+# ---------------------------------------------------------------- the ABI checks at load
+@needs_nvcc
+def test_field_tables_match_the_mirrors(modules):
+    """Every params field's name, order, offset and size agree with the ctypes mirrors, and a
+    mirror with two fields swapped (same size) is refused."""
+    from replayssm.jit.loader import ModuleLoadError
+    from replayssm.ops.abi import CommitParams, DraftArgs
+
+    mod = modules["m2_verify"]
+    mod.check_params(C.ENTRY_STEP, m2.VerifyParams)
+    mod.check_params(C.ENTRY_COMMIT, CommitParams)
+    modules["gdn"].check_params(C.ENTRY_STEP, gdn_ops.DecodeParams)
+    names = [n for n, _, _ in mod.params_fields(C.ENTRY_STEP)]
+    assert "d.in.x" in names and "drafts.T" in names and "d.slots.pad_slot_id" in names
+
+    swapped = [DraftArgs._fields_[1], DraftArgs._fields_[0], *DraftArgs._fields_[2:]]  # counts <-> parents
+    Bad = type("DraftArgs", (ctypes.Structure,), {"_fields_": swapped})
+    BadVerify = type("VerifyParams", (ctypes.Structure,), {"_fields_": [("d", m2.DecodeParams), ("drafts", Bad)]})
+    with pytest.raises(ModuleLoadError, match="drafts.counts"):
+        mod.check_params(C.ENTRY_STEP, BadVerify)
+
+
+@needs_nvcc
+def test_module_constants_are_the_headers(modules):
+    mod = modules["m2"]
+    for name, value in C.flat().items():
+        assert mod.constant(name) == value
+    assert mod.constant("kNoSuchConstant") is None
+
+
+def test_constants_are_parsed_from_the_header():
+    c = C.constants()
+    assert c["kMaxDrafts"] == C.MAX_DRAFTS and c["kRowChoices"] == C.ROW_CHOICES
+    assert set(C.KERNEL_NAMES.values()) >= {"persistent", "tile", "conventional", "verify"}
+    assert m2.ROWS_CHOICES == gdn_ops.ROWS_CHOICES == C.ROW_CHOICES
+
+
+# ---------------------------------------------------------------- wrappers
 def _wrapper(cls, dims, **kw):
     w = cls(*dims, window=16, max_batch=512, device=CPU, **kw)
     rec = RecordingModule()
@@ -23,82 +267,52 @@ def _wrapper(cls, dims, **kw):
     return w, rec
 
 
-@pytest.mark.parametrize("P", [64, 80, 128])
-@pytest.mark.parametrize("N", [64, 128, 256])
-@pytest.mark.parametrize("state", [torch.float32, torch.bfloat16])
-def test_mamba2_persistent_tile_divides_P_and_fits(P, N, state):
-    rows = m2.persistent_rows_per_cta(m2.Mamba2Dims(128, P, N, 8), state)
-    assert m2.check_rows_per_cta(rows, P) == rows
-    assert rows * N * torch.empty((), dtype=state).element_size() <= 40 * 1024 or rows == 16
+WRAPPERS = [(Mamba2DecodeWrapper, (128, 64, 128, 8)), (GDNDecodeWrapper, (32, 16, 128, 128)),
+            (KDADecodeWrapper, (32, 32, 128, 128))]
 
 
-@pytest.mark.parametrize("K", [64, 128, 256])
-@pytest.mark.parametrize("V", [64, 128, 256])
-def test_gdn_persistent_tile_divides_V_and_fits(K, V):
-    rows = gdn_ops.persistent_rows_per_cta(gdn_ops.GDNDims(32, 16, K, V), torch.float32)
-    assert gdn_ops.check_rows_per_cta(rows, V) == rows
-    assert rows * K * 4 <= 32 * 1024 or rows == 16
+@pytest.mark.parametrize("cls, dims", WRAPPERS)
+class TestWrapperSchedule:
+    def test_plan_asks_the_module(self, cls, dims):
+        w, rec = _wrapper(cls, dims, rows_per_cta=32)
+        w.plan(torch.arange(7, dtype=torch.int32))
+        q = rec.queries[-1]
+        assert (q.batch, q.heads, q.groups, q.rows_per_cta, q.persistent, q.has_limits) == \
+            (7, dims[0], dims[1] if cls is not Mamba2DecodeWrapper else dims[3], 32, C.PERSISTENT_AUTO, 0)
+        assert w.schedule.kernel == "tile" and not w.persistent and w.schedule.rows_per_cta == 32
 
+    def test_forced_persistent_reaches_the_query_and_the_launch(self, cls, dims):
+        w, rec = _wrapper(cls, dims, persistent=True)
+        cache = w.create_cache(4)
+        w.plan(torch.arange(2, dtype=torch.int32))
+        assert rec.queries[-1].persistent == C.PERSISTENT_ON and w.persistent
+        _run(w, cache, 2)
+        assert rec.schedules[-1] is w.schedule.struct  # run() hands the planned schedule over as is
+        w, rec = _wrapper(cls, dims, persistent=False)
+        w.plan(torch.arange(2, dtype=torch.int32))
+        assert rec.queries[-1].persistent == C.PERSISTENT_OFF and not w.persistent
 
-def test_mamba2_default_follows_the_number_of_heads():
-    dims = m2.Mamba2Dims(128, 64, 128, 8)
-    assert not m2.default_persistent(dims, 1)
-    assert not m2.default_persistent(dims, 4)
-    assert m2.default_persistent(dims, 16)
-    assert m2.default_persistent(dims, 256)
-
-
-def test_gdn_default_follows_the_number_of_units():
-    dims = gdn_ops.GDNDims(32, 16, 128, 128)
-    assert not gdn_ops.default_persistent(dims, 1, per_channel=False)
-    assert gdn_ops.default_persistent(dims, 8, per_channel=False)
-    assert gdn_ops.default_persistent(dims, 4, per_channel=True)  # KDA: units are value heads
-
-
-@pytest.mark.parametrize("cls, dims", [(Mamba2DecodeWrapper, (128, 64, 128, 8)),
-                                       (GDNDecodeWrapper, (32, 16, 128, 128)),
-                                       (KDADecodeWrapper, (32, 32, 128, 128))])
-class TestPlanChoice:
-    def test_large_batch_runs_persistent_with_its_tile(self, cls, dims):
+    def test_schedule_before_plan(self, cls, dims):
         w, _ = _wrapper(cls, dims)
-        w.plan(torch.arange(256, dtype=torch.int32))
-        assert w.persistent and w._rows == 64
-
-    def test_single_row_runs_one_cta_per_tile(self, cls, dims):
-        w, _ = _wrapper(cls, dims)
-        w.plan(torch.arange(1, dtype=torch.int32))
-        assert not w.persistent
-
-    def test_forced_either_way(self, cls, dims):
-        w, _ = _wrapper(cls, dims, persistent=True)
-        w.plan(torch.arange(1, dtype=torch.int32))
-        assert w.persistent
-        w, _ = _wrapper(cls, dims, persistent=False)
-        w.plan(torch.arange(256, dtype=torch.int32))
-        assert not w.persistent
-
-    def test_conventional_and_verify_never_persistent(self, cls, dims):
-        w, _ = _wrapper(cls, dims, algorithm="conventional", persistent=True)
-        w.plan(torch.arange(256, dtype=torch.int32))
-        assert not w.persistent
-        w, _ = _wrapper(cls, dims, persistent=True)
-        w.plan(torch.arange(256, dtype=torch.int32), draft_len=4)
+        with pytest.raises(RuntimeError, match="plan"):
+            w.schedule
         assert not w.persistent
 
     def test_bad_persistent_argument(self, cls, dims):
         with pytest.raises(TypeError, match="persistent: expected a bool or None, got int"):
             cls(*dims, window=16, max_batch=4, device=CPU, persistent=1)
 
-    def test_choice_reaches_the_params(self, cls, dims):
-        w, rec = _wrapper(cls, dims, persistent=True)
-        cache = w.create_cache(4)
-        w.plan(torch.arange(2, dtype=torch.int32))
-        _run(w, cache, 2)
-        assert rec.launches[-1][2].persistent == 1
-        w, rec = _wrapper(cls, dims, persistent=False)
-        w.plan(torch.arange(2, dtype=torch.int32))
-        _run(w, cache, 2)
-        assert rec.launches[-1][2].persistent == 0
+
+@needs_nvcc
+def test_wrapper_plans_with_the_real_module(modules):
+    """A wrapper with a real module and injected H200 limits: w.schedule is the module's answer."""
+    w = Mamba2DecodeWrapper(128, 64, 128, 8, window=16, max_batch=512, device=CPU)
+    w._modules[("replay_decode", 1)] = modules["m2"]
+    w._device_limits = H200_LIMITS
+    w.plan(torch.arange(256, dtype=torch.int32))
+    assert w.persistent and w.schedule.rows_per_cta == 64 and w.schedule.tile.kernel == "tile"
+    w.plan(torch.arange(1, dtype=torch.int32))
+    assert not w.persistent and w.schedule.kernel == "tile" and w.schedule.rows_per_cta == 32
 
 
 def _run(w, cache, batch):

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from replayssm.reference import GDNReplayRef, KDAReplayRef, gdn_gate, gdn_step, kda_gate, kda_step
-from replayssm.reference.scenarios import run_decode, run_lowprec, run_spec, run_tree, run_wrap
-from replayssm.reference.testing import (assert_close, delta_family, delta_layer, delta_tokens,
-                                         generator, new_seed)
+
+from ..reference_scenarios import run_decode, run_lowprec, run_spec, run_tree, run_wrap
+from ..reference_testing import assert_close, delta_family, delta_layer, delta_tokens, generator, new_seed
 
 HV, HK, K, V = 4, 2, 16, 16
 FAMS = {"gdn": delta_family("gdn", HV, HK, K, V), "kda": delta_family("kda", HV, HK, K, V)}
@@ -226,7 +226,8 @@ def test_input_errors(kind):
     ref = CLS[kind](3, HV, HK, K, V, L=4, max_draft=2)
     tok = delta_tokens(gen, (2,), HV, HK, K, V, pc)
     name = CLS[kind].__name__
-    with pytest.raises(ValueError, match=rf"{name}.step: argument 'q' must have shape \[batch, HK, K\] = \(2, 2, 16\), got \(2, 2, 15\)"):
+    with pytest.raises(ValueError, match=rf"{name}.step: argument 'q' must have shape \[batch, HK, K\] = "
+                                         r"\(2, 2, 16\), got \(2, 2, 15\)"):
         ref.step([0, 1], **dict(tok, q=tok["q"][..., :15]), **lay)
     with pytest.raises(ValueError, match=r"argument 'v' must have shape \[batch, HV, V\]"):
         ref.step([0, 1], **dict(tok, v=tok["v"][:, :3]), **lay)
@@ -257,7 +258,8 @@ def test_input_errors(kind):
     with pytest.raises(ValueError, match=r"got parents\[1\] = 1"):
         ref.verify([0, 1], **delta_tokens(gen, (2, 2), HV, HK, K, V, pc), **lay,
                    parents=torch.tensor([[-1, 0], [-1, 1]]))
-    with pytest.raises(ValueError, match=r"load_state: argument 'S' must have shape \[batch, HV, V, K\] = \(1, 4, 16, 16\)"):
+    with pytest.raises(ValueError,
+                       match=r"load_state: argument 'S' must have shape \[batch, HV, V, K\] = \(1, 4, 16, 16\)"):
         ref.load_state([0], torch.zeros(1, HV, K, V + 1, dtype=torch.float64))
     with pytest.raises(ValueError, match=rf"{kind}_step: argument 'k' must have shape"):
         STEP[kind](torch.zeros(2, HV, V, K, dtype=torch.float64), **dict(tok, k=tok["k"][:, :1]), **lay)

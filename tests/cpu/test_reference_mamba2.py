@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from replayssm.reference import Mamba2ReplayRef, mamba2_step
-from replayssm.reference.scenarios import run_decode, run_lowprec, run_spec, run_tree, run_wrap
-from replayssm.reference.testing import (assert_close, generator, mamba2_family, mamba2_layer,
-                                         mamba2_tokens, new_seed)
+
+from ..reference_scenarios import run_decode, run_lowprec, run_spec, run_tree, run_wrap
+from ..reference_testing import assert_close, generator, mamba2_family, mamba2_layer, mamba2_tokens, new_seed
 
 H, P, N, G = 4, 8, 16, 2
 FAM = mamba2_family(H, P, N, G)
@@ -249,7 +249,8 @@ def test_shape_and_type_errors(pool):
     ref, lay, gen = pool
     tok = _tok(gen, 2)
     bad = dict(tok, x=tok["x"][..., :-1])
-    with pytest.raises(ValueError, match=r"argument 'x' must have shape \[batch, H, P\] = \(2, 4, 8\), got \(2, 4, 7\)"):
+    with pytest.raises(ValueError,
+                       match=r"argument 'x' must have shape \[batch, H, P\] = \(2, 4, 8\), got \(2, 4, 7\)"):
         ref.step([0, 1], **bad, **lay)
     with pytest.raises(ValueError, match=r"argument 'B' must have shape \[batch, G, N\]"):
         ref.step([0, 1], **dict(tok, B=tok["B"][:, :1]), **lay)
@@ -263,7 +264,8 @@ def test_shape_and_type_errors(pool):
         ref.step([0, 1], **dict(tok, x=tok["x"].tolist()), **lay)
     with pytest.raises(TypeError, match="argument 'C' must have a floating dtype, got torch.int64"):
         ref.step([0, 1], **dict(tok, C=tok["C"].long()), **lay)
-    with pytest.raises(ValueError, match=r"argument 'dt' must have shape \[batch, T, H\] = \(2, 3, 4\), got \(2, 2, 4\)"):
+    with pytest.raises(ValueError,
+                       match=r"argument 'dt' must have shape \[batch, T, H\] = \(2, 3, 4\), got \(2, 2, 4\)"):
         ref.verify([0, 1], **dict(_tok(gen, 2, 2), x=_tok(gen, 2, 3)["x"]), **lay)   # T is read from x
     with pytest.raises(TypeError, match="'dt_softplus' must be a bool"):
         ref.step([0, 1], **tok, **lay, dt_softplus=1)

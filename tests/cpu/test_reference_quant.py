@@ -6,10 +6,18 @@ Fresh random data per test (seed printed and in every message; REPLAYSSM_TEST_SE
 import pytest
 import torch
 
-from replayssm.reference import (READ_FORMATS, dequantize_fp8_e4m3_rows, fake_quant,
-                                 fake_quant_fp8_e4m3, fake_quant_nvfp4, quantize_fp8_e4m3_rows,
-                                 quantize_nvfp4, round_to_e2m1)
-from replayssm.reference.testing import generator, new_seed
+from replayssm.reference import (
+    READ_FORMATS,
+    dequantize_fp8_e4m3_rows,
+    fake_quant,
+    fake_quant_fp8_e4m3,
+    fake_quant_nvfp4,
+    quantize_fp8_e4m3_rows,
+    quantize_nvfp4,
+    round_to_e2m1,
+)
+
+from ..reference_testing import generator, new_seed
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 

@@ -208,7 +208,10 @@ class TestWrapperPlumbing:
         w.run(cache, x, torch.zeros(3, H), -torch.ones(H), B, B)
         entry, kind, p = rec.launches[-1]
         assert (entry, kind) == (0, "DecodeParams")
-        assert (p.batch, p.nheads, p.ngroups, p.dt_softplus, p.rows_per_cta) == (3, H, G, 1, w._rows)
+        assert (p.batch, p.nheads, p.ngroups, p.dt_softplus) == (3, H, G, 1)
+        q = rec.queries[-1]  # the plan entry's query: batch, the dims the module is not compiled for
+        assert (q.batch, q.heads, q.groups, q.drafts, q.rows_per_cta) == (3, H, G, 0, 0)
+        assert rec.schedules[-1] is w.schedule.struct and w.schedule.rows_per_cta == w._rows
         assert p.ring.draft == cache.ring_draft.data_ptr() and p.pool.state == cache.checkpoint.data_ptr()
         assert p.error_flag == cache.error_flag.data_ptr() and p.slots.num_slots == 6
         with pytest.raises(RuntimeError, match="no drafts"):

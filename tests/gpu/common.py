@@ -2,13 +2,51 @@
 
 from __future__ import annotations
 
+import hashlib
+import os
+
 import torch
 
+#: Environment variable that overrides every GPU test's base seed (see seed_for / seeded_generator).
+SEED_ENV = "REPLAYSSM_TEST_SEED"
 
-def fresh_generator() -> torch.Generator:
-    g = torch.Generator(device="cuda")
-    g.seed()
+# Generators drawn so far by the running test: {node id: count}. Read by the failure report.
+_drawn: dict[str, int] = {}
+
+
+def current_test() -> str:
+    """The running test's node id (pytest sets PYTEST_CURRENT_TEST during setup, call, teardown)."""
+    return os.environ.get("PYTEST_CURRENT_TEST", "").rsplit(" ", 1)[0]
+
+
+def seed_for(nodeid: str) -> int:
+    """A test's base seed: $REPLAYSSM_TEST_SEED when set, else a stable hash of its node id (the same
+    on every run and machine, unlike ``hash()``), so a failure reproduces by rerunning the test."""
+    text = os.environ.get(SEED_ENV, "").strip()
+    if text:
+        return int(text)
+    return int.from_bytes(hashlib.sha256(nodeid.encode()).digest()[:6], "little")
+
+
+def drawn(nodeid: str) -> int:
+    """How many generators the test ``nodeid`` has drawn (0: it used none)."""
+    return _drawn.get(nodeid, 0)
+
+
+def generator(seed: int, device: str = "cuda") -> torch.Generator:
+    g = torch.Generator(device=device)
+    g.manual_seed(seed)
     return g
+
+
+def seeded_generator() -> torch.Generator:
+    """A CUDA generator for the running test: the k-th call in a test (k = 0, 1, ...) is seeded
+    with ``seed_for(test) + k``, so every draw is reproducible and the failure report shows the
+    seed (tests/gpu/conftest.py). Use this, or the ``gen`` fixture, never ``Generator.seed()``."""
+    test = current_test()
+    k = _drawn.get(test, 0)
+    _drawn[test] = k + 1
+    return generator(seed_for(test) + k)
 
 
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:

@@ -1,4 +1,11 @@
-"""Pre-warm every module the GPU suite needs, compiling in parallel before the first test."""
+"""GPU suite fixtures: seeded generators (seed printed on failure) and a pre-warm of every module
+the suite needs, compiled in parallel before the first test.
+
+Seeds: every random draw of a GPU test comes from ``seeded_generator()`` (tests/gpu/common.py) or
+the ``gen`` fixture, seeded from a stable hash of the test's node id, so a rerun draws the same
+inputs. A failing test's report has a "seed" section; ``REPLAYSSM_TEST_SEED=N`` sets every test's
+base seed to N (e.g. to rerun one test with another seed, or to reproduce a printed one).
+"""
 
 import concurrent.futures as cf
 import logging
@@ -7,6 +14,24 @@ import time
 import pytest
 
 from ..conftest import HAS_GPU
+from .common import SEED_ENV, drawn, seed_for, seeded_generator
+
+
+@pytest.fixture
+def gen():
+    """A CUDA generator seeded for this test (see seeded_generator)."""
+    return seeded_generator()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    n = drawn(item.nodeid)
+    if n and report.failed:
+        seed = seed_for(item.nodeid)
+        report.sections.append(("seed", f"seed: {seed} ({n} generator(s): seeds {seed}..{seed + n - 1}; "
+                                        f"rerun with {SEED_ENV}={seed} to force it)"))
 
 
 def _mamba2_specs():
@@ -25,7 +50,8 @@ def _mamba2_specs():
 def _mamba2_verify_specs():
     from replayssm.ops.generators import mamba2_decode_spec, verify_capacity
 
-    from .test_mamba2_verify import BASE, CONFIGS as VERIFY_CONFIGS
+    from .test_mamba2_verify import BASE
+    from .test_mamba2_verify import CONFIGS as VERIFY_CONFIGS
 
     specs = {}
     for cfg in VERIFY_CONFIGS + [{**BASE, "T": 8}]:

@@ -17,7 +17,7 @@ import torch
 from replayssm.reference import gdn_step, kda_step
 from replayssm.timing import capture
 
-from .common import fresh_generator, rel_err, snapshot, tolerances
+from .common import rel_err, seeded_generator, snapshot, tolerances
 from .delta_spec import DeltaSpec
 from .spec_driver import DEV, run_spec_sequence
 
@@ -46,30 +46,30 @@ CONFIG_IDS = ["gdn", "gdn_T2", "gdn_T16", "gdn_io_f32", "gdn_state_bf16", "gdn_K
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 class TestDeltaVerifyConfigs:
     def test_chain_random_accepts(self, cfg):
-        gen = fresh_generator()
+        gen = seeded_generator()
         run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=cfg["T"], gen=gen)
 
 
 @pytest.mark.parametrize("cfg", [{**BASE, "T": 8}, {**KDA, "T": 8}], ids=["gdn", "kda"])
 class TestDeltaVerifyFeatures:
     def test_trees_and_per_row_counts(self, cfg):
-        gen = fresh_generator()
+        gen = seeded_generator()
         run_spec_sequence(DeltaSpec(cfg, gen), steps=40, batch=5, num_slots=9, T=8, gen=gen, tree=True,
                           varlen=True)
 
     @pytest.mark.parametrize("rows", [16, 64])
     def test_every_tiling(self, cfg, rows):
-        gen = fresh_generator()
+        gen = seeded_generator()
         run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=8, gen=gen, tree=True,
                           varlen=True, rows_per_cta=rows)
 
     def test_thousands_of_steps(self, cfg):
-        gen = fresh_generator()
+        gen = seeded_generator()
         run_spec_sequence(DeltaSpec({**cfg, "T": 4}, gen), steps=1000, batch=3, num_slots=5, T=4, gen=gen,
                           varlen=True, p_verify=0.8)
 
     def test_verify_and_commit_in_one_graph(self, cfg):
-        gen = fresh_generator()
+        gen = seeded_generator()
         fam = DeltaSpec(cfg, gen)
         batch, T, num = 3, 8, 5
         w = fam.wrapper("replay", batch)
@@ -105,7 +105,7 @@ class TestDeltaVerifyFeatures:
         assert cache.check_errors() == 0
 
     def test_conventional_per_draft_snapshots(self, cfg):
-        gen = fresh_generator()
+        gen = seeded_generator()
         fam = DeltaSpec(cfg, gen)
         batch, T = 3, 4
         num = batch + batch * T
@@ -140,7 +140,7 @@ class TestDeltaVerifyFeatures:
 
 class TestDeltaVerifyBadInput:
     def test_bad_accepts_and_trees_leave_rows_unchanged(self):
-        gen = fresh_generator()
+        gen = seeded_generator()
         fam = DeltaSpec(KDA, gen)
         w = fam.wrapper("replay", 3)
         cache = w.create_cache(6, max_draft=4)

@@ -20,7 +20,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from .common import fresh_generator, rel_err, tolerances
+from .common import rel_err, seeded_generator, tolerances
 from .delta_spec import DeltaSpec
 from .spec_driver import DEV, Mamba2Spec
 
@@ -46,7 +46,7 @@ def state_shape(cfg):
 class Setup:
     def __init__(self, family: str, kind: str):
         cls, cfg = CONFIGS[family]
-        self.gen = fresh_generator()
+        self.gen = seeded_generator()
         self.cfg = cfg
         self.fam = cls(cfg, self.gen)
         self.kind = kind

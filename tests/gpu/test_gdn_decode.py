@@ -22,7 +22,7 @@ import torch
 
 from replayssm.reference import gdn_step, kda_step
 
-from .common import fresh_generator, rel_err, snapshot, tolerances
+from .common import rel_err, seeded_generator, snapshot, tolerances
 
 pytestmark = pytest.mark.gpu
 
@@ -122,8 +122,8 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", u
         q, k, v, gate = step_inputs(batch, cfg, gen, gates=gates)
         out = torch.full((batch, HV, V), float("nan"), dtype=cfg["io"], device=dev)
         w.plan(slots)
-        if persistent is not None and algorithm == "replay":
-            assert w.persistent == persistent
+        if persistent is not None and algorithm == "replay":  # a forced persistent may fall back (reported)
+            assert w.persistent == (persistent and w.schedule.fallback is None), w.schedule
         extra = dict(A_log=A_log, dt_bias=dt_bias) if gates == "raw" else {}
         w.run(cache, q, k, v, out=out, **gate, **extra)
         torch.cuda.synchronize()
@@ -152,27 +152,27 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", u
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 class TestGDNDecodeConfigs:
     def test_matches_reference(self, cfg, algorithm):
-        run_sequence(cfg, algorithm, steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=fresh_generator())
+        run_sequence(cfg, algorithm, steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=seeded_generator())
 
 
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 class TestGDNDecodeFeatures:
     @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
     def test_given_log_decay_and_beta(self, algorithm, cfg):
-        run_sequence(cfg, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(), gates="given")
+        run_sequence(cfg, algorithm, steps=20, batch=4, num_slots=8, gen=seeded_generator(), gates="given")
 
     def test_without_l2norm(self, algorithm):
-        run_sequence({**BASE, "io": F32}, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(),
+        run_sequence({**BASE, "io": F32}, algorithm, steps=20, batch=4, num_slots=8, gen=seeded_generator(),
                      gates="given", use_l2norm=False)
 
     @pytest.mark.parametrize("rows", [16, 32, 64])
     def test_every_tiling(self, algorithm, rows):
-        run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=fresh_generator(), rows_per_cta=rows)
+        run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=seeded_generator(), rows_per_cta=rows)
 
     @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
                              ids=["qwen3-next", "kimi-linear"])
     def test_large_batch_model_shape(self, algorithm, cfg):
-        run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=fresh_generator(), churn=False)
+        run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=seeded_generator(), churn=False)
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
@@ -180,35 +180,35 @@ class TestGDNPersistentConfigs:
     """The persistent pipelined replay kernel, forced on, on every configuration."""
 
     def test_matches_reference(self, cfg):
-        run_sequence(cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=fresh_generator(),
+        run_sequence(cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=seeded_generator(),
                      persistent=True)
 
 
 class TestGDNPersistentFeatures:
     @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
     def test_given_log_decay_and_beta(self, cfg):
-        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(), gates="given",
+        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), gates="given",
                      persistent=True)
 
     @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
     def test_without_l2norm(self, cfg):
-        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(), use_l2norm=False,
+        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), use_l2norm=False,
                      persistent=True)
 
     @pytest.mark.parametrize("rows", [16, 32, 64])
     def test_every_tiling(self, rows):
-        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(), rows_per_cta=rows,
+        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), rows_per_cta=rows,
                      persistent=True)
 
     def test_kda_key_head_shared_by_two_value_heads(self):
-        run_sequence({**KDA, "HV": 4, "HK": 2}, "replay", steps=20, batch=4, num_slots=8, gen=fresh_generator(),
+        run_sequence({**KDA, "HV": 4, "HK": 2}, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(),
                      persistent=True)
 
     @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
                              ids=["qwen3-next", "kimi-linear"])
     def test_many_units_per_cta(self, cfg):
         """More units than resident CTAs: every CTA walks several units and its buffers wrap."""
-        run_sequence(cfg, "replay", steps=20, batch=96, num_slots=100, gen=fresh_generator(), churn=False,
+        run_sequence(cfg, "replay", steps=20, batch=96, num_slots=100, gen=seeded_generator(), churn=False,
                      persistent=True)
 
 
@@ -218,7 +218,7 @@ class TestGDNFidelity:
                              ids=["gdn-qwen3-next", "kda-kimi-linear"])
     def test_fp32_checkpoint_4096_steps(self, cfg, persistent):
         """16 sequences, 4,096 steps: replayed state within 2e-5 of the float64 recurrence."""
-        gen = fresh_generator()
+        gen = seeded_generator()
         w, cache = make(cfg, "replay", 16, 16, persistent=persistent)
         A_log, dt_bias = layer_weights(cfg, gen)
         slots = torch.arange(16, device="cuda", dtype=torch.int32)
@@ -244,7 +244,7 @@ class TestGDNGraphsAndSlots:
     def test_cuda_graph_capture_and_replay(self, algorithm):
         from replayssm.timing import capture
 
-        gen = fresh_generator()
+        gen = seeded_generator()
         cfg = BASE
         w, cache = make(cfg, algorithm.removesuffix("-persistent"), 8, 4,
                         persistent=algorithm.endswith("-persistent"))
@@ -277,7 +277,7 @@ class TestGDNGraphsAndSlots:
 
     @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent", "kda-replay-persistent"])
     def test_out_of_range_slot_is_skipped_and_flagged(self, algorithm):
-        gen = fresh_generator()
+        gen = seeded_generator()
         cfg = KDA if algorithm.startswith("kda-") else BASE
         w, cache = make(cfg, algorithm.removeprefix("kda-").removesuffix("-persistent"), 4, 3,
                         persistent=algorithm.endswith("-persistent"))
@@ -297,7 +297,7 @@ class TestGDNGraphsAndSlots:
     @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
     def test_nan_input_stays_in_its_row(self, persistent):
         """NaN/inf in one row's inputs reach that row's outputs only, never other slots."""
-        gen = fresh_generator()
+        gen = seeded_generator()
         w, cache = make(BASE, "replay", 4, 2, persistent=persistent)
         cache.reset([0, 1, 2, 3])
         A_log, dt_bias = layer_weights(BASE, gen)

@@ -19,7 +19,7 @@ import torch
 
 from replayssm.reference import mamba2_step
 
-from .common import rel_err, snapshot, tolerances
+from .common import rel_err, seeded_generator, snapshot, tolerances
 from .mamba2_inputs import layer_weights, per_head, step_inputs
 
 pytestmark = pytest.mark.gpu
@@ -83,8 +83,8 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False
         x, dt, B, C, z = step_inputs(batch, H, P, N, G, cfg["io"], gen, dev, with_z=with_z, expanded_dt=expanded)
         out = torch.full((batch, H, P), float("nan"), dtype=cfg["io"], device=dev)
         w.plan(slots)
-        if persistent is not None and algorithm == "replay":
-            assert w.persistent == persistent
+        if persistent is not None and algorithm == "replay":  # a forced persistent may fall back (reported)
+            assert w.persistent == (persistent and w.schedule.fallback is None), w.schedule
         w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite outputs"
@@ -116,8 +116,7 @@ ALGORITHMS = ["replay", "conventional"]
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
 class TestMamba2DecodeConfigs:
     def test_matches_reference(self, cfg, algorithm):
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         run_sequence(cfg, algorithm, steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=gen)
 
 
@@ -126,9 +125,7 @@ class TestMamba2DecodeFeatures:
     """One feature changed at a time on the base configuration."""
 
     def gen(self):
-        g = torch.Generator(device="cuda")
-        g.seed()
-        return g
+        return seeded_generator()
 
     def test_stride0_expanded_weights_and_dt(self, algorithm):
         run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=self.gen(), expanded=True)
@@ -159,8 +156,7 @@ class TestMamba2PersistentConfigs:
     """The persistent pipelined replay kernel, forced on, on every configuration."""
 
     def test_matches_reference(self, cfg):
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         run_sequence(cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=gen, persistent=True)
 
 
@@ -168,9 +164,7 @@ class TestMamba2PersistentFeatures:
     """One feature changed at a time on the base configuration, persistent kernel forced on."""
 
     def gen(self):
-        g = torch.Generator(device="cuda")
-        g.seed()
-        return g
+        return seeded_generator()
 
     def test_stride0_expanded_weights_and_dt(self):
         run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), expanded=True, persistent=True)
@@ -207,8 +201,7 @@ class TestMamba2Fidelity:
     def test_fp32_checkpoint_4096_steps(self, persistent):
         """Nemotron shape, 16 sequences, 4,096 steps: replayed state within 2e-5 of float64."""
         cfg = {**BASE, "H": 128, "G": 8}
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         dev = torch.device("cuda")
         H, P, N, G = 128, 64, 128, 8
         w, cache = make(cfg, "replay", 16, 16, persistent=persistent)
@@ -235,8 +228,7 @@ class TestMamba2Fidelity:
 class TestMamba2Graphs:
     @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent"])
     def test_cuda_graph_capture_and_replay(self, algorithm):
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         dev = torch.device("cuda")
         cfg = BASE
         H, P, N, G = cfg["H"], cfg["P"], cfg["N"], cfg["G"]
@@ -283,8 +275,7 @@ class TestMamba2Graphs:
 class TestMamba2BadSlots:
     @pytest.mark.parametrize("algorithm", [*ALGORITHMS, "replay-persistent"])
     def test_out_of_range_slot_is_skipped_and_flagged(self, algorithm):
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         dev = torch.device("cuda")
         H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
         persistent = algorithm.endswith("-persistent")
@@ -307,8 +298,7 @@ class TestMamba2BadSlots:
     def test_corrupt_cursor_is_skipped_and_flagged(self, persistent):
         """A slot whose ring length is out of range: its row is zeros, bit 2 is raised, nothing
         of that slot is written; the other row is served."""
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         dev = torch.device("cuda")
         H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
         w, cache = make(BASE, "replay", 4, 2, persistent=persistent)
@@ -327,8 +317,7 @@ class TestMamba2BadSlots:
             assert torch.equal(a, b), "a slot with a corrupt cursor was written"
 
     def test_debug_mode_raises(self):
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         dev = torch.device("cuda")
         H, P, N, G = BASE["H"], BASE["P"], BASE["N"], BASE["G"]
         w, cache = make(BASE, "replay", 4, 2, debug=True)
@@ -352,8 +341,7 @@ class TestMamba2LargePool:
         cfg = {**BASE, "H": 128, "G": 8, "state": BF16}
         per_slot = 128 * 64 * 128
         num_slots = (2**31) // per_slot + 4  # > 2^31 elements
-        gen = torch.Generator(device="cuda")
-        gen.seed()
+        gen = seeded_generator()
         w, cache = make(cfg, "replay", num_slots, 1)
         last = num_slots - 1
         cache.reset([last])

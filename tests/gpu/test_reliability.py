@@ -17,6 +17,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from .common import generator as _generator
 from .delta_spec import DeltaSpec
 from .spec_driver import Mamba2Spec
 
@@ -31,12 +32,6 @@ FAMILIES = {"mamba2": (Mamba2Spec, M2), "gdn": (DeltaSpec, GDN), "kda": (DeltaSp
 # (algorithm, persistent) of the standard step: tile replay, persistent replay, conventional.
 STEP_KINDS = {"replay_tile": ("replay", False), "replay_persistent": ("replay", True),
               "conventional": ("conventional", None)}
-
-
-def _generator(seed: int) -> torch.Generator:
-    g = torch.Generator(device="cuda")
-    g.manual_seed(seed)
-    return g
 
 
 def _state_shape(fam) -> tuple[int, ...]:

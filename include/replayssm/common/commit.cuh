@@ -31,8 +31,7 @@ struct RingArray {
   int32_t record_words;
 };
 
-constexpr int kMaxRingArrays = 4;
-
+// kMaxRingArrays: constants.h.
 struct CommitParams {
   RingArray arrays[kMaxRingArrays];
   SlotArg slots;

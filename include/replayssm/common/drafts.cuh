@@ -10,13 +10,12 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "constants.h"
+
 namespace replayssm {
 
-constexpr int kMaxDrafts = 16;
-
-// Dynamic shared memory a verify CTA may opt into on sm_90: 227 KB per block less room for the
-// kernels' static shared memory; tilings above it are refused at launch.
-constexpr size_t kMaxDynamicSmem = 223 * 1024;
+// kMaxDrafts: constants.h. The shared memory a verify tile may use is decided per device by
+// the plan entry (common/schedule.h), not here.
 
 struct DraftArgs {
   const int32_t* counts;       // [batch] drafts of each row in [1, T], or nullptr: every row has T

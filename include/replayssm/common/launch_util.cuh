@@ -1,109 +1,170 @@
-// Host-side helpers shared by the families' launchers: the runtime tiling switch, the grid of
-// one CTA per (batch row, head, row chunk), and the ring-capacity bound.
+// Host-side helpers shared by the families' launchers: the runtime tiling switch, the device
+// queries of the plan entry (common/schedule.h), launching a planned KernelLaunch, and the
+// ring-capacity bound.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include <cstdint>
 #include <type_traits>
+#include <utility>
+
+#include "constants.h"
+#include "schedule.h"
 
 namespace replayssm {
 
-// Calls f(std::integral_constant<int, ROWS>) for a runtime tiling `rows` that divides DIM.
-template <int DIM, typename F>
+// Calls f(std::integral_constant<int, ROWS>) for a runtime tiling `rows` (one of kRowChoices)
+// that divides DIM; cudaErrorInvalidValue for any other.
+template <int DIM, int I = 0, typename F>
 cudaError_t dispatch_rows(int rows, F&& f) {
-  switch (rows) {
-    case 16:
-      if constexpr (DIM % 16 == 0) return f(std::integral_constant<int, 16>{});
-      break;
-    case 32:
-      if constexpr (DIM % 32 == 0) return f(std::integral_constant<int, 32>{});
-      break;
-    case 64:
-      if constexpr (DIM % 64 == 0) return f(std::integral_constant<int, 64>{});
-      break;
-    case 80:
-      if constexpr (DIM % 80 == 0) return f(std::integral_constant<int, 80>{});
-      break;
-    default:
-      break;
+  if constexpr (I == kNumRowChoices) {
+    return cudaErrorInvalidValue;
+  } else {
+    constexpr int kRows = kRowChoices[I];
+    if constexpr (DIM % kRows == 0)
+      if (rows == kRows) return f(std::integral_constant<int, kRows>{});
+    return dispatch_rows<DIM, I + 1>(rows, std::forward<F>(f));
   }
-  return cudaErrorInvalidValue;
 }
 
 // Calls f(std::integral_constant<int, ROWS>) for every tiling that divides DIM, stopping at the
-// first error (used by prepare() to load every instantiated kernel).
-template <int DIM, typename F>
+// first error (prepare() loads every instantiated kernel; the plan entry looks at each).
+template <int DIM, int I = 0, typename F>
 cudaError_t for_each_rows(F&& f) {
-  cudaError_t e = cudaSuccess;
-  if constexpr (DIM % 16 == 0) e = f(std::integral_constant<int, 16>{});
-  if constexpr (DIM % 32 == 0)
-    if (e == cudaSuccess) e = f(std::integral_constant<int, 32>{});
-  if constexpr (DIM % 64 == 0)
-    if (e == cudaSuccess) e = f(std::integral_constant<int, 64>{});
-  if constexpr (DIM % 80 == 0)
-    if (e == cudaSuccess) e = f(std::integral_constant<int, 80>{});
+  if constexpr (I == kNumRowChoices) {
+    return cudaSuccess;
+  } else {
+    constexpr int kRows = kRowChoices[I];
+    if constexpr (DIM % kRows == 0) {
+      const cudaError_t e = f(std::integral_constant<int, kRows>{});
+      if (e != cudaSuccess) return e;
+    }
+    return for_each_rows<DIM, I + 1>(std::forward<F>(f));
+  }
+}
+
+static_assert(sizeof(kRowChoices) / sizeof(kRowChoices[0]) == kNumRowChoices, "kNumRowChoices");
+
+// The current device's limits (the plan entry; never called by a launch).
+inline cudaError_t query_device_limits(DeviceLimits* l) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  const auto get = [&](int32_t* out, cudaDeviceAttr a) {
+    int v = 0;
+    if (e == cudaSuccess) e = cudaDeviceGetAttribute(&v, a, dev);
+    *out = v;
+  };
+  get(&l->sm_count, cudaDevAttrMultiProcessorCount);
+  get(&l->smem_per_block_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin);
+  get(&l->smem_per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor);
+  get(&l->reserved_smem_per_block, cudaDevAttrReservedSharedMemoryPerBlock);
+  get(&l->max_blocks_per_sm, cudaDevAttrMaxBlocksPerMultiprocessor);
+  get(&l->max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor);
   return e;
 }
 
-// One 128-thread CTA per (batch row, head, rows-row chunk of DIM).
-template <typename Kernel, typename Params>
-cudaError_t launch_grid(Kernel kernel, const Params& params, int64_t batch, int heads, int rows, int dim,
-                        cudaStream_t stream, size_t smem_bytes = 0) {
-  const int64_t ctas = batch * heads * (dim / rows);
-  if (ctas == 0) return cudaSuccess;
-  if (ctas > 0x7fffffffLL) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(ctas), 128, smem_bytes, stream>>>(params);
-  return cudaGetLastError();
-}
-
-// How many CTAs of `kernel` (with `threads` and `smem_bytes`) fit on the current device at once.
-// Host queries only, so it may run during graph capture.
+// The plan's facts about one kernel: with `query_device` its static shared memory and occupancy
+// from the runtime (the kernel's MaxDynamicSharedMemorySize is set by prepare(), which runs
+// first); otherwise modelled from the limits (no CUDA call: plans for injected limits).
 template <typename Kernel>
-cudaError_t resident_ctas(Kernel kernel, int threads, size_t smem_bytes, int64_t* resident) {
-  int dev = 0, sms = 0, per_sm = 0;
-  cudaError_t e = cudaGetDevice(&dev);
-  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev);
-  if (e == cudaSuccess) e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem_bytes);
+cudaError_t kernel_facts(Kernel kernel, bool query_device, const DeviceLimits& lim, int threads, size_t dyn_smem,
+                         KernelFacts* f) {
+  f->exists = true;
+  f->threads = threads;
+  f->dyn_smem = static_cast<int32_t>(dyn_smem);
+  f->static_smem = 0;
+  f->ctas_per_sm = -1;
+  if (!query_device) return cudaSuccess;
+  cudaFuncAttributes a;
+  cudaError_t e = cudaFuncGetAttributes(&a, kernel);
   if (e != cudaSuccess) return e;
-  if (per_sm < 1) return cudaErrorInvalidConfiguration;
-  *resident = static_cast<int64_t>(sms) * per_sm;
-  return cudaSuccess;
+  f->static_smem = static_cast<int32_t>(a.sharedSizeBytes);
+  if (static_cast<int64_t>(dyn_smem) + a.sharedSizeBytes > lim.smem_per_block_optin) {
+    f->ctas_per_sm = 0;
+    return cudaSuccess;
+  }
+  int per_sm = 0;
+  e = cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, dyn_smem);
+  f->ctas_per_sm = per_sm;
+  return e;
 }
 
-// Persistent grid: min(units, resident) CTAs.
+// Fills q->limits from the device unless the caller gave them.
+inline cudaError_t plan_limits(PlanQuery* q) { return q->has_limits ? cudaSuccess : query_device_limits(&q->limits); }
+
+// Launches `kernel` as planned by `k` (grid, threads), with `smem_bytes` of dynamic shared memory.
 template <typename Kernel, typename Params>
-cudaError_t launch_persistent(Kernel kernel, const Params& params, int64_t units, int64_t resident, int threads,
-                              size_t smem_bytes, cudaStream_t stream) {
-  if (units == 0) return cudaSuccess;
-  const unsigned ctas = static_cast<unsigned>(units < resident ? units : resident);
-  kernel<<<ctas, threads, smem_bytes, stream>>>(params);
+cudaError_t launch_planned(Kernel kernel, const Params& params, const KernelLaunch& k, size_t smem_bytes,
+                           cudaStream_t stream) {
+  if (k.grid == 0) return cudaSuccess;
+  if (k.grid < 0 || k.threads < 1) return cudaErrorInvalidConfiguration;
+  kernel<<<static_cast<unsigned>(k.grid), static_cast<unsigned>(k.threads), smem_bytes, stream>>>(params);
   return cudaGetLastError();
 }
 
-// Heads per work unit when a unit of `heads` heads (each `tiles_per_head` tiles) may be split:
-// the fewest splits (a divisor of `heads`) that give at least two units per resident CTA, keeping
-// at least `min_tiles` tiles per unit so the producer can run a full pipeline ahead.
-inline int split_heads(int heads, int tiles_per_head, int64_t units, int64_t resident, int min_tiles) {
-  int best = heads;
-  for (int d = 1; d <= heads; ++d) {
-    if (heads % d) continue;
-    if ((heads / d) * tiles_per_head < min_tiles) break;
-    best = heads / d;
-    if (units * d >= 2 * resident) break;
-  }
-  return best;
+// Whether a planned tile launch matches the params it is given (the plan's batch and heads).
+inline bool tile_matches(const KernelLaunch& k, int64_t batch, int heads, int dim) {
+  return k.rows_per_cta > 0 && dim % k.rows_per_cta == 0 &&
+         static_cast<int64_t>(k.grid) == batch * heads * (dim / k.rows_per_cta);
 }
 
-// Largest ring capacity a replay module supports: L + 16 drafts.
+// Largest ring capacity a replay module supports: L + kMaxRingExtra drafts.
 template <int L>
-constexpr int kMaxRingCapacity = L + 16;
+constexpr int kMaxRingCapacity = L + kMaxRingExtra;
 
 // Loads a kernel onto the current device (prepare() of ops without shared-memory opt-in).
 template <typename Kernel>
 cudaError_t touch_kernel(Kernel kernel) {
   cudaFuncAttributes a;
   return cudaFuncGetAttributes(&a, kernel);
+}
+
+// The current device's per-block shared-memory opt-in (prepare() of the verify ops).
+inline cudaError_t device_smem_optin(int* bytes) {
+  int dev = 0;
+  cudaError_t e = cudaGetDevice(&dev);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(bytes, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev);
+  return e;
+}
+
+}  // namespace replayssm
+
+namespace replayssm {
+
+// The next smaller tiling of DIM below `rows` (0: none).
+template <int DIM>
+inline int32_t smaller_rows(int32_t rows) {
+  int32_t next = 0;
+  for (int32_t r : kRowChoices)
+    if (DIM % r == 0 && r < rows && r > next) next = r;
+  return next;
+}
+
+// Plans a one-CTA-per-tile op into *out: the forced tiling (q.rows_per_cta) or `auto_rows`;
+// with `step_down`, an automatic tiling whose kernel exceeds the device's shared memory steps
+// down to smaller ones (*fallback = kFallbackTileSmem). facts(integral_constant<ROWS>, KernelFacts*)
+// -> cudaError_t describes the kernel at a tiling. Returns 0, a cudaError_t or a kPlan* code.
+template <int DIM, typename Facts>
+int plan_tiles(const PlanQuery& q, int32_t kernel, int32_t auto_rows, bool step_down, Facts&& facts,
+               KernelLaunch* out, int32_t* fallback) {
+  const bool forced = q.rows_per_cta != 0;
+  int32_t rows = forced ? q.rows_per_cta : auto_rows;
+  if (!is_row_choice(rows, DIM)) return kPlanBadRows;
+  for (;;) {
+    KernelFacts f{};
+    const cudaError_t e = dispatch_rows<DIM>(rows, [&](auto r) { return facts(r, &f); });
+    if (e != cudaSuccess) return e;
+    int32_t ctas = 0;
+    if (kernel_fits(q.limits, f, &ctas)) {
+      *out = tile_launch(kernel, rows, q.batch, q.heads, DIM, f.dyn_smem, ctas);
+      return out->grid < 0 ? kPlanBadQuery : 0;
+    }
+    const int32_t next = smaller_rows<DIM>(rows);
+    if (forced || !step_down || next == 0) return kPlanSmemTooLarge;
+    rows = next;
+    *fallback = kFallbackTileSmem;
+  }
 }
 
 }  // namespace replayssm

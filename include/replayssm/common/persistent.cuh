@@ -7,20 +7,32 @@
 // each tile's stage, compute, and release it. Unit and stage buffers are rings of kUnits and
 // kStages; the family fills and reads them, this file only sequences them.
 //
-// Barrier counts: a stage/unit "full" barrier expects 33 arrivals, 32 from the producer lanes'
-// cp.async completions plus one from lane 0 (expect_tx for the tile's bulk copy, or the unit
-// header); a stage "empty" barrier expects one arrival per consumer warp, a unit "empty" one.
+// Barrier counts (see PersistentPipeline::init): a stage/unit "full" barrier expects one arrival
+// per producer lane (its cp.async completions) plus one from lane 0 (expect_tx for the tile's
+// bulk copy, or the unit header); a stage "empty" barrier expects one arrival per consumer warp,
+// a unit "empty" one (consumer thread 0, after the consumers' barrier).
 #pragma once
 
 #include <cstdint>
 
+#include "align.cuh"
 #include "pipeline.cuh"
 
 namespace replayssm {
 
-constexpr int kPersistentConsumers = 128;  // four consumer warps; warp 4 is the producer
-constexpr int kPersistentThreads = kPersistentConsumers + 32;
+constexpr int kPersistentConsumerWarps = 4;
+constexpr int kPersistentConsumers = kPersistentConsumerWarps * 32;  // warps 0..3; warp 4 is the producer
+constexpr int kPersistentProducerLanes = 32;
+constexpr int kPersistentThreads = kPersistentConsumers + kPersistentProducerLanes;
 constexpr int kConsumerBarrier = 1;  // named barrier id of the consumer warps
+
+// Arrivals each barrier expects per phase, from the warp roles above.
+// full: every producer lane's cp.async arrival, + 1 for lane 0's expect_tx / header arrival.
+constexpr int kFullArrivals = kPersistentProducerLanes + 1;
+// stage empty: each consumer warp releases the stage once (one lane, after __syncwarp).
+constexpr int kStageEmptyArrivals = kPersistentConsumerWarps;
+// unit empty: consumer thread 0 hands the unit buffer back after the consumers' barrier.
+constexpr int kUnitEmptyArrivals = 1;
 
 // How many unit and stage buffers fit in one CTA's share of an SM (two CTAs per SM: 228 KB of
 // shared memory per SM, 1 KB reserved per CTA). Two unit buffers when that costs no stage or
@@ -39,40 +51,69 @@ struct PersistentBudget {
   static constexpr int kUnits = stages_with(2) >= 3 || (stages_with(2) >= 2 && stages_with(2) == stages_with(1)) ? 2 : 1;
   static constexpr int kStages = stages_with(kUnits);
   static constexpr bool kFits = kStages >= 2;
-  static constexpr size_t kBytes = kBarBytes + kUnits * kUnitBytes + kStages * kStageBytes;
-  static_assert(8 * 2 * (kMaxStages + 2) <= kBarBytes, "barriers must fit their block");
+
+  // Dynamic shared memory: barriers (full, empty per stage; full, empty per unit), then the unit
+  // buffers, then the stage buffers.
+  static constexpr SmemRegion kBarriers = first_region(kBarBytes, 128);
+  static constexpr SmemRegion kUnitBuffers = kBarriers.then(kUnits * kUnitBytes, 128);
+  static constexpr SmemRegion kStageBuffers = kUnitBuffers.then(kStages * kStageBytes, 128);
+  static constexpr size_t kBytes = kStageBuffers.end();
+
+  static_assert(sizeof(uint64_t) * 2 * (kMaxStages + 2) <= kBarBytes, "barriers must fit their block");
+  static_assert(kUnitBytes % 128 == 0 && kStageBytes % 128 == 0, "unit and stage buffers keep 128-byte alignment");
+  static_assert(kUnitBuffers.offset == kBarBytes && kStageBuffers.offset == kBarBytes + kUnits * kUnitBytes,
+                "buffers are packed after the barriers");
+};
+
+// Position in a ring of kDepth buffers: which buffer (index) and the phase of its barriers this
+// pass, advanced by one call per buffer used. A consumer waits on "full" with parity phase(); the
+// producer waits on "empty" with the opposite parity, which a freshly initialised barrier reports
+// as complete (pipeline.cuh). Kept as one running count, so index and phase cost no registers of
+// their own in the consumers' hot loop.
+template <int kDepth>
+struct PipelineState {
+  uint32_t count = 0;  // buffers used so far
+
+  __device__ __forceinline__ int index() const { return count % kDepth; }
+  __device__ __forceinline__ uint32_t phase() const { return (count / kDepth) & 1; }
+  __device__ __forceinline__ uint32_t full_parity() const { return phase(); }
+  __device__ __forceinline__ uint32_t empty_parity() const { return phase() ^ 1; }
+  __device__ __forceinline__ void advance() { ++count; }
 };
 
 template <class Budget, size_t kUnitBytes, size_t kStageBytes>
 struct PersistentPipeline {
+  using StagePosition = PipelineState<Budget::kStages>;
+  using UnitPosition = PipelineState<Budget::kUnits>;
+
   unsigned char* smem;
-  uint64_t* full;
-  uint64_t* empty;
-  uint64_t* ufull;
-  uint64_t* uempty;
+  uint64_t* stage_full;
+  uint64_t* stage_empty;
+  uint64_t* unit_full;
+  uint64_t* unit_empty;
 
   __device__ explicit PersistentPipeline(unsigned char* s) : smem(s) {
-    full = reinterpret_cast<uint64_t*>(s);
-    empty = full + Budget::kStages;
-    ufull = empty + Budget::kStages;
-    uempty = ufull + Budget::kUnits;
+    stage_full = reinterpret_cast<uint64_t*>(s + Budget::kBarriers.offset);
+    stage_empty = stage_full + Budget::kStages;
+    unit_full = stage_empty + Budget::kStages;
+    unit_empty = unit_full + Budget::kUnits;
   }
-  __device__ unsigned char* unit(int u) const { return smem + Budget::kBarBytes + u * kUnitBytes; }
+  __device__ unsigned char* unit(int u) const { return smem + Budget::kUnitBuffers.offset + u * kUnitBytes; }
   __device__ unsigned char* stage(int s) const {
-    return smem + Budget::kBarBytes + Budget::kUnits * kUnitBytes + static_cast<size_t>(s) * kStageBytes;
+    return smem + Budget::kStageBuffers.offset + static_cast<size_t>(s) * kStageBytes;
   }
 
   // By one thread, followed by __syncthreads().
   __device__ void init() const {
 #pragma unroll 1
     for (int s = 0; s < Budget::kStages; ++s) {
-      mbar_init(&full[s], 33);
-      mbar_init(&empty[s], kPersistentConsumers / 32);
+      mbar_init(&stage_full[s], kFullArrivals);
+      mbar_init(&stage_empty[s], kStageEmptyArrivals);
     }
 #pragma unroll 1
     for (int u = 0; u < Budget::kUnits; ++u) {
-      mbar_init(&ufull[u], 33);
-      mbar_init(&uempty[u], 1);
+      mbar_init(&unit_full[u], kFullArrivals);
+      mbar_init(&unit_empty[u], kUnitEmptyArrivals);
     }
     mbar_init_fence();
   }
@@ -82,19 +123,18 @@ struct PersistentPipeline {
   // bar): fill stage S with tile t of unit u; lane 0 announces and issues the bulk copy on bar.
   template <class FillUnit, class FillStage>
   __device__ void produce(int64_t units, int tiles_per_unit, FillUnit&& fill_unit, FillStage&& fill_stage) const {
-    uint32_t it = 0, ui = 0;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, ++ui) {
-      const int ub = ui % Budget::kUnits;
-      mbar_wait(&uempty[ub], ((ui / Budget::kUnits) & 1) ^ 1);
-      const bool active = fill_unit(u, unit(ub));
-      if (threadIdx.x % 32 == 0) mbar_arrive(&ufull[ub]);
-      mbar_arrive_cp_async(&ufull[ub]);
+    StagePosition stage_pos;
+    UnitPosition unit_pos;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, unit_pos.advance()) {
+      mbar_wait(&unit_empty[unit_pos.index()], unit_pos.empty_parity());
+      const bool active = fill_unit(u, unit(unit_pos.index()));
+      if (threadIdx.x % 32 == 0) mbar_arrive(&unit_full[unit_pos.index()]);  // the "+ 1" of kFullArrivals
+      mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
       if (!active) continue;
-      for (int t = 0; t < tiles_per_unit; ++t, ++it) {
-        const int s = it % Budget::kStages;
-        mbar_wait(&empty[s], ((it / Budget::kStages) & 1) ^ 1);
-        fill_stage(u, t, stage(s), &full[s]);
-        mbar_arrive_cp_async(&full[s]);
+      for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {
+        mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
+        fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
+        mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
       }
     }
     cp_async_wait_all();
@@ -109,25 +149,25 @@ struct PersistentPipeline {
   template <class BeginUnit, class TileFn, class EndUnit, class CountIn>
   __device__ void consume(int64_t units, int tiles_per_unit, BeginUnit&& begin_unit, TileFn&& tile, EndUnit&& end_unit,
                           CountIn&& counted_in) const {
-    uint32_t it = 0, ui = 0;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, ++ui) {
-      const int ub = ui % Budget::kUnits;
-      mbar_wait(&ufull[ub], (ui / Budget::kUnits) & 1);
-      const bool active = begin_unit(u, unit(ub));
+    StagePosition stage_pos;
+    UnitPosition unit_pos;
+    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, unit_pos.advance()) {
+      mbar_wait(&unit_full[unit_pos.index()], unit_pos.full_parity());
+      const bool active = begin_unit(u, unit(unit_pos.index()));
       if (active) {
-        for (int t = 0; t < tiles_per_unit; ++t, ++it) {
-          const int s = it % Budget::kStages;
-          mbar_wait(&full[s], (it / Budget::kStages) & 1);
-          tile(u, t, stage(s), [&] {
+        for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {
+          mbar_wait(&stage_full[stage_pos.index()], stage_pos.full_parity());
+          uint64_t* empty = &stage_empty[stage_pos.index()];
+          tile(u, t, stage(stage_pos.index()), [&] {
             __syncwarp();
-            if (threadIdx.x % 32 == 0) mbar_arrive(&empty[s]);
+            if (threadIdx.x % 32 == 0) mbar_arrive(empty);
           });
         }
-        end_unit(u, unit(ub));
+        end_unit(u, unit(unit_pos.index()));
       }
       consumer_sync();
       if (threadIdx.x == 0) {
-        mbar_arrive(&uempty[ub]);
+        mbar_arrive(&unit_empty[unit_pos.index()]);
         if (active) counted_in(u);
       }
     }

@@ -1,6 +1,8 @@
-// Per-unit bookkeeping shared by the persistent replay kernels: reading a unit's slot and ring
-// cursors (producer) and skipping a unit (consumers); a unit counts itself in and the last one
-// of a slot moves its cursors with arrive/finish_unit (cursors.cuh). `RingT` is a family's Ring (start, len, done, draft, capacity).
+// Per-unit bookkeeping shared by the persistent replay kernels. The producer reads a unit's slot
+// and ring cursors once and publishes them in the unit buffer's header (read_unit_header); the
+// consumers take them from there (UnitState::from_header) or skip the unit (skip_unit). A unit
+// counts itself in and the last one of a slot moves its cursors with arrive/finish_unit
+// (cursors.cuh). `RingT` is a family's Ring (start, len, done, draft, capacity).
 #pragma once
 
 #include <cstdint>
@@ -13,6 +15,29 @@
 namespace replayssm {
 
 enum UnitStatus : int32_t { kUnitActive = 0, kUnitPad = 1, kUnitOutOfRange = 2, kUnitBadCursor = 3 };
+
+// First bytes of every unit buffer: what the producer read for the unit.
+struct UnitHeader {
+  int64_t slot;
+  int32_t start;
+  int32_t m;       // live records
+  int32_t status;  // kUnitActive or why the unit is skipped
+  int32_t unused;
+};
+
+// The cursors a unit works with, as the producer warp sees them.
+struct UnitCursors {
+  int64_t slot = 0;
+  int start = 0;
+  int m = 0;
+  int status = kUnitActive;
+
+  // Physical ring index of logical record j (j < m) in a ring of `capacity` records.
+  __device__ __forceinline__ int phys(int j, int capacity) const {
+    const int q = start + j;
+    return q >= capacity ? q - capacity : q;
+  }
+};
 
 // Slot of batch row b and its cursors; the status says whether the unit has work.
 template <typename RingT>
@@ -28,6 +53,47 @@ __device__ __forceinline__ int read_unit_cursors(const SlotArg& slots, const Rin
   if (*m < 0 || *m > L || *start < 0 || *start >= ring.capacity) return kUnitBadCursor;
   return kUnitActive;
 }
+
+// Producer warp, every lane: lane 0 reads batch row b's slot and cursors and writes them to the
+// unit header; every lane gets them back (a broadcast). Whatever the status, `cursors` is
+// warp-uniform on return.
+template <typename RingT>
+__device__ __forceinline__ void read_unit_header(const SlotArg& slots, const RingT& ring, int64_t b, int L,
+                                                 UnitHeader* header, int lane, UnitCursors& cursors) {
+  if (lane == 0) {
+    cursors.status = read_unit_cursors(slots, ring, b, L, &cursors.slot, &cursors.start, &cursors.m);
+    header->slot = cursors.slot;
+    header->start = cursors.start;
+    header->m = cursors.m;
+    header->status = cursors.status;
+  }
+  cursors.slot = __shfl_sync(0xffffffffu, cursors.slot, 0);
+  cursors.start = __shfl_sync(0xffffffffu, cursors.start, 0);
+  cursors.m = __shfl_sync(0xffffffffu, cursors.m, 0);
+  cursors.status = __shfl_sync(0xffffffffu, cursors.status, 0);
+}
+
+// What a consumer thread keeps of an active unit from its begin to its hand-back.
+struct UnitState {
+  int64_t slot = 0;
+  int start = 0;     // physical index of the oldest live record
+  int m = 0;         // live records
+  int pos = 0;       // physical index this step's record is appended at
+  int arrived = 0;   // consumer thread 0: the slot's arrival count before this unit (cursors.cuh)
+  bool flush = false;  // the ring is full: fold the records into the checkpoint
+
+  // From the header the producer wrote (status kUnitActive), for a family with L-record rings of
+  // `capacity` records.
+  __device__ __forceinline__ void from_header(const UnitHeader& h, int L, int capacity) {
+    slot = h.slot;
+    start = h.start;
+    m = h.m;
+    flush = m + 1 > L;
+    pos = start + m >= capacity ? start + m - capacity : start + m;
+  }
+  // The cursors this unit's row leaves behind (a standard step).
+  __device__ __forceinline__ Cursors next_cursors() const { return cursors_after_step(Cursors{start, m, 0}, flush, pos); }
+};
 
 // Error bits of a skipped unit (one consumer thread raises them).
 __device__ __forceinline__ void skip_unit(int32_t* error_flag, int status) {

@@ -3,16 +3,12 @@
 
 #include <cstdint>
 
+#include "constants.h"
+
 namespace replayssm {
 
-// Error bits OR-ed into a device flag word; the wrappers report them on request.
-enum ErrorBits : int32_t {
-  kErrSlotOutOfRange = 1,  // a slot index outside [0, num_slots) that is not the pad id
-  kErrCorruptCursor = 2,   // ring cursor outside its valid range: the row was skipped
-  kErrBadDrafts = 4,       // verify: draft count outside [1, T] or a parent not earlier in the tree (row skipped)
-  kErrBadCommit = 8,       // commit: no pending verify, num_accepted outside [1, T], or not a tree path (row unchanged)
-  kErrDuplicateSlot = 16,  // a slot named by two rows of one batch (contract violation; see common/cursors.cuh)
-};
+// Error bits (kErr*) OR-ed into a device flag word: constants.h.
+
 
 struct SlotArg {
   const void* ptr;  // int32 or int64 [batch]

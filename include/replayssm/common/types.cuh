@@ -7,10 +7,9 @@
 
 #include <cstdint>
 
-namespace replayssm {
+#include "constants.h"  // dtype codes kFloat32, kBFloat16, kFloat16 of ScalarArg::dtype
 
-// Runtime dtype codes for small per-head/per-row scalar arguments (mirrored in Python).
-enum DTypeCode : int32_t { kFloat32 = 0, kBFloat16 = 1, kFloat16 = 2 };
+namespace replayssm {
 
 __device__ __forceinline__ float to_float(float v) { return v; }
 __device__ __forceinline__ float to_float(__nv_bfloat16 v) { return __bfloat162float(v); }
@@ -117,7 +116,7 @@ struct ScalarArg {
   const void* ptr;
   int64_t stride0;
   int64_t stride1;
-  int32_t dtype;  // DTypeCode
+  int32_t dtype;  // kFloat32, kBFloat16 or kFloat16 (constants.h)
   int32_t reserved;
 };
 

@@ -1,6 +1,6 @@
 // Conventional Gated DeltaNet / KDA decode step, per value head (state S [V, K], K contiguous):
 //   S~ = S Diag(exp(g));  u = beta (v - S~ k^);  S <- S~ + u k^T (written);  o = S q^ = S~ q^ + u (k^.q^)
-// GDN has one log decay g per head, KDA one per key channel (PC = true).
+// GDN has one log decay g per head, KDA one per key channel (PerChannelDecay = true).
 // One CTA per (batch row, value head, ROWS-row chunk of V); the state tile lives in registers.
 #pragma once
 
@@ -10,7 +10,7 @@
 namespace replayssm {
 namespace gdn {
 
-template <typename TS, typename TI, int K, int V, int ROWS, bool PC>
+template <typename TS, typename TI, int K, int V, int ROWS, bool PerChannelDecay>
 __global__ void __launch_bounds__(128) conventional_decode_kernel(const DecodeParams p) {
   using Tile = StateTile<TS, K, ROWS, 4>;
   constexpr int kV = Tile::kVec;
@@ -38,15 +38,15 @@ __global__ void __launch_bounds__(128) conventional_decode_kernel(const DecodePa
   for (int i = tid; i < K; i += kThreads) {
     q_s[i] = to_float(qp[i]);
     k_s[i] = to_float(kp[i]);
-    if constexpr (PC) alpha_s[i] = expf(step_log_decay_channel(p, c, i));
+    if constexpr (PerChannelDecay) alpha_s[i] = expf(step_log_decay_channel(p, c, i));
   }
   for (int r = tid; r < ROWS; r += kThreads) v_s[r] = to_float(vp[r]);
   if (tid == kThreads - 1) {
-    if constexpr (!PC) gate_s[0] = expf(step_log_decay(p, c));
+    if constexpr (!PerChannelDecay) gate_s[0] = expf(step_log_decay(p, c));
     gate_s[1] = step_beta(p, c);
   }
   __syncthreads();
-  if constexpr (!PC)
+  if constexpr (!PerChannelDecay)
     for (int i = tid; i < K; i += kThreads) alpha_s[i] = gate_s[0];
   normalise_qk<K, kThreads>(p, q_s, k_s, red_s);
   if (warp == 0) {

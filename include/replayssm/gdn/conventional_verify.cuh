@@ -11,7 +11,7 @@
 namespace replayssm {
 namespace gdn {
 
-template <typename TS, typename TI, int K, int V, int ROWS, bool PC>
+template <typename TS, typename TI, int K, int V, int ROWS, bool PerChannelDecay>
 __global__ void __launch_bounds__(128) conventional_verify_kernel(const VerifyParams vp) {
   const DecodeParams& p = vp.d;
   using Tile = StateTile<TS, K, ROWS, 4>;
@@ -50,15 +50,15 @@ __global__ void __launch_bounds__(128) conventional_verify_kernel(const VerifyPa
     for (int e = tid; e < K; e += kThreads) {
       q_s[e] = to_float(qp[e]);
       k_s[e] = to_float(kp[e]);
-      if constexpr (PC) alpha_s[e] = expf(step_log_decay_channel(p, bt, c.hv, e));
+      if constexpr (PerChannelDecay) alpha_s[e] = expf(step_log_decay_channel(p, bt, c.hv, e));
     }
     for (int r = tid; r < ROWS; r += kThreads) v_s[r] = to_float(vpp[r]);
     if (tid == kThreads - 1) {
-      if constexpr (!PC) gate_s[0] = expf(step_log_decay(p, bt, c.hv));
+      if constexpr (!PerChannelDecay) gate_s[0] = expf(step_log_decay(p, bt, c.hv));
       gate_s[1] = step_beta(p, bt, c.hv);
     }
     __syncthreads();
-    if constexpr (!PC)
+    if constexpr (!PerChannelDecay)
       for (int e = tid; e < K; e += kThreads) alpha_s[e] = gate_s[0];
     normalise_qk<K, kThreads>(p, q_s, k_s, red_s);
     if (warp == 0) {

@@ -1,11 +1,15 @@
-// Host-side launchers for the GDN and KDA kernels (PC: per-channel decay, i.e. KDA): grid shape
-// and the runtime tiling choice (rows of V per CTA: 16, 32 or 64, dividing V).
+// Host-side plan and launch of the GDN and KDA kernels (PerChannelDecay: per-channel decay, i.e. KDA). plan()
+// (the module's plan entry, once per wrapper plan) picks the kernel, its tiling (rows of V per
+// CTA, one of kRowChoices dividing V) and grid from the query and the device's limits
+// (common/schedule.h); launch() (every run, also under graph capture) only checks the params
+// against that schedule and launches it.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "../common/commit.cuh"
 #include "../common/launch_util.cuh"
+#include "../common/schedule.h"
 #include "conventional_decode.cuh"
 #include "conventional_verify.cuh"
 #include "replay_decode.cuh"
@@ -16,9 +20,9 @@ namespace replayssm {
 namespace gdn {
 
 // The persistent kernel copies q, k and v with 16-byte cp.async, so it runs only when their base
-// addresses and row strides are multiples of 16 bytes (aligned16); otherwise the tile kernel
-// (which reads them element by element) serves the step. Mirrored by
-// replayssm.ops.gdn.persistent_inputs_aligned.
+// addresses and row strides are multiples of 16 bytes (aligned16); otherwise the launch runs the
+// schedule's tile kernel (Schedule::tile), which reads them element by element. The one
+// per-launch choice; mirrored by replayssm.ops.gdn.persistent_inputs_aligned.
 template <typename TI>
 inline bool persistent_inputs_aligned(const DecodeParams& p) {
   constexpr int e = sizeof(TI);
@@ -28,43 +32,93 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
          aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.nv_heads);
 }
 
-template <typename TS, typename TI, int K, int V, int L, bool PC>
+template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay>
 struct ReplayDecode {
   using Params = DecodeParams;
   template <int ROWS>
-  using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PC>::Budget;
+  using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay>::Budget;
+  // The persistent kernel exists at a tiling when its buffers fit two CTAs per SM (the compile-time
+  // budget of common/persistent.cuh) and a warp's rows fit a lane each.
   template <int ROWS>
   static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32;
 
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
-    if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
-    return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
+  // Work units of the persistent kernel: a row's key head with its HV / HK value heads (GDN), or
+  // one value head (KDA).
+  static int64_t units(int64_t batch, int nv_heads, int nk_heads) { return batch * (PerChannelDecay ? nv_heads : nk_heads); }
+
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    const int64_t batch = q.batch;
+    *s = Schedule{};
+    int e = plan_tiles<V>(q, kKernelTile, delta_tile_rows(V, K, batch, q.heads), false, [&](auto rows, KernelFacts* f) {
       constexpr int kRows = decltype(rows)::value;
-      if (p.persistent && persistent_inputs_aligned<TI>(p)) {
-        if constexpr (kPersistentOk<kRows>) {
-          const auto kernel = replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>;
-          int64_t resident = 0;
-          const cudaError_t e = resident_ctas(kernel, kPersistentThreads, Persistent<kRows>::kBytes, &resident);
-          if (e != cudaSuccess) return e;
-          const int64_t units = static_cast<int64_t>(p.batch) * (PC ? p.nv_heads : p.nk_heads);
-          return launch_persistent(kernel, p, units, resident, kPersistentThreads, Persistent<kRows>::kBytes, stream);
-        }
-        // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
+      return kernel_facts(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits, 128,
+                          ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>), f);
+    }, &s->tile, &s->fallback);
+    if (e) return e;
+    s->main = s->tile;
+    const int64_t n_units = units(batch, q.heads, q.groups);
+    const bool want = q.persistent == kPersistentAuto ? n_units >= kDeltaPersistentMinUnits
+                                                      : q.persistent == kPersistentOn;
+    if (!want) return 0;
+    const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
+    KernelFacts f{};
+    e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
+      constexpr int kRows = decltype(r)::value;
+      if constexpr (kPersistentOk<kRows>) {
+        return kernel_facts(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits,
+                            kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
-      // (misaligned step inputs, see persistent_inputs_aligned, also run one CTA per tile)
-      return launch_grid(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>, p, p.batch, p.nv_heads, kRows, V, stream,
-                         ReplayRingSmem<K, kRows, PC>::bytes(p.ring.capacity));
+      return cudaSuccess;
+    });
+    if (e) return e;
+    int32_t ctas = 0;
+    if (!f.exists) {
+      s->fallback = kFallbackLayout;
+    } else if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > q.limits.smem_per_block_optin) {
+      s->fallback = kFallbackSmemOptin;
+    } else if (!kernel_fits(q.limits, f, &ctas)) {
+      s->fallback = kFallbackOccupancy;
+    } else {
+      s->main = persistent_launch(rows, PerChannelDecay ? 1 : q.heads / q.groups, n_units, q.limits, f, ctas);
+      if (s->main.units < 0) return kPlanBadQuery;
+    }
+    return 0;
+  }
+
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
+    if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
+    const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
+    if (k.kernel == kKernelPersistent) {
+      if (static_cast<int64_t>(k.units) != units(p.batch, p.nv_heads, p.nk_heads)) return cudaErrorInvalidValue;
+      return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
+        constexpr int kRows = decltype(rows)::value;
+        if constexpr (kPersistentOk<kRows>) {
+          return launch_planned(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, p, k,
+                                Persistent<kRows>::kBytes, stream);
+        }
+        return cudaErrorInvalidValue;
+      });
+    }
+    if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.nv_heads, V)) return cudaErrorInvalidValue;
+    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      return launch_planned(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, p, k,
+                            ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(p.ring.capacity), stream);
     });
   }
+
   static cudaError_t prepare() {
     return for_each_rows<V>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PC>,
+      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(ReplayRingSmem<K, kRows, PC>::bytes(kMaxRingCapacity<L>)));
+                                           static_cast<int>(ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>)));
       if constexpr (kPersistentOk<kRows>) {
         if (e == cudaSuccess)
-          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PC>,
+          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Persistent<kRows>::kBytes));
       }
@@ -73,61 +127,112 @@ struct ReplayDecode {
   }
 };
 
-template <typename TS, typename TI, int K, int V, bool PC>
+template <typename TS, typename TI, int K, int V, bool PerChannelDecay>
 struct ConventionalDecode {
   using Params = DecodeParams;
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
-    return dispatch_rows<V>(p.rows_per_cta, [&](auto rows) {
-      constexpr int kRows = decltype(rows)::value;
-      return launch_grid(conventional_decode_kernel<TS, TI, K, V, kRows, PC>, p, p.batch, p.nv_heads, kRows, V,
-                         stream);
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    *s = Schedule{};
+    const int e = plan_tiles<V>(q, kKernelConventional, delta_tile_rows(V, K, q.batch, q.heads), false,
+                                [&](auto rows, KernelFacts* f) {
+                                  return kernel_facts(
+                                      conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, dev,
+                                      q.limits, 128, 0, f);
+                                }, &s->main, &s->fallback);
+    s->tile = s->main;
+    return e;
+  }
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
+    const KernelLaunch& k = s.main;
+    if (k.kernel != kKernelConventional || !tile_matches(k, p.batch, p.nv_heads, V)) return cudaErrorInvalidValue;
+    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
+      return launch_planned(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0, stream);
     });
   }
   static cudaError_t prepare() {
     return for_each_rows<V>([](auto rows) {
-      return touch_kernel(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PC>);
+      return touch_kernel(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>);
     });
   }
 };
 
-// Verify of up to TMAX drafts per row (entry 0 of a replay_verify module; entry 1 is Commit).
-template <typename TS, typename TI, int K, int V, int L, bool PC, int TMAX>
+// Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is Commit).
+template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX>
 struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
-  using Smem = VerifySmem<K, ROWS, L, PC>;
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+  using Smem = VerifySmem<K, ROWS, L, PerChannelDecay>;
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    *s = Schedule{};
+    // The automatic tiling steps down when its buffers (at the largest ring and TMAX drafts)
+    // exceed the device's shared memory per block; a forced one is an error then.
+    const int e = plan_tiles<V>(q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), true,
+                                [&](auto rows, KernelFacts* f) {
+                                  constexpr int kRows = decltype(rows)::value;
+                                  return kernel_facts(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, dev,
+                                                      q.limits, 128, Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX),
+                                                      f);
+                                }, &s->main, &s->fallback);
+    s->tile = s->main;
+    return e;
+  }
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
-    return dispatch_rows<V>(p.d.rows_per_cta, [&](auto rows) {
+    const KernelLaunch& k = s.main;
+    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nv_heads, V)) return cudaErrorInvalidValue;
+    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      if (Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX) > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
-      return launch_grid(replay_verify_kernel<TS, TI, K, V, L, kRows, PC, TMAX>, p, p.d.batch, p.d.nv_heads, kRows,
-                         V, stream, Smem<kRows>::bytes(R, p.drafts.T));
+      return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, p, k,
+                            Smem<kRows>::bytes(R, p.drafts.T), stream);
     });
   }
   static cudaError_t prepare() {
-    return for_each_rows<V>([](auto rows) {
+    int optin = 0;
+    const cudaError_t e = device_smem_optin(&optin);
+    if (e != cudaSuccess) return e;
+    return for_each_rows<V>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX);
-      if (bytes > kMaxDynamicSmem) return cudaSuccess;  // this tiling is refused at launch
-      return cudaFuncSetAttribute(replay_verify_kernel<TS, TI, K, V, L, kRows, PC, TMAX>,
+      if (bytes > static_cast<size_t>(optin)) return cudaSuccess;  // this tiling is never planned on this device
+      return cudaFuncSetAttribute(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     });
   }
 };
 
 // Conventional speculative verify (per-draft state snapshots); drafts form a chain.
-template <typename TS, typename TI, int K, int V, bool PC, int TMAX>
+template <typename TS, typename TI, int K, int V, bool PerChannelDecay, int TMAX>
 struct ConventionalVerify {
   using Params = VerifyParams;
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    *s = Schedule{};
+    const int e = plan_tiles<V>(q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), false,
+                                [&](auto rows, KernelFacts* f) {
+                                  return kernel_facts(
+                                      conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, dev,
+                                      q.limits, 128, 0, f);
+                                }, &s->main, &s->fallback);
+    s->tile = s->main;
+    return e;
+  }
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.drafts.T < 1 || p.drafts.T > TMAX || p.drafts.parents != nullptr || p.drafts.state_slots == nullptr)
       return cudaErrorInvalidValue;
-    return dispatch_rows<V>(p.d.rows_per_cta, [&](auto rows) {
-      constexpr int kRows = decltype(rows)::value;
-      return launch_grid(conventional_verify_kernel<TS, TI, K, V, kRows, PC>, p, p.d.batch, p.d.nv_heads, kRows, V,
-                         stream);
+    const KernelLaunch& k = s.main;
+    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nv_heads, V)) return cudaErrorInvalidValue;
+    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
+      return launch_planned(conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0, stream);
     });
   }
   static cudaError_t prepare() { return cudaSuccess; }

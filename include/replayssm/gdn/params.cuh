@@ -1,10 +1,12 @@
 // Parameters of the Gated DeltaNet and KDA decode kernels: raw pointers and element strides only.
-// Mirrored field by field in replayssm/ops/gdn.py (ctypes); the module checks sizeof at load.
+// Mirrored field by field in replayssm/ops/gdn.py (ctypes); each struct is described below
+// (common/fields.h) and the loader compares every field's name, offset and size at load.
 #pragma once
 
 #include <cstdint>
 
 #include "../common/drafts.cuh"
+#include "../common/fields.h"
 #include "../common/slots.cuh"
 #include "../common/types.cuh"
 
@@ -66,14 +68,12 @@ struct DecodeParams {
   Ring ring;  // unused by the conventional kernel
   StepInputs in;
   SlotArg slots;
-  int32_t* error_flag;  // [1], OR of ErrorBits
+  int32_t* error_flag;  // [1], OR of error bits (kErr*, common/constants.h)
   int32_t batch;
   int32_t nv_heads;     // HV
   int32_t nk_heads;     // HK (HV % HK == 0)
   int32_t use_l2norm;   // normalise q and k (eps 1e-6) before use
   float scale;          // multiplies q (K^-1/2 by default)
-  int32_t rows_per_cta; // runtime tiling choice over V: 16, 32 or 64
-  int32_t persistent;   // replay decode only: 1 = persistent pipelined kernel (see replay_decode_persistent.cuh)
 };
 
 // A verify: T draft tokens per batch row. Every per-token input of `d.in` (q, k, v, out, g, a,
@@ -85,4 +85,65 @@ struct VerifyParams {
 };
 
 }  // namespace gdn
+
+// Field tables (common/fields.h): every field, in declaration order.
+REPLAYSSM_DESCRIBE_BEGIN(gdn::StatePool)
+REPLAYSSM_FIELD(state)
+REPLAYSSM_FIELD(stride_slot)
+REPLAYSSM_FIELD(stride_head)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(gdn::Ring)
+REPLAYSSM_FIELD(u)
+REPLAYSSM_FIELD(u_stride_slot)
+REPLAYSSM_FIELD(u_stride_head)
+REPLAYSSM_FIELD(k)
+REPLAYSSM_FIELD(k_stride_slot)
+REPLAYSSM_FIELD(k_stride_head)
+REPLAYSSM_FIELD(g)
+REPLAYSSM_FIELD(g_stride_slot)
+REPLAYSSM_FIELD(g_stride_head)
+REPLAYSSM_FIELD(start)
+REPLAYSSM_FIELD(len)
+REPLAYSSM_FIELD(done)
+REPLAYSSM_FIELD(draft)
+REPLAYSSM_FIELD(capacity)
+REPLAYSSM_FIELD(reserved)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(gdn::StepInputs)
+REPLAYSSM_FIELD(q)
+REPLAYSSM_FIELD(q_stride_batch)
+REPLAYSSM_FIELD(q_stride_head)
+REPLAYSSM_FIELD(k)
+REPLAYSSM_FIELD(k_stride_batch)
+REPLAYSSM_FIELD(k_stride_head)
+REPLAYSSM_FIELD(v)
+REPLAYSSM_FIELD(v_stride_batch)
+REPLAYSSM_FIELD(v_stride_head)
+REPLAYSSM_FIELD(out)
+REPLAYSSM_FIELD(out_stride_batch)
+REPLAYSSM_FIELD(out_stride_head)
+REPLAYSSM_FIELD(g)
+REPLAYSSM_FIELD(a)
+REPLAYSSM_FIELD(A_log)
+REPLAYSSM_FIELD(dt_bias)
+REPLAYSSM_FIELD(beta)
+REPLAYSSM_FIELD(b)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(gdn::DecodeParams)
+REPLAYSSM_FIELD(pool)
+REPLAYSSM_FIELD(ring)
+REPLAYSSM_FIELD(in)
+REPLAYSSM_FIELD(slots)
+REPLAYSSM_FIELD(error_flag)
+REPLAYSSM_FIELD(batch)
+REPLAYSSM_FIELD(nv_heads)
+REPLAYSSM_FIELD(nk_heads)
+REPLAYSSM_FIELD(use_l2norm)
+REPLAYSSM_FIELD(scale)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(gdn::VerifyParams)
+REPLAYSSM_FIELD(d)
+REPLAYSSM_FIELD(drafts)
+REPLAYSSM_DESCRIBE_END
+
 }  // namespace replayssm

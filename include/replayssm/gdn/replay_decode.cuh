@@ -17,6 +17,8 @@
 // CTA of a slot to arrive moves the cursors.
 #pragma once
 
+#include "../common/align.cuh"
+
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/state_tile.cuh"
@@ -26,19 +28,18 @@ namespace replayssm {
 namespace gdn {
 
 // Dynamic shared memory for ring capacity R: u rows of this CTA [R][ROWS], keys [R][K], g [R].
-template <int K, int ROWS, bool PC>
+template <int K, int ROWS, bool PerChannelDecay>
 struct ReplayRingSmem {
-  static constexpr int kG = PC ? K : 1;  // log decays per record
-  __host__ __device__ static constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
+  static constexpr int kG = PerChannelDecay ? K : 1;  // log decays per record
   __host__ __device__ static size_t u_bytes(int R) { return align16(static_cast<size_t>(R) * ROWS * 4); }
   __host__ __device__ static size_t k_bytes(int R) { return align16(static_cast<size_t>(R) * K * 4); }
   __host__ __device__ static size_t bytes(int R) { return u_bytes(R) + k_bytes(R) + align16(R * kG * 4); }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
   using Tile = StateTile<TS, K, ROWS, 4>;
-  using Smem = ReplayRingSmem<K, ROWS, PC>;
+  using Smem = ReplayRingSmem<K, ROWS, PerChannelDecay>;
   constexpr int kG = Smem::kG;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -71,7 +72,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       cp_async16(u_s + j * ROWS + q * 4, uring + static_cast<int64_t>(j) * V + q * 4);
     }
     for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(kr_s + i * 4, kring + i * 4);
-    if constexpr (PC)
+    if constexpr (PerChannelDecay)
       for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(g_s + i * 4, gring + i * 4);
     else
       for (int i = tid; i < R; i += kThreads) cp_async4(g_s + i, gring + i);
@@ -84,7 +85,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ float v_s[ROWS];
   __shared__ float red_s[4];
   __shared__ float gate_s[3];      // g_m (GDN), beta, k^.q^
-  __shared__ __align__(16) float gcur_s[PC ? K : 1];  // KDA: g_m per key channel
+  __shared__ __align__(16) float gcur_s[PerChannelDecay ? K : 1];  // KDA: g_m per key channel
   __shared__ __align__(16) float kt_s[K];   // decayed k^ that multiplies the (folded) checkpoint
   __shared__ __align__(16) float qt_s[K];   // decayed q^ likewise
   __shared__ __align__(16) float col_s[K];  // flush: per-column factor on S_c
@@ -104,10 +105,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     k_s[i] = to_float(kp[i]);
   }
   for (int r = tid; r < ROWS; r += kThreads) v_s[r] = to_float(vp[r]);
-  if constexpr (PC)
+  if constexpr (PerChannelDecay)
     for (int i = tid; i < K; i += kThreads) gcur_s[i] = step_log_decay_channel(p, c, i);
   if (tid == kThreads - 1) {
-    if constexpr (!PC) gate_s[0] = step_log_decay(p, c);
+    if constexpr (!PerChannelDecay) gate_s[0] = step_log_decay(p, c);
     gate_s[1] = step_beta(p, c);
   }
   if (m < 0 || m > L || start < 0 || start >= R) {
@@ -129,7 +130,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
   auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
   const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
-  if constexpr (!PC) {
+  if constexpr (!PerChannelDecay) {
     if (warp == 0) {  // one lane per record, suffix sums by shuffles
       const int j = lane;
       const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
@@ -273,7 +274,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (c.chunk == 0) {
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head + static_cast<int64_t>(pos) * kG;
-    if constexpr (PC)
+    if constexpr (PerChannelDecay)
       for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
     else if (tid == 0)
       gout[0] = gate_s[0];

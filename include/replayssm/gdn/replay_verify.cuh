@@ -16,6 +16,8 @@
 // keep only the committed records (draft = n pending), as in mamba2/replay_verify.cuh.
 #pragma once
 
+#include "../common/align.cuh"
+
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
@@ -26,35 +28,34 @@ namespace replayssm {
 namespace gdn {
 
 // Dynamic shared memory of one verify CTA for ring capacity R and T planned drafts (bytes).
-template <int K, int ROWS, int L, bool PC>
+template <int K, int ROWS, int L, bool PerChannelDecay>
 struct VerifySmem {
-  static constexpr int kG = PC ? K : 1;
+  static constexpr int kG = PerChannelDecay ? K : 1;
   // Every array starts 16-byte aligned (the dot products read 4 floats at a time).
-  __host__ __device__ static constexpr size_t a16(size_t b) { return (b + 15) / 16 * 16; }
   __host__ __device__ static size_t u(int) { return 0; }                                           // [R][ROWS] ring u rows
-  __host__ __device__ static size_t kr(int R, int) { return a16(size_t(R) * ROWS * 4); }           // [R][K] ring keys
-  __host__ __device__ static size_t gr(int R, int T) { return kr(R, T) + a16(size_t(R) * K * 4); }      // [R][kG] ring decays
-  __host__ __device__ static size_t kh(int R, int T) { return gr(R, T) + a16(size_t(R) * kG * 4); }     // [T][K] k^ of drafts
-  __host__ __device__ static size_t qh(int R, int T) { return kh(R, T) + a16(size_t(T) * K * 4); }      // [T][K] q^
-  __host__ __device__ static size_t kx(int R, int T) { return qh(R, T) + a16(size_t(T) * K * 4); }      // [T][K] E(P_i) . k^_i
-  __host__ __device__ static size_t qx(int R, int T) { return kx(R, T) + a16(size_t(T) * K * 4); }      // [T][K] E(P_i) . q^_i
-  __host__ __device__ static size_t gd(int R, int T) { return qx(R, T) + a16(size_t(T) * K * 4); }      // [T][kG] drafts' g
-  __host__ __device__ static size_t pth(int R, int T) { return gd(R, T) + a16(size_t(T) * kG * 4); }    // [T][kG] P_i
-  __host__ __device__ static size_t tot(int R, int T) { return pth(R, T) + a16(size_t(T) * kG * 4); }   // [kG] E(Gc)
-  __host__ __device__ static size_t ck(int R, int T) { return tot(R, T) + a16(size_t(kG) * 4); }        // [T][L+T] coef (keys)
-  __host__ __device__ static size_t cq(int R, int T) { return ck(R, T) + a16(size_t(T) * (L + T) * 4); }  // [T][L+T] (queries)
-  __host__ __device__ static size_t vd(int R, int T) { return cq(R, T) + a16(size_t(T) * (L + T) * 4); }  // [T][ROWS] v
-  __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + a16(size_t(T) * ROWS * 4); }     // [T][ROWS]
-  __host__ __device__ static size_t sq(int R, int T) { return sk(R, T) + a16(size_t(T) * ROWS * 4); }
-  __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + a16(size_t(T) * ROWS * 4); }     // drafts' u
-  __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + a16(size_t(T) * ROWS * 4); }
+  __host__ __device__ static size_t kr(int R, int) { return align16(size_t(R) * ROWS * 4); }           // [R][K] ring keys
+  __host__ __device__ static size_t gr(int R, int T) { return kr(R, T) + align16(size_t(R) * K * 4); }      // [R][kG] ring decays
+  __host__ __device__ static size_t kh(int R, int T) { return gr(R, T) + align16(size_t(R) * kG * 4); }     // [T][K] k^ of drafts
+  __host__ __device__ static size_t qh(int R, int T) { return kh(R, T) + align16(size_t(T) * K * 4); }      // [T][K] q^
+  __host__ __device__ static size_t kx(int R, int T) { return qh(R, T) + align16(size_t(T) * K * 4); }      // [T][K] E(P_i) . k^_i
+  __host__ __device__ static size_t qx(int R, int T) { return kx(R, T) + align16(size_t(T) * K * 4); }      // [T][K] E(P_i) . q^_i
+  __host__ __device__ static size_t gd(int R, int T) { return qx(R, T) + align16(size_t(T) * K * 4); }      // [T][kG] drafts' g
+  __host__ __device__ static size_t pth(int R, int T) { return gd(R, T) + align16(size_t(T) * kG * 4); }    // [T][kG] P_i
+  __host__ __device__ static size_t tot(int R, int T) { return pth(R, T) + align16(size_t(T) * kG * 4); }   // [kG] E(Gc)
+  __host__ __device__ static size_t ck(int R, int T) { return tot(R, T) + align16(size_t(kG) * 4); }        // [T][L+T] coef (keys)
+  __host__ __device__ static size_t cq(int R, int T) { return ck(R, T) + align16(size_t(T) * (L + T) * 4); }  // [T][L+T] (queries)
+  __host__ __device__ static size_t vd(int R, int T) { return cq(R, T) + align16(size_t(T) * (L + T) * 4); }  // [T][ROWS] v
+  __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + align16(size_t(T) * ROWS * 4); }     // [T][ROWS]
+  __host__ __device__ static size_t sq(int R, int T) { return sk(R, T) + align16(size_t(T) * ROWS * 4); }
+  __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + align16(size_t(T) * ROWS * 4); }     // drafts' u
+  __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + align16(size_t(T) * ROWS * 4); }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PC, int TMAX>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
 __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams vp) {
   const DecodeParams& p = vp.d;
   using Tile = StateTile<TS, K, ROWS, 4>;
-  using Smem = VerifySmem<K, ROWS, L, PC>;
+  using Smem = VerifySmem<K, ROWS, L, PerChannelDecay>;
   constexpr int kG = Smem::kG;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -103,7 +104,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       cp_async16(u_s + j * ROWS + q * 4, uring + static_cast<int64_t>(j) * V + q * 4);
     }
     for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(kr_s + i * 4, kring + i * 4);
-    if constexpr (PC)
+    if constexpr (PerChannelDecay)
       for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(gr_s + i * 4, gring + i * 4);
     else
       for (int i = tid; i < R; i += kThreads) cp_async4(gr_s + i, gring + i);
@@ -121,11 +122,11 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       const int d = i / K, e = i % K;
       qh_s[i] = to_float(qp[d * p.in.q_stride_batch + e]);
       kh_s[i] = to_float(kp[d * p.in.k_stride_batch + e]);
-      if constexpr (PC) gd_s[i] = step_log_decay_channel(p, bt0 + d, c.hv, e);
+      if constexpr (PerChannelDecay) gd_s[i] = step_log_decay_channel(p, bt0 + d, c.hv, e);
     }
     for (int i = tid; i < Tl * ROWS; i += kThreads) vd_s[i] = to_float(vpp[(i / ROWS) * p.in.v_stride_batch + i % ROWS]);
     if (tid < Tl) {
-      if constexpr (!PC) gd_s[tid] = step_log_decay(p, bt0 + tid, c.hv);
+      if constexpr (!PerChannelDecay) gd_s[tid] = step_log_decay(p, bt0 + tid, c.hv);
       beta_s[tid] = step_beta(p, bt0 + tid, c.hv);
     }
   }
@@ -173,7 +174,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
 
   // 2. Decays. Committed: kd_j replaces k_j in shared memory, tot = E(Gc). Drafts: P_i.
   auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
-  if constexpr (!PC) {
+  if constexpr (!PerChannelDecay) {
     if (warp == 0) {  // one lane per committed record, suffix sums by shuffles
       const float gj = lane < m ? gr_s[phys(lane)] : 0.f;
       float incl, excl;
@@ -249,12 +250,12 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
           load_floats<float, 4>(qh_s + i * K + e0, y);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float w = PC ? expf(pth_s[i * kG + (e0 + e) % kG] - pth_s[d * kG + (e0 + e) % kG]) * a[e] : a[e];
+            const float w = PerChannelDecay ? expf(pth_s[i * kG + (e0 + e) % kG] - pth_s[d * kG + (e0 + e) % kG]) * a[e] : a[e];
             ak = fmaf(w, x[e], ak);
             aq = fmaf(w, y[e], aq);
           }
         }
-        if constexpr (!PC) {
+        if constexpr (!PerChannelDecay) {
           const float w = expf(pth_s[i] - pth_s[d]);
           ak *= w;
           aq *= w;

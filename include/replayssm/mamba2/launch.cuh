@@ -1,11 +1,14 @@
-// Host-side launchers for the Mamba-2 kernels: grid shape and the runtime tiling choice (rows of
-// P per CTA: 16, 32, 64 or 80, dividing P).
+// Host-side plan and launch of the Mamba-2 kernels. plan() (the module's plan entry, once per
+// wrapper plan) picks the kernel, its tiling (rows of P per CTA, one of kRowChoices dividing P)
+// and grid from the query and the device's limits (common/schedule.h); launch() (every run, also
+// under graph capture) only checks the params against that schedule and launches it.
 #pragma once
 
 #include <cuda_runtime.h>
 
 #include "../common/commit.cuh"
 #include "../common/launch_util.cuh"
+#include "../common/schedule.h"
 #include "conventional_decode.cuh"
 #include "conventional_verify.cuh"
 #include "replay_decode.cuh"
@@ -16,9 +19,10 @@ namespace replayssm {
 namespace mamba2 {
 
 // The persistent kernel copies x, z, B and C with 16-byte cp.async, so it runs only when their
-// base addresses and row strides are multiples of 16 bytes (aligned16); otherwise the tile kernel
-// serves the step: it reads x and z element by element, and B and C with 16-byte loads only when
-// they are aligned. Mirrored by replayssm.ops.mamba2.persistent_inputs_aligned.
+// base addresses and row strides are multiples of 16 bytes (aligned16); otherwise the launch
+// runs the schedule's tile kernel (Schedule::tile): it reads x and z element by element, and B
+// and C with 16-byte loads only when they are aligned. The one per-launch choice; mirrored by
+// replayssm.ops.mamba2.persistent_inputs_aligned.
 template <typename TI>
 inline bool persistent_inputs_aligned(const DecodeParams& p) {
   constexpr int e = sizeof(TI);
@@ -29,38 +33,90 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
          aligned16(in.C, e, in.C_stride_batch, p.batch, in.C_stride_group, p.ngroups);
 }
 
-// One op = one kernel family; `launch` and `prepare` are what the module entry exports.
+// One op = one kernel family; `plan`, `launch` and `prepare` are what the module entry exports.
 template <typename TS, typename TI, int P, int N, int L>
 struct ReplayDecode {
   using Params = DecodeParams;
   template <int ROWS>
   using Persistent = typename PersistentLayout<TS, TI, N, L, ROWS>::Budget;
+  // The persistent kernel exists at a tiling when its buffers fit two CTAs per SM (the compile-time
+  // budget of common/persistent.cuh) and a warp's rows fit a lane each.
   template <int ROWS>
   static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32;
 
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
-    if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
-    return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    const int64_t batch = q.batch;
+    *s = Schedule{};
+    const int32_t auto_tile = mamba2_tile_rows(P, batch, q.heads, true);
+    int e = plan_tiles<P>(q, kKernelTile, auto_tile, false, [&](auto rows, KernelFacts* f) {
       constexpr int kRows = decltype(rows)::value;
-      if (p.persistent && persistent_inputs_aligned<TI>(p)) {
-        if constexpr (kPersistentOk<kRows>) {
-          const auto kernel = replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>;
-          int64_t resident = 0;
-          const cudaError_t e = resident_ctas(kernel, kPersistentThreads, Persistent<kRows>::kBytes, &resident);
-          if (e != cudaSuccess) return e;
-          DecodeParams q = p;
-          q.heads_per_unit = split_heads(p.nheads / p.ngroups, P / kRows, static_cast<int64_t>(p.batch) * p.ngroups,
-                                         resident, Persistent<kRows>::kStages + 1);
-          return launch_persistent(kernel, q, static_cast<int64_t>(p.batch) * (p.nheads / q.heads_per_unit),
-                                   resident, kPersistentThreads, Persistent<kRows>::kBytes, stream);
-        }
-        // buffers too large for two CTAs per SM: this specialization runs one CTA per tile
+      return kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, 128,
+                          ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>), f);
+    }, &s->tile, &s->fallback);
+    if (e) return e;
+    s->main = s->tile;
+    const bool want = q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads
+                                                      : q.persistent == kPersistentOn;
+    if (!want) return 0;
+    const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
+    KernelFacts f{};
+    int32_t stages = 0;
+    e = dispatch_rows<P>(rows, [&](auto r) -> cudaError_t {
+      constexpr int kRows = decltype(r)::value;
+      if constexpr (kPersistentOk<kRows>) {
+        stages = Persistent<kRows>::kStages;
+        return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, dev, q.limits,
+                            kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
-      // (misaligned step inputs, see persistent_inputs_aligned, also run one CTA per tile)
-      return launch_grid(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, p.batch, p.nheads, kRows, P, stream,
-                         ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity));
+      return cudaSuccess;
+    });
+    if (e) return e;
+    int32_t ctas = 0;
+    if (!f.exists) {
+      s->fallback = kFallbackLayout;
+    } else if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > q.limits.smem_per_block_optin) {
+      s->fallback = kFallbackSmemOptin;
+    } else if (!kernel_fits(q.limits, f, &ctas)) {
+      s->fallback = kFallbackOccupancy;
+    } else {
+      const int64_t resident = static_cast<int64_t>(q.limits.sm_count) * ctas;
+      const int32_t hpu = split_heads(q.heads / q.groups, P / rows, batch * q.groups, resident, stages + 1);
+      s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
+      if (s->main.units < 0) return kPlanBadQuery;
+    }
+    return 0;
+  }
+
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
+    if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
+    const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
+    if (k.kernel == kKernelPersistent) {
+      const int group = p.ngroups > 0 ? p.nheads / p.ngroups : 0;
+      if (k.heads_per_unit < 1 || group % k.heads_per_unit ||
+          static_cast<int64_t>(k.units) != static_cast<int64_t>(p.batch) * (p.nheads / k.heads_per_unit))
+        return cudaErrorInvalidValue;
+      return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
+        constexpr int kRows = decltype(rows)::value;
+        if constexpr (kPersistentOk<kRows>) {
+          DecodeParams q = p;
+          q.heads_per_unit = k.heads_per_unit;
+          return launch_planned(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, q, k,
+                                Persistent<kRows>::kBytes, stream);
+        }
+        return cudaErrorInvalidValue;
+      });
+    }
+    if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.nheads, P)) return cudaErrorInvalidValue;
+    return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
+      constexpr int kRows = decltype(rows)::value;
+      return launch_planned(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, k,
+                            ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity), stream);
     });
   }
+
   static cudaError_t prepare() {
     return for_each_rows<P>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
@@ -76,16 +132,29 @@ struct ReplayDecode {
       return e;
     });
   }
-
 };
 
 template <typename TS, typename TI, int P, int N>
 struct ConventionalDecode {
   using Params = DecodeParams;
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
-    return dispatch_rows<P>(p.rows_per_cta, [&](auto rows) {
-      constexpr int kRows = decltype(rows)::value;
-      return launch_grid(conventional_decode_kernel<TS, TI, P, N, kRows>, p, p.batch, p.nheads, kRows, P, stream);
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    *s = Schedule{};
+    const int e = plan_tiles<P>(q, kKernelConventional, mamba2_tile_rows(P, q.batch, q.heads, false), false,
+                                [&](auto rows, KernelFacts* f) {
+                                  return kernel_facts(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>,
+                                                      dev, q.limits, 128, 0, f);
+                                }, &s->main, &s->fallback);
+    s->tile = s->main;
+    return e;
+  }
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
+    const KernelLaunch& k = s.main;
+    if (k.kernel != kKernelConventional || !tile_matches(k, p.batch, p.nheads, P)) return cudaErrorInvalidValue;
+    return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
+      return launch_planned(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>, p, k, 0, stream);
     });
   }
   static cudaError_t prepare() {
@@ -95,27 +164,47 @@ struct ConventionalDecode {
   }
 };
 
-// Verify of up to TMAX drafts per row (entry 0 of a replay_verify module; entry 1 is Commit).
+// Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is Commit).
 template <typename TS, typename TI, int P, int N, int L, int TMAX>
 struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
   using Smem = VerifySmem<TI, N, ROWS, L, TMAX>;
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    *s = Schedule{};
+    // The automatic tiling steps down when its buffers (at the largest ring) exceed the device's
+    // shared memory per block; a forced one is an error then.
+    const int e = plan_tiles<P>(q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, true), true,
+                                [&](auto rows, KernelFacts* f) {
+                                  constexpr int kRows = decltype(rows)::value;
+                                  return kernel_facts(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, dev,
+                                                      q.limits, 128, Smem<kRows>::bytes(kMaxRingCapacity<L>), f);
+                                }, &s->main, &s->fallback);
+    s->tile = s->main;
+    return e;
+  }
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
-    return dispatch_rows<P>(p.d.rows_per_cta, [&](auto rows) {
+    const KernelLaunch& k = s.main;
+    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nheads, P)) return cudaErrorInvalidValue;
+    return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      if (Smem<kRows>::bytes(kMaxRingCapacity<L>) > kMaxDynamicSmem) return cudaErrorInvalidConfiguration;
-      return launch_grid(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, p, p.d.batch, p.d.nheads, kRows, P,
-                         stream, Smem<kRows>::bytes(R));
+      return launch_planned(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, p, k, Smem<kRows>::bytes(R), stream);
     });
   }
   static cudaError_t prepare() {
-    return for_each_rows<P>([](auto rows) {
+    int optin = 0;
+    const cudaError_t e = device_smem_optin(&optin);
+    if (e != cudaSuccess) return e;
+    return for_each_rows<P>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>);
-      if (bytes > kMaxDynamicSmem) return cudaSuccess;  // this tiling is refused at launch
+      if (bytes > static_cast<size_t>(optin)) return cudaSuccess;  // this tiling is never planned on this device
       return cudaFuncSetAttribute(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>,
                                   cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
     });
@@ -126,13 +215,27 @@ struct ReplayVerify {
 template <typename TS, typename TI, int P, int N, int TMAX>
 struct ConventionalVerify {
   using Params = VerifyParams;
-  static cudaError_t launch(const Params& p, cudaStream_t stream) {
+  static int plan(PlanQuery q, Schedule* s) {
+    if (const int e = check_query(q)) return e;
+    if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
+    if (const cudaError_t e = plan_limits(&q)) return e;
+    const bool dev = !q.has_limits;
+    *s = Schedule{};
+    const int e = plan_tiles<P>(q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, false), false,
+                                [&](auto rows, KernelFacts* f) {
+                                  return kernel_facts(conventional_verify_kernel<TS, TI, P, N, decltype(rows)::value>,
+                                                      dev, q.limits, 128, 0, f);
+                                }, &s->main, &s->fallback);
+    s->tile = s->main;
+    return e;
+  }
+  static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.drafts.T < 1 || p.drafts.T > TMAX || p.drafts.parents != nullptr || p.drafts.state_slots == nullptr)
       return cudaErrorInvalidValue;
-    return dispatch_rows<P>(p.d.rows_per_cta, [&](auto rows) {
-      constexpr int kRows = decltype(rows)::value;
-      return launch_grid(conventional_verify_kernel<TS, TI, P, N, kRows>, p, p.d.batch, p.d.nheads, kRows, P,
-                         stream);
+    const KernelLaunch& k = s.main;
+    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nheads, P)) return cudaErrorInvalidValue;
+    return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
+      return launch_planned(conventional_verify_kernel<TS, TI, P, N, decltype(rows)::value>, p, k, 0, stream);
     });
   }
   static cudaError_t prepare() { return cudaSuccess; }

@@ -1,10 +1,12 @@
 // Parameters of the Mamba-2 decode kernels: raw pointers and element strides only.
-// Mirrored field by field in replayssm/ops/mamba2.py (ctypes); the module checks sizeof at load.
+// Mirrored field by field in replayssm/ops/mamba2.py (ctypes); each struct is described below
+// (common/fields.h) and the loader compares every field's name, offset and size at load.
 #pragma once
 
 #include <cstdint>
 
 #include "../common/drafts.cuh"
+#include "../common/fields.h"
 #include "../common/slots.cuh"
 #include "../common/types.cuh"
 
@@ -65,14 +67,12 @@ struct DecodeParams {
   Ring ring;  // unused by the conventional kernel
   StepInputs in;
   SlotArg slots;
-  int32_t* error_flag;  // [1], OR of ErrorBits
+  int32_t* error_flag;  // [1], OR of error bits (kErr*, common/constants.h)
   int32_t batch;
   int32_t nheads;
   int32_t ngroups;
   int32_t dt_softplus;
-  int32_t rows_per_cta;  // runtime tiling choice: 16, 32, 64 or 80 (must divide P)
-  int32_t persistent;    // replay decode only: 1 = persistent pipelined kernel (replay_decode_persistent.cuh)
-  int32_t heads_per_unit;  // persistent kernel: set by the launcher (0 from the host API)
+  int32_t heads_per_unit;  // persistent kernel: copied by the launcher from the plan's schedule (0 from the host)
   int32_t reserved;
 };
 
@@ -85,4 +85,67 @@ struct VerifyParams {
 };
 
 }  // namespace mamba2
+
+// Field tables (common/fields.h): every field, in declaration order.
+REPLAYSSM_DESCRIBE_BEGIN(mamba2::StatePool)
+REPLAYSSM_FIELD(state)
+REPLAYSSM_FIELD(stride_slot)
+REPLAYSSM_FIELD(stride_head)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(mamba2::Ring)
+REPLAYSSM_FIELD(x)
+REPLAYSSM_FIELD(x_stride_slot)
+REPLAYSSM_FIELD(x_stride_head)
+REPLAYSSM_FIELD(B)
+REPLAYSSM_FIELD(B_stride_slot)
+REPLAYSSM_FIELD(B_stride_group)
+REPLAYSSM_FIELD(dt)
+REPLAYSSM_FIELD(dt_stride_slot)
+REPLAYSSM_FIELD(dt_stride_head)
+REPLAYSSM_FIELD(start)
+REPLAYSSM_FIELD(len)
+REPLAYSSM_FIELD(done)
+REPLAYSSM_FIELD(draft)
+REPLAYSSM_FIELD(capacity)
+REPLAYSSM_FIELD(reserved)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(mamba2::StepInputs)
+REPLAYSSM_FIELD(x)
+REPLAYSSM_FIELD(x_stride_batch)
+REPLAYSSM_FIELD(x_stride_head)
+REPLAYSSM_FIELD(z)
+REPLAYSSM_FIELD(z_stride_batch)
+REPLAYSSM_FIELD(z_stride_head)
+REPLAYSSM_FIELD(B)
+REPLAYSSM_FIELD(B_stride_batch)
+REPLAYSSM_FIELD(B_stride_group)
+REPLAYSSM_FIELD(C)
+REPLAYSSM_FIELD(C_stride_batch)
+REPLAYSSM_FIELD(C_stride_group)
+REPLAYSSM_FIELD(out)
+REPLAYSSM_FIELD(out_stride_batch)
+REPLAYSSM_FIELD(out_stride_head)
+REPLAYSSM_FIELD(dt)
+REPLAYSSM_FIELD(A)
+REPLAYSSM_FIELD(D)
+REPLAYSSM_FIELD(dt_bias)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(mamba2::DecodeParams)
+REPLAYSSM_FIELD(pool)
+REPLAYSSM_FIELD(ring)
+REPLAYSSM_FIELD(in)
+REPLAYSSM_FIELD(slots)
+REPLAYSSM_FIELD(error_flag)
+REPLAYSSM_FIELD(batch)
+REPLAYSSM_FIELD(nheads)
+REPLAYSSM_FIELD(ngroups)
+REPLAYSSM_FIELD(dt_softplus)
+REPLAYSSM_FIELD(heads_per_unit)
+REPLAYSSM_FIELD(reserved)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(mamba2::VerifyParams)
+REPLAYSSM_FIELD(d)
+REPLAYSSM_FIELD(drafts)
+REPLAYSSM_DESCRIBE_END
+
 }  // namespace replayssm

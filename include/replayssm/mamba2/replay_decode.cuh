@@ -17,6 +17,8 @@
 // the same round trip and only select which ring records count.
 #pragma once
 
+#include "../common/align.cuh"
+
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/state_tile.cuh"
@@ -29,7 +31,6 @@ namespace mamba2 {
 // dtype, physical record order) and the dt ring [R] (fp32).
 template <typename TI, int N, int ROWS>
 struct ReplayRingSmem {
-  __host__ __device__ static constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
   __host__ __device__ static size_t B_bytes(int R) { return align16(static_cast<size_t>(R) * N * sizeof(TI)); }
   __host__ __device__ static size_t x_bytes(int R) { return align16(static_cast<size_t>(R) * ROWS * sizeof(TI)); }
   __host__ __device__ static size_t bytes(int R) { return B_bytes(R) + x_bytes(R) + align16(R * sizeof(float)); }

@@ -15,6 +15,7 @@
 // Two CTAs fit per SM, so up to 2 * kStages tiles per SM are in flight while others are computed.
 #pragma once
 
+#include "../common/align.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
 #include "../common/state_tile.cuh"
@@ -27,34 +28,31 @@ namespace mamba2 {
 // each fit). Only the m <= L live ring records are copied, so every size is a compile-time constant.
 template <typename TS, typename TI, int N, int L, int ROWS>
 struct PersistentLayout {
-  static constexpr size_t a16(size_t b) { return (b + 15) / 16 * 16; }
-  static constexpr size_t a128(size_t b) { return (b + 127) / 128 * 128; }
-
-  struct UnitHeader {
-    int64_t slot;
-    int32_t start;
-    int32_t m;
-    int32_t status;  // kUnitActive or why the unit is skipped
-    int32_t unused;
-  };
-
   // Unit buffer: header, C [N], current B [N], B ring [L][N] (io dtype, logical record order),
-  // bc [L + 1] (fp32, written by the consumers).
-  static constexpr size_t kUC = a16(sizeof(UnitHeader));
-  static constexpr size_t kUBcur = kUC + a16(N * sizeof(TI));
-  static constexpr size_t kUBring = kUBcur + a16(N * sizeof(TI));
-  static constexpr size_t kUBc = kUBring + a16(static_cast<size_t>(L) * N * sizeof(TI));
-  static constexpr size_t kUnitBytes = a128(kUBc + a16((L + 1) * sizeof(float)));
+  // B_j . C [L + 1] (fp32, written by the consumers).
+  static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
+  static constexpr SmemRegion kC = kHeader.then(N * sizeof(TI), 16);
+  static constexpr SmemRegion kBCurrent = kC.then(N * sizeof(TI), 16);
+  static constexpr SmemRegion kBRing = kBCurrent.then(static_cast<size_t>(L) * N * sizeof(TI), 16);
+  static constexpr SmemRegion kBDotC = kBRing.then((L + 1) * sizeof(float), 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kBDotC, 128);
 
-  // Stage buffer: checkpoint tile [ROWS][N] (TS), x ring [L][ROWS], x [ROWS], z [ROWS] (io
-  // dtype), dt ring [L] (fp32), scalar words (dt, A, D, dt_bias).
+  // Stage buffer: checkpoint tile [ROWS][N] (TS, one bulk copy), x ring [L][ROWS], x [ROWS], z
+  // [ROWS] (io dtype), dt ring [L] (fp32), scalar words (dt, A, D, dt_bias).
   static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);
-  static constexpr size_t kSXring = a128(kTileBytes);
-  static constexpr size_t kSXcur = kSXring + a16(static_cast<size_t>(L) * ROWS * sizeof(TI));
-  static constexpr size_t kSZ = kSXcur + a16(ROWS * sizeof(TI));
-  static constexpr size_t kSDring = kSZ + a16(ROWS * sizeof(TI));
-  static constexpr size_t kSWords = kSDring + a16(L * sizeof(float));
-  static constexpr size_t kStageBytes = a128(kSWords + 4 * sizeof(uint32_t));
+  static constexpr SmemRegion kTile = first_region(kTileBytes, 128);
+  static constexpr SmemRegion kXRing = kTile.then(static_cast<size_t>(L) * ROWS * sizeof(TI), 128);
+  static constexpr SmemRegion kXCurrent = kXRing.then(ROWS * sizeof(TI), 16);
+  static constexpr SmemRegion kZ = kXCurrent.then(ROWS * sizeof(TI), 16);
+  static constexpr SmemRegion kDtRing = kZ.then(L * sizeof(float), 16);
+  static constexpr SmemRegion kWords = kDtRing.then(4 * sizeof(uint32_t), 16);
+  static constexpr size_t kStageBytes = buffer_bytes(kWords, 128);
+
+  static_assert(kC.aligned() && kBCurrent.aligned() && kBRing.aligned() && kBDotC.aligned(),
+                "unit regions are 16-byte aligned (cp.async 16, uint4 reads)");
+  static_assert(kTileBytes % 16 == 0, "a bulk copy moves whole 16-byte blocks");
+  static_assert(kXRing.aligned() && kXCurrent.aligned() && kZ.aligned() && kDtRing.aligned() && kWords.aligned(),
+                "stage regions are 16-byte aligned (cp.async 16)");
 
   using Budget = PersistentBudget<kUnitBytes, kStageBytes>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
@@ -62,160 +60,154 @@ struct PersistentLayout {
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
 struct PersistentReplay {
-  using Lay = PersistentLayout<TS, TI, N, L, ROWS>;
-  using Header = typename Lay::UnitHeader;
-  using Tile = StateTile<TS, N, ROWS, 4>;
+  using Layout = PersistentLayout<TS, TI, N, L, ROWS>;
+  using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;
   static constexpr int kChunks = P / ROWS;
   static constexpr int kV = Tile::kVec;
   static constexpr int kBVec = Vec16<TI>::kElems;
   static constexpr int kNV = N / kBVec;    // 16-byte vectors per B/C row
   static constexpr int kXV = ROWS / kBVec;  // 16-byte vectors per x-row chunk
-  static constexpr int kRW = Tile::kRowsPerWarp;
+  static constexpr int kRowsPerWarp = Tile::kRowsPerWarp;
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
-  static_assert(kRW <= 32, "a consumer warp's rows must fit one lane each");
+  static_assert(kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
 
   const DecodeParams& p;
-  typename Lay::Pipeline pipe;
-  int hpg;        // heads per group
-  int hpu;        // heads per unit: a divisor of hpg (the launcher splits groups when rows are few)
-  int upr;        // units per batch row
+  typename Layout::Pipeline pipe;
+  int heads_per_group;
+  int heads_per_unit;  // a divisor of heads_per_group (the launcher splits groups when rows are few)
+  int units_per_row;
   int64_t units;
 
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
-      : p(params), pipe(smem), hpg(params.nheads / params.ngroups),
-        hpu(params.heads_per_unit > 0 ? params.heads_per_unit : params.nheads / params.ngroups),
-        upr(params.nheads / hpu), units(static_cast<int64_t>(params.batch) * upr) {}
+      : p(params), pipe(smem), heads_per_group(params.nheads / params.ngroups),
+        heads_per_unit(params.heads_per_unit > 0 ? params.heads_per_unit : params.nheads / params.ngroups),
+        units_per_row(params.nheads / heads_per_unit), units(static_cast<int64_t>(params.batch) * units_per_row) {}
 
-  struct Unit {
-    int64_t b;  // batch row
-    int g;      // group
-    int h0;     // first head
-    bool first; // the group's first unit: appends the group's B record
+  // Which rows and heads unit u covers.
+  struct UnitCoords {
+    int64_t b;   // batch row
+    int g;       // group
+    int h0;      // first head
+    bool first;  // the group's first unit: appends the group's B record
   };
-  __device__ Unit unit_of(int64_t u) const {
-    Unit c;
-    c.b = u / upr;
-    c.h0 = static_cast<int>(u % upr) * hpu;
-    c.g = c.h0 / hpg;
-    c.first = c.h0 % hpg == 0;
+  __device__ UnitCoords unit_of(int64_t u) const {
+    UnitCoords c;
+    c.b = u / units_per_row;
+    c.h0 = static_cast<int>(u % units_per_row) * heads_per_unit;
+    c.g = c.h0 / heads_per_group;
+    c.first = c.h0 % heads_per_group == 0;
     return c;
   }
+
+  // Which checkpoint tile tile t of unit u is: batch row, head and first row.
+  struct TileCoords {
+    int64_t b;
+    int h;
+    int p0;
+  };
+  __device__ TileCoords tile_of(int64_t u, int t) const {
+    const UnitCoords c = unit_of(u);
+    return TileCoords{c.b, c.h0 + t / kChunks, (t % kChunks) * ROWS};
+  }
+
+  // What the consumers compute once per unit for every tile of it (besides the UnitState).
+  struct UnitValues {
+    const unsigned char* buffer = nullptr;  // the unit buffer
+    float C[Tile::kVpl][kV];                // C at this thread's columns
+    float bc_lane = 0.f;                    // lane j: B_j . C (j < 32)
+    float bc_current = 0.f;                 // B_m . C (the current B)
+  };
 
   // ---- producer (one warp) ----
   __device__ void produce(int lane) const {
     const int R = p.ring.capacity;
-    int64_t slot = 0;
-    int start = 0, m = 0;
-    auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+    UnitCursors cur;
 
     auto fill_unit = [&](int64_t u, unsigned char* U) {
-      const Unit c = unit_of(u);
-      const int64_t b = c.b;
-      const int g = c.g;
-      int status = kUnitActive;
-      if (lane == 0) {
-        status = read_unit_cursors(p.slots, p.ring, b, L, &slot, &start, &m);
-        Header* h = reinterpret_cast<Header*>(U);
-        h->slot = slot;
-        h->start = start;
-        h->m = m;
-        h->status = status;
-      }
-      slot = __shfl_sync(0xffffffffu, slot, 0);
-      start = __shfl_sync(0xffffffffu, start, 0);
-      m = __shfl_sync(0xffffffffu, m, 0);
-      status = __shfl_sync(0xffffffffu, status, 0);
-      if (status != kUnitActive) return false;
-      const TI* Cp = static_cast<const TI*>(p.in.C) + b * p.in.C_stride_batch + g * p.in.C_stride_group;
-      const TI* Bp = static_cast<const TI*>(p.in.B) + b * p.in.B_stride_batch + g * p.in.B_stride_group;
-      TI* UC = reinterpret_cast<TI*>(U + Lay::kUC);
-      TI* UB = reinterpret_cast<TI*>(U + Lay::kUBcur);
+      const UnitCoords c = unit_of(u);
+      read_unit_header(p.slots, p.ring, c.b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur);
+      if (cur.status != kUnitActive) return false;
+      const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
+      const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
+      TI* UC = reinterpret_cast<TI*>(U + Layout::kC.offset);
+      TI* UB = reinterpret_cast<TI*>(U + Layout::kBCurrent.offset);
       for (int i = lane; i < kNV; i += 32) {
         cp_async16(UC + i * kBVec, Cp + i * kBVec);
         cp_async16(UB + i * kBVec, Bp + i * kBVec);
       }
-      const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + g * p.ring.B_stride_group;
-      TI* UR = reinterpret_cast<TI*>(U + Lay::kUBring);
-      for (int i = lane; i < m * kNV; i += 32) {
+      const TI* Bring = static_cast<const TI*>(p.ring.B) + cur.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
+      TI* UR = reinterpret_cast<TI*>(U + Layout::kBRing.offset);
+      for (int i = lane; i < cur.m * kNV; i += 32) {
         const int j = i / kNV, q = i % kNV;
-        cp_async16(UR + j * N + q * kBVec, Bring + static_cast<int64_t>(phys(j)) * N + q * kBVec);
+        cp_async16(UR + j * N + q * kBVec, Bring + static_cast<int64_t>(cur.phys(j, R)) * N + q * kBVec);
       }
       return true;
     };
 
     auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
-      const Unit c = unit_of(u);
-      const int64_t b = c.b;
-      const int h = c.h0 + t / kChunks, p0 = (t % kChunks) * ROWS;
+      const TileCoords tc = tile_of(u, t);
+      const int64_t b = tc.b, slot = cur.slot;
+      const int h = tc.h, p0 = tc.p0, m = cur.m;
       if (lane == 0) {
         const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                         static_cast<int64_t>(p0) * N;
-        mbar_arrive_expect_tx(bar, Lay::kTileBytes);
-        bulk_copy_g2s(S, src, Lay::kTileBytes, bar);
+        mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
+        bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
       }
       const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
-      TI* Sx = reinterpret_cast<TI*>(S + Lay::kSXring);
+      TI* Sx = reinterpret_cast<TI*>(S + Layout::kXRing.offset);
       for (int i = lane; i < m * kXV; i += 32) {
         const int j = i / kXV, q = i % kXV;
-        cp_async16(Sx + j * ROWS + q * kBVec, xr + static_cast<int64_t>(phys(j)) * P + q * kBVec);
+        cp_async16(Sx + j * ROWS + q * kBVec, xr + static_cast<int64_t>(cur.phys(j, R)) * P + q * kBVec);
       }
       const float* dr = p.ring.dt + slot * p.ring.dt_stride_slot + h * p.ring.dt_stride_head;
-      float* Sd = reinterpret_cast<float*>(S + Lay::kSDring);
-      for (int j = lane; j < m; j += 32) cp_async4(Sd + j, dr + phys(j));
+      float* Sd = reinterpret_cast<float*>(S + Layout::kDtRing.offset);
+      for (int j = lane; j < m; j += 32) cp_async4(Sd + j, dr + cur.phys(j, R));
       const TI* xp = static_cast<const TI*>(p.in.x) + b * p.in.x_stride_batch + h * p.in.x_stride_head + p0;
-      TI* Sxc = reinterpret_cast<TI*>(S + Lay::kSXcur);
+      TI* Sxc = reinterpret_cast<TI*>(S + Layout::kXCurrent.offset);
       for (int q = lane; q < kXV; q += 32) cp_async16(Sxc + q * kBVec, xp + q * kBVec);
       if (p.in.z != nullptr) {
         const TI* zp = static_cast<const TI*>(p.in.z) + b * p.in.z_stride_batch + h * p.in.z_stride_head + p0;
-        TI* Sz = reinterpret_cast<TI*>(S + Lay::kSZ);
+        TI* Sz = reinterpret_cast<TI*>(S + Layout::kZ.offset);
         for (int q = lane; q < kXV; q += 32) cp_async16(Sz + q * kBVec, zp + q * kBVec);
       }
-      uint32_t* W = reinterpret_cast<uint32_t*>(S + Lay::kSWords);
+      uint32_t* W = reinterpret_cast<uint32_t*>(S + Layout::kWords.offset);
       if (lane == 0) cp_async_scalar(&W[0], p.in.dt, b * p.in.dt.stride0 + h * p.in.dt.stride1);
       if (lane == 1) cp_async_scalar(&W[1], p.in.A, h * p.in.A.stride0);
       if (lane == 2) cp_async_scalar(&W[2], p.in.D, h * p.in.D.stride0);
       if (lane == 3) cp_async_scalar(&W[3], p.in.dt_bias, h * p.in.dt_bias.stride0);
     };
 
-    pipe.produce(units, hpu * kChunks, fill_unit, fill_stage);
+    pipe.produce(units, heads_per_unit * kChunks, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
   __device__ void consume(int tid) const {
     const int warp = tid / 32, lane = tid % 32;
-    const int R = p.ring.capacity;
-    int64_t slot = 0;
-    int start = 0, m = 0, pos = 0;
-    int arrived = 0;  // thread 0: the slot's arrival count before this unit (cursors.cuh)
-    bool flush = false;
-    float Cv[Tile::kVpl][kV];
-    float bcj = 0.f, bcm = 0.f;
-    const unsigned char* Ucur = nullptr;
+    UnitState us;
+    UnitValues uv;
 
     auto begin_unit = [&](int64_t u, const unsigned char* U) {
-      const Header hd = *reinterpret_cast<const Header*>(U);
+      const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
       if (hd.status != kUnitActive) {
-        const Unit c = unit_of(u);
+        const UnitCoords c = unit_of(u);
         skip_unit(p.error_flag, hd.status);
         TI* out_b = static_cast<TI*>(p.in.out) + c.b * p.in.out_stride_batch;
-        for (int i = tid; i < hpu * P; i += kPersistentConsumers)
+        for (int i = tid; i < heads_per_unit * P; i += kPersistentConsumers)
           out_b[static_cast<int64_t>(c.h0 + i / P) * p.in.out_stride_head + i % P] = from_float<TI>(0.f);
         return false;
       }
-      slot = hd.slot;
-      start = hd.start;
-      m = hd.m;
-      flush = m + 1 > L;
-      pos = start + m >= R ? start + m - R : start + m;
-      if (tid == 0) arrived = arrive(p.ring, slot);  // the producer has read the cursors
-      Ucur = U;
-      const TI* UC = reinterpret_cast<const TI*>(U + Lay::kUC);
-      const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
-      const TI* UR = reinterpret_cast<const TI*>(U + Lay::kUBring);
-      float* Ubc = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Lay::kUBc);
+      us.from_header(hd, L, p.ring.capacity);
+      const int m = us.m;
+      if (tid == 0) us.arrived = arrive(p.ring, us.slot);  // the producer has read the cursors
+      uv.buffer = U;
+      const TI* UC = reinterpret_cast<const TI*>(U + Layout::kC.offset);
+      const TI* UB = reinterpret_cast<const TI*>(U + Layout::kBCurrent.offset);
+      const TI* UR = reinterpret_cast<const TI*>(U + Layout::kBRing.offset);
+      float* Ubc = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Layout::kBDotC.offset);
       // B_j . C for the unit (j = m: the current B), one warp per record.
-      for (int j = warp; j <= m; j += kPersistentConsumers / 32) {
+      for (int j = warp; j <= m; j += kPersistentConsumerWarps) {
         const TI* Bj = j == m ? UB : UR + j * N;
         float acc = 0.f;
         for (int q = lane; q < kNV; q += 32) {
@@ -229,50 +221,49 @@ struct PersistentReplay {
         if (lane == 0) Ubc[j] = acc;
       }
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UC + Tile::col(lane, v), Cv[v]);
-      Lay::Pipeline::consumer_sync();
-      bcj = lane <= m ? Ubc[lane] : 0.f;  // lane j: B_j . C (j < 32)
-      bcm = Ubc[m];                       // m may be 32 (a flush at L = 32)
+      for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UC + Tile::col(lane, v), uv.C[v]);
+      Layout::Pipeline::consumer_sync();
+      uv.bc_lane = lane <= m ? Ubc[lane] : 0.f;  // lane j: B_j . C (j < 32)
+      uv.bc_current = Ubc[m];                    // m may be 32 (a flush at L = 32)
       return true;
     };
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
-      const Unit c = unit_of(u);
-      const int h = c.h0 + t / kChunks, p0 = (t % kChunks) * ROWS;
-      const int64_t b = c.b;
-      tile(Ucur, S, release, Cv, bcj, bcm, b, slot, h, p0, m, flush, pos, warp, lane);
+      tile(uv, us, tile_of(u, t), S, release, warp, lane);
     };
 
     auto end_unit = [&](int64_t u, const unsigned char* U) {
       // Append the group's B record (its first unit).
-      const Unit c = unit_of(u);
+      const UnitCoords c = unit_of(u);
       if (!c.first) return;
-      const TI* UB = reinterpret_cast<const TI*>(U + Lay::kUBcur);
-      TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
-                 static_cast<int64_t>(pos) * N;
+      const TI* UB = reinterpret_cast<const TI*>(U + Layout::kBCurrent.offset);
+      TI* Bout = static_cast<TI*>(p.ring.B) + us.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
+                 static_cast<int64_t>(us.pos) * N;
       for (int q = tid; q < kNV; q += kPersistentConsumers)
         *reinterpret_cast<uint4*>(Bout + q * kBVec) = *reinterpret_cast<const uint4*>(UB + q * kBVec);
     };
 
     auto counted_in = [&](int64_t) {
-      finish_unit(p.ring, slot, upr, arrived, cursors_after_step(Cursors{start, m, 0}, flush, pos), p.error_flag);
+      finish_unit(p.ring, us.slot, units_per_row, us.arrived, us.next_cursors(), p.error_flag);
     };
 
-    pipe.consume(units, hpu * kChunks, begin_unit, tile_fn, end_unit, counted_in);
+    pipe.consume(units, heads_per_unit * kChunks, begin_unit, tile_fn, end_unit, counted_in);
   }
 
-  // One checkpoint tile (head h, rows p0..p0+ROWS) from stage buffer S: this warp's rows.
+  // One checkpoint tile (head tc.h, rows tc.p0..tc.p0+ROWS) from stage buffer S: this warp's rows.
   template <class Release>
-  __device__ __forceinline__ void tile(const unsigned char* U, const unsigned char* S, Release&& release,
-                                       const float (&Cv)[Tile::kVpl][kV],
-                                       float bcj, float bcm, int64_t b, int64_t slot, int h, int p0, int m, bool flush, int pos,
-                                       int warp, int lane) const {
-    const TS* T = reinterpret_cast<const TS*>(S);
-    const TI* Sx = reinterpret_cast<const TI*>(S + Lay::kSXring);
-    const TI* Sxc = reinterpret_cast<const TI*>(S + Lay::kSXcur);
-    const TI* Sz = reinterpret_cast<const TI*>(S + Lay::kSZ);
-    const float* Sd = reinterpret_cast<const float*>(S + Lay::kSDring);
-    const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Lay::kSWords);
+  __device__ __forceinline__ void tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
+                                       const unsigned char* S, Release&& release, int warp, int lane) const {
+    const int64_t b = tc.b, slot = us.slot;
+    const int h = tc.h, p0 = tc.p0, m = us.m, pos = us.pos;
+    const bool flush = us.flush;
+    const auto& Cv = uv.C;
+    const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
+    const TI* Sx = reinterpret_cast<const TI*>(S + Layout::kXRing.offset);
+    const TI* Sxc = reinterpret_cast<const TI*>(S + Layout::kXCurrent.offset);
+    const TI* Sz = reinterpret_cast<const TI*>(S + Layout::kZ.offset);
+    const float* Sd = reinterpret_cast<const float*>(S + Layout::kDtRing.offset);
+    const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Layout::kWords.offset);
 
     float dcur = scalar_from_word(p.in.dt, b * p.in.dt.stride0 + h * p.in.dt.stride1, W[0]);
     if (p.in.dt_bias.ptr != nullptr) dcur += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[3]);
@@ -288,17 +279,17 @@ struct PersistentReplay {
     const float wj = lane <= last ? dj * expf(A * excl) : 0.f;
     const float ck = expf(A * __shfl_sync(0xffffffffu, incl, 0));
 
-    // Ring part of row r = this warp's row `lane` (lanes >= kRW compute a copy of the last row).
-    const int rl = warp * kRW + (lane < kRW ? lane : kRW - 1);
+    // Ring part of row r = this warp's row `lane` (lanes >= kRowsPerWarp compute a copy of the last row).
+    const int rl = warp * kRowsPerWarp + (lane < kRowsPerWarp ? lane : kRowsPerWarp - 1);
     const float xr_cur = to_float(Sxc[rl]);
     float rs;
     if (!flush) {
-      const float coef = wj * bcj;  // lane m: delta_m (B_m . C)
+      const float coef = wj * uv.bc_lane;  // lane m: delta_m (B_m . C)
       float acc = 0.f;
       for (int j = 0; j < m; ++j) acc = fmaf(__shfl_sync(0xffffffffu, coef, j), to_float(Sx[j * ROWS + rl]), acc);
       rs = fmaf(__shfl_sync(0xffffffffu, coef, m), xr_cur, acc);
     } else {
-      rs = dcur * bcm * xr_cur;
+      rs = dcur * uv.bc_current * xr_cur;
     }
 
     // What the epilogue and the append read from the stage, so it can be released early.
@@ -333,7 +324,7 @@ struct PersistentReplay {
       }
     } else {
       // Fold the m records into this warp's rows of the tile, write them, read the output out.
-      const TI* UR = reinterpret_cast<const TI*>(U + Lay::kUBring);
+      const TI* UR = reinterpret_cast<const TI*>(uv.buffer + Layout::kBRing.offset);
       float sv[Tile::kPasses][Tile::kVpl][kV];
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s)
@@ -383,7 +374,7 @@ struct PersistentReplay {
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
-      const float rsr = __shfl_sync(0xffffffffu, rs, r - warp * kRW);
+      const float rsr = __shfl_sync(0xffffffffu, rs, r - warp * kRowsPerWarp);
       if (Tile::row_leader(lane)) {
         float y = fmaf(Dh, xs[s], ypre[s] + rsr);
         if (p.in.z != nullptr) y *= silu_gate(zs[s]);
@@ -394,7 +385,7 @@ struct PersistentReplay {
     // Append this step's record: x rows (exact io copies) and, once per head, delta.
     TI* xr_out = static_cast<TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head +
                  static_cast<int64_t>(pos) * P + p0;
-    if (lane < kRW) xr_out[rl] = x_app;
+    if (lane < kRowsPerWarp) xr_out[rl] = x_app;
     if (p0 == 0 && warp == 0 && lane == 0)
       p.ring.dt[slot * p.ring.dt_stride_slot + h * p.ring.dt_stride_head + pos] = dcur;
   }

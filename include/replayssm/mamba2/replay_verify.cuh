@@ -17,6 +17,8 @@
 // after a flush), draft = n pending; commit (common/commit.cuh) accepts a prefix or a tree path.
 #pragma once
 
+#include "../common/align.cuh"
+
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
@@ -30,7 +32,6 @@ namespace mamba2 {
 template <typename TI, int N, int ROWS, int L, int TMAX>
 struct VerifySmem {
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records, then drafts
-  __host__ __device__ static constexpr size_t align16(size_t b) { return (b + 15) / 16 * 16; }
   __host__ __device__ static size_t Bring(int) { return 0; }                                          // [R][N] TI
   __host__ __device__ static size_t xring(int R) { return Bring(R) + align16(size_t(R) * N * sizeof(TI)); }  // [R][ROWS] TI
   __host__ __device__ static size_t dring(int R) { return xring(R) + align16(size_t(R) * ROWS * sizeof(TI)); }  // [R] f32

@@ -1,7 +1,7 @@
 """Randomised scenario drivers: a replay pool against the conventional recurrence.
 
-Each driver takes a :class:`~replayssm.reference.testing.Family`, builds a replay pool and a
-:class:`~replayssm.reference.testing.ConventionalPool` (the oracle), drives both with the same
+Each driver takes a :class:`~tests.reference_testing.Family`, builds a replay pool and a
+:class:`~tests.reference_testing.ConventionalPool` (the oracle), drives both with the same
 random inputs under continuous batching (random slot subsets and orders, ``-1`` pad rows,
 sequences reset or loaded mid-window) and asserts, with the seed in every message:
 
@@ -15,12 +15,13 @@ mirrors it) can be checked the same way. Each returns a dict of statistics.
 
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence
+from collections.abc import Sequence
 
 import torch
 
-from .quant import fake_quant
-from .testing import Family, assert_close, generator, random_slots
+from replayssm.reference.quant import fake_quant
+
+from .reference_testing import Family, assert_close, generator, random_slots
 
 
 def _rand(gen) -> float:
@@ -32,7 +33,7 @@ def _randint(gen, lo: int, hi: int) -> int:
     return int(torch.randint(lo, hi + 1, (1,), generator=gen))
 
 
-def _real(slots) -> List[int]:
+def _real(slots) -> list[int]:
     return [s for s in slots if s >= 0]
 
 
@@ -62,7 +63,7 @@ def check_states(ref, conv, rtol: float, what: str, seed: int, gen, flush: bool 
     return err
 
 
-def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: Dict,
+def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: dict,
             keep: Sequence[int] = ()) -> None:
     """Randomly reset or load (prefill hand-over) a random batch of slots (never those in
     ``keep``) in both pools."""
@@ -94,14 +95,14 @@ def _step(fam, ref, conv, layer, gen, out_rtol, what, seed, stats, dtype, max_ba
     stats["max_out_err"] = max(stats["max_out_err"], assert_close(y, yc, out_rtol, what, seed))
 
 
-def _new_stats() -> Dict:
+def _new_stats() -> dict:
     return dict(resets=0, loads=0, max_out_err=0.0, max_state_err=0.0, rounds=0)
 
 
 def run_decode(fam: Family, L: int, steps: int, seed: int, num_slots: int = 4,
-               max_batch: Optional[int] = None, read_format: Optional[str] = None,
+               max_batch: int | None = None, read_format: str | None = None,
                out_rtol: float = 1e-12, state_rtol: float = 1e-12, check_every: int = 25,
-               dtype=torch.float64) -> Dict:
+               dtype=torch.float64) -> dict:
     """Standard decode (T = 1 steps) for ``steps`` steps with window ``L``; each step's batch is
     a random subset (1..max_batch, default num_slots) of the slots in random order plus pads.
     Slot 0 is in every batch and never reset or reloaded, so one sequence runs all ``steps``
@@ -125,8 +126,8 @@ def run_decode(fam: Family, L: int, steps: int, seed: int, num_slots: int = 4,
 
 
 def run_spec(fam: Family, L: int, T: int, rounds: int, seed: int, num_slots: int = 4,
-             read_format: Optional[str] = None, out_rtol: float = 1e-12, state_rtol: float = 1e-12,
-             check_every: int = 10) -> Dict:
+             read_format: str | None = None, out_rtol: float = 1e-12, state_rtol: float = 1e-12,
+             check_every: int = 10) -> dict:
     """Speculative decoding: verify T' <= T chain drafts, commit a random n in [1, T'] per row.
 
     Mixed in: plain steps, explicit flushes between verify and commit, abandoned verifies
@@ -146,7 +147,7 @@ def run_spec(fam: Family, L: int, T: int, rounds: int, seed: int, num_slots: int
             _step(fam, ref, conv, layer, gen, out_rtol, what + " (plain step): output", seed, stats, torch.float64)
             continue
         sl = random_slots(gen, num_slots, num_slots)
-        for attempt in range(2 if _rand(gen) < 0.1 else 1):   # a second verify abandons the first
+        for _attempt in range(2 if _rand(gen) < 0.1 else 1):   # a second verify abandons the first
             Tr = T if _rand(gen) < 0.6 else _randint(gen, 1, T)
             tok = fam.tokens(gen, (len(sl), Tr))
             y = ref.verify(sl, **tok, **layer)
@@ -174,7 +175,7 @@ def run_spec(fam: Family, L: int, T: int, rounds: int, seed: int, num_slots: int
     return stats
 
 
-def random_tree(gen, T: int, forest: bool = False) -> List[int]:
+def random_tree(gen, T: int, forest: bool = False) -> list[int]:
     """Random parents list [T]: parents[0] = -1, parents[i] in [0, i) (deep chains favoured);
     with ``forest`` some later nodes are extra roots (-1)."""
     par = [-1]
@@ -189,7 +190,7 @@ def random_tree(gen, T: int, forest: bool = False) -> List[int]:
     return par
 
 
-def random_path(gen, parents: List[int]) -> List[int]:
+def random_path(gen, parents: list[int]) -> list[int]:
     """A root-to-leaf path of the tree (sometimes cut short), root first."""
     T = len(parents)
     leaves = [i for i in range(T) if i not in parents]
@@ -204,7 +205,7 @@ def random_path(gen, parents: List[int]) -> List[int]:
 
 
 def run_tree(fam: Family, L: int, rounds: int, seed: int, max_nodes: int = 16, num_slots: int = 3,
-             out_rtol: float = 1e-12, state_rtol: float = 1e-12, check_every: int = 5) -> Dict:
+             out_rtol: float = 1e-12, state_rtol: float = 1e-12, check_every: int = 5) -> dict:
     """EAGLE-style tree drafts: every node's output equals the oracle along its root-to-node
     path; commit_path of a random root-to-leaf path continues exactly (plain steps follow)."""
     gen = generator(seed)
@@ -254,7 +255,7 @@ def run_tree(fam: Family, L: int, rounds: int, seed: int, max_nodes: int = 16, n
 
 
 def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots: int = 2,
-             rtol: float = 1e-12) -> Dict:
+             rtol: float = 1e-12) -> dict:
     """Ring wrap-around and flush positions.
 
     Random single-slot operations (plain step, verify T' <= max_draft + commit, explicit flush).
@@ -301,7 +302,8 @@ def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots
             starts.add(start)
             lens.add(m)
             folded[s] += m
-            assert int(ref.ring_start[s]) == (start + m) % ref.R, f"{what}: ring_start not advanced by {m} (seed={seed})"
+            assert int(ref.ring_start[s]) == (start + m) % ref.R, \
+                f"{what}: ring_start not advanced by {m} (seed={seed})"
             err = check_states(ref, conv, rtol, what, seed, gen)
             stats["max_state_err"] = max(stats["max_state_err"], err)
     stats.update(fold_starts=starts, fold_lens=lens, wraps=int(folded.sum()) // ref.R, R=ref.R, rounds=ops)
@@ -309,7 +311,7 @@ def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots
 
 
 def run_lowprec(fam: Family, L: int, read_format: str, rounds: int, seed: int, max_draft: int = 4,
-                num_slots: int = 3, rtol: float = 1e-12, check_every: int = 10) -> Dict:
+                num_slots: int = 3, rtol: float = 1e-12, check_every: int = 10) -> dict:
     """Two-copy low-precision mode (docs/design.md §1.6), checked exactly where it can be.
 
     Besides the exact oracle ``conv`` it keeps a ``shadow`` oracle per slot: the conventional

@@ -1,5 +1,6 @@
-"""Test support: reproducible seeds, realistic random inputs, a conventional slot pool, and
-relative-error checks. Used by the CPU tests; GPU tests can use it to build inputs and oracles.
+"""Test support for the reference (replayssm.reference): reproducible seeds, realistic random
+inputs, a conventional slot pool, and relative-error checks. Used by the CPU tests; GPU tests can
+use it to build inputs and oracles. (Moved out of the package: users never needed it.)
 
 Inputs come in two dicts: ``layer`` (per-layer parameters, fixed for a run) and ``tok``
 (per-token tensors with leading ``[batch]`` or ``[batch, T]`` dims), so that
@@ -10,12 +11,12 @@ from __future__ import annotations
 
 import math
 import os
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 
-Tensors = Dict[str, torch.Tensor]
+Tensors = dict[str, torch.Tensor]
 
 SEED_ENV = "REPLAYSSM_TEST_SEED"
 
@@ -80,7 +81,7 @@ def delta_tokens(gen, lead: Sequence[int], HV: int, HK: int, K: int, V: int, per
     return dict(q=r(HK, K), k=r(HK, K), v=r(HV, V), a=r(HV, K) if per_channel else r(HV), b=r(HV))
 
 
-def token_slice(tok: Tensors, row: int, t: Optional[int] = None) -> Tensors:
+def token_slice(tok: Tensors, row: int, t: int | None = None) -> Tensors:
     """Row ``row`` (and draft ``t`` when given) of every per-token tensor, keeping a batch dim of 1."""
     if t is None:
         return {k: v[row:row + 1] for k, v in tok.items()}
@@ -88,7 +89,7 @@ def token_slice(tok: Tensors, row: int, t: Optional[int] = None) -> Tensors:
 
 
 def random_slots(gen, num_slots: int, max_batch: int, pad_prob: float = 0.2,
-                 always: Optional[int] = None, exclude: Sequence[int] = ()) -> list:
+                 always: int | None = None, exclude: Sequence[int] = ()) -> list:
     """A random batch: a random-size (1..max_batch) subset of the slots in random order, with -1
     pad rows mixed in. ``always``: a slot included in every batch (at a random row);
     ``exclude``: slots never drawn."""
@@ -130,7 +131,7 @@ class ConventionalPool:
         return out
 
     def run_path(self, slot: int, tok: Tensors, row: int, path: Sequence[int], layer: Tensors,
-                 **flags) -> Tuple[torch.Tensor, torch.Tensor]:
+                 **flags) -> tuple[torch.Tensor, torch.Tensor]:
         """Run drafts ``path`` (indices into dim 1 of ``tok``'s row ``row``) from the slot's state
         without changing it; returns (outputs [len(path), ...], states after each [len(path), ...])."""
         S = self.state[slot:slot + 1]
@@ -142,7 +143,7 @@ class ConventionalPool:
         return torch.stack(ys), torch.stack(states)
 
     def run_tree(self, slot: int, tok: Tensors, row: int, parents: Sequence[int], layer: Tensors,
-                 **flags) -> Tuple[torch.Tensor, torch.Tensor]:
+                 **flags) -> tuple[torch.Tensor, torch.Tensor]:
         """Run every node of a draft tree from the slot's state (node i continues from its parent's
         state; parent -1 = the slot's state) without changing it; returns (outputs [T, ...],
         states [T, ...]), node i's entries being those of its root-to-node path."""
@@ -168,14 +169,14 @@ class Family:
     name: str
     ref_cls: type
     conv_step: Callable
-    dims: Tuple[int, ...]
-    state_shape: Tuple[int, ...]
-    out_shape: Tuple[int, ...]
+    dims: tuple[int, ...]
+    state_shape: tuple[int, ...]
+    out_shape: tuple[int, ...]
     layer_fn: Callable
     tokens_fn: Callable
 
     def make_ref(self, num_slots: int, L: int, max_draft: int = 1, dtype=torch.float64,
-                 read_format: Optional[str] = None):
+                 read_format: str | None = None):
         return self.ref_cls(num_slots, *self.dims, L, max_draft=max_draft, dtype=dtype,
                             read_format=read_format)
 
@@ -194,7 +195,7 @@ class Family:
 
 
 def mamba2_family(H: int = 4, P: int = 8, N: int = 16, G: int = 2) -> Family:
-    from .mamba2 import Mamba2ReplayRef, mamba2_step
+    from replayssm.reference.mamba2 import Mamba2ReplayRef, mamba2_step
     return Family("mamba2", Mamba2ReplayRef, mamba2_step, (H, P, N, G), (H, P, N), (H, P),
                   lambda gen, dt: mamba2_layer(gen, H, dt),
                   lambda gen, lead, dt: mamba2_tokens(gen, lead, H, P, N, G, dt))
@@ -202,7 +203,7 @@ def mamba2_family(H: int = 4, P: int = 8, N: int = 16, G: int = 2) -> Family:
 
 def delta_family(kind: str, HV: int = 4, HK: int = 2, K: int = 16, V: int = 16) -> Family:
     """kind: 'gdn' or 'kda'."""
-    from .delta import GDNReplayRef, KDAReplayRef, gdn_step, kda_step
+    from replayssm.reference.delta import GDNReplayRef, KDAReplayRef, gdn_step, kda_step
     pc = kind == "kda"
     cls, fn = (KDAReplayRef, kda_step) if pc else (GDNReplayRef, gdn_step)
     return Family(kind, cls, fn, (HV, HK, K, V), (HV, V, K), (HV, V),
@@ -223,7 +224,8 @@ def max_rel_err(actual: torch.Tensor, expected: torch.Tensor, row_dims: int = 1)
 def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what: str, seed: int,
                  row_dims: int = 1) -> float:
     """Assert both finite and ``max_rel_err <= rtol``; the message carries ``what`` and the seed."""
-    assert actual.shape == expected.shape, f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)} (seed={seed})"
+    assert actual.shape == expected.shape, \
+        f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)} (seed={seed})"
     assert bool(torch.isfinite(actual).all()), f"{what}: non-finite values in result (seed={seed})"
     assert bool(torch.isfinite(expected).all()), f"{what}: non-finite values in oracle (seed={seed})"
     err = max_rel_err(actual, expected, row_dims)

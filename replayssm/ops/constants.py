@@ -1,0 +1,71 @@
+"""The constants shared with the kernels, read from their one definition:
+include/replayssm/common/constants.h (``constexpr`` lines, parsed here with no compiler; the wheel
+carries include/). Every module also exports the values it was compiled with, and the loader
+compares them with these at load (replayssm.jit.loader.Module.check_constants)."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+from pathlib import Path
+
+_SCALAR = re.compile(r"^\s*constexpr\s+[\w:]+\s+(k\w+)\s*=\s*(-?\d+)\s*;", re.M)
+_ARRAY = re.compile(r"^\s*constexpr\s+[\w:]+\s+(k\w+)\s*\[\s*\]\s*=\s*\{([^}]*)\}\s*;", re.M)
+
+
+def header_path() -> Path:
+    from ..jit import env
+
+    return env.include_dir() / "replayssm" / "common" / "constants.h"
+
+
+def parse(text: str) -> dict[str, int | tuple[int, ...]]:
+    """Every ``constexpr <int type> kName = <int>;`` and ``constexpr <int type> kName[] = {...};``."""
+    out: dict[str, int | tuple[int, ...]] = {name: int(v) for name, v in _SCALAR.findall(text)}
+    for name, body in _ARRAY.findall(text):
+        out[name] = tuple(int(v) for v in body.replace(" ", "").split(",") if v)
+    return out
+
+
+@lru_cache(maxsize=None)
+def constants() -> dict[str, int | tuple[int, ...]]:
+    return parse(header_path().read_text())
+
+
+def flat() -> dict[str, int]:
+    """The constants as a module exports them (arrays as ``name[i]``)."""
+    out: dict[str, int] = {}
+    for name, v in constants().items():
+        if isinstance(v, tuple):
+            out.update({f"{name}[{i}]": x for i, x in enumerate(v)})
+        else:
+            out[name] = v
+    return out
+
+
+def get(name: str):
+    return constants()[name]
+
+
+_c = constants()
+MAX_DRAFTS: int = _c["kMaxDrafts"]
+MAX_RING_EXTRA: int = _c["kMaxRingExtra"]
+MAX_RING_ARRAYS: int = _c["kMaxRingArrays"]
+ROW_CHOICES: tuple[int, ...] = _c["kRowChoices"]
+DTYPE_CODES: dict[str, int] = {"float32": _c["kFloat32"], "bfloat16": _c["kBFloat16"], "float16": _c["kFloat16"]}
+ERROR_BITS: dict[str, int] = {k: v for k, v in _c.items() if k.startswith("kErr")}
+ENTRY_STEP: int = _c["kEntryStep"]
+ENTRY_COMMIT: int = _c["kEntryCommit"]
+KERNEL_NAMES: dict[int, str] = {_c["kKernelNone"]: "none", _c["kKernelPersistent"]: "persistent",
+                                _c["kKernelTile"]: "tile", _c["kKernelConventional"]: "conventional",
+                                _c["kKernelVerify"]: "verify"}
+FALLBACK_NAMES: dict[int, str | None] = {
+    _c["kFallbackNone"]: None,
+    _c["kFallbackLayout"]: "layout: the persistent kernel's buffers at this tile do not fit two CTAs per SM",
+    _c["kFallbackSmemOptin"]: "smem: the device's shared memory per block is too small for the persistent kernel",
+    _c["kFallbackOccupancy"]: "occupancy: no CTA of the persistent kernel fits an SM of this device",
+    _c["kFallbackTileSmem"]: "tile_smem: the default tile exceeds the device's shared memory; a smaller tile runs",
+}
+PERSISTENT_AUTO, PERSISTENT_OFF, PERSISTENT_ON = _c["kPersistentAuto"], _c["kPersistentOff"], _c["kPersistentOn"]
+PLAN_ERROR_BASE: int = _c["kPlanErrorBase"]
+del _c
