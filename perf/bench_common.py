@@ -11,13 +11,19 @@ from pathlib import Path
 
 import torch
 
-from replayssm.timing import capture, replay_us as time_graph, replay_us_per_step  # noqa: F401 (re-exported)
+from replayssm.timing import capture, replay_us_per_step  # noqa: F401 (re-exported)
+from replayssm.timing import replay_us as time_graph
 
 
 def git_commit() -> str:
     try:
-        return subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True,
-                              cwd=Path(__file__).parent, check=True).stdout.strip()
+        return subprocess.run(
+            ["git", "rev-parse", "--short=12", "HEAD"],
+            capture_output=True,
+            text=True,
+            cwd=Path(__file__).parent,
+            check=True,
+        ).stdout.strip()
     except Exception:
         return os.environ.get("REPLAYSSM_COMMIT", "unknown")
 
@@ -25,8 +31,13 @@ def git_commit() -> str:
 def meta(command: str | None = None) -> dict:
     props = torch.cuda.get_device_properties(0)
     try:
-        driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
-                                capture_output=True, text=True).stdout.strip().splitlines()[0]
+        driver = (
+            subprocess.run(
+                ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True
+            )
+            .stdout.strip()
+            .splitlines()[0]
+        )
     except Exception:
         driver = "unknown"
     return {

@@ -24,8 +24,15 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import (capture, copy_bandwidth_TBps, meta, read_bandwidth_TBps, replay_us_per_step,  # noqa: E402
-                          time_graph, write_results)
+from bench_common import (  # noqa: E402
+    capture,
+    copy_bandwidth_TBps,
+    meta,
+    read_bandwidth_TBps,
+    replay_us_per_step,
+    time_graph,
+    write_results,
+)
 
 from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper  # noqa: E402
 
@@ -64,22 +71,38 @@ class Mamba2Family:
 
     def wrapper(self, batch, algorithm, rows, persistent=None):
         s, a = self.s, self.args
-        return Mamba2DecodeWrapper(s["H"], s["P"], s["N"], s["G"], window=a.window, state_dtype=a.state_dtype,
-                                   io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows,
-                                   persistent=persistent)
+        return Mamba2DecodeWrapper(
+            s["H"],
+            s["P"],
+            s["N"],
+            s["G"],
+            window=a.window,
+            state_dtype=a.state_dtype,
+            io_dtype=a.io_dtype,
+            max_batch=batch,
+            algorithm=algorithm,
+            rows_per_cta=rows,
+            persistent=persistent,
+        )
 
     def inputs(self, batch):
         s, io, g = self.s, self.args.io_dtype, self.gen
         rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(io)  # noqa: E731
-        return dict(x=rnd(batch, s["H"], s["P"]), dt=(0.5 * rnd(batch, s["H"]).float()).to(io),
-                    B=rnd(batch, s["G"], s["N"]), C=rnd(batch, s["G"], s["N"]), z=rnd(batch, s["H"], s["P"]))
+        return dict(
+            x=rnd(batch, s["H"], s["P"]),
+            dt=(0.5 * rnd(batch, s["H"]).float()).to(io),
+            B=rnd(batch, s["G"], s["N"]),
+            C=rnd(batch, s["G"], s["N"]),
+            z=rnd(batch, s["H"], s["P"]),
+        )
 
     def out(self, batch):
         return torch.empty(batch, self.s["H"], self.s["P"], dtype=self.args.io_dtype, device="cuda")
 
     def run(self, w, cache, inp, out):
-        w.run(cache, inp["x"], inp["dt"], self.A, inp["B"], inp["C"], D=self.D, z=inp["z"], dt_bias=self.dt_bias,
-              out=out)
+        w.run(
+            cache, inp["x"], inp["dt"], self.A, inp["B"], inp["C"], D=self.D, z=inp["z"], dt_bias=self.dt_bias, out=out
+        )
 
     def state_bytes(self):
         s = self.s
@@ -112,22 +135,38 @@ class GDNFamily:
 
     def wrapper(self, batch, algorithm, rows, persistent=None):
         s, a = self.s, self.args
-        return self.wrapper_cls(s["HV"], s["HK"], s["K"], s["V"], window=a.window, state_dtype=a.state_dtype,
-                                io_dtype=a.io_dtype, max_batch=batch, algorithm=algorithm, rows_per_cta=rows,
-                                persistent=persistent)
+        return self.wrapper_cls(
+            s["HV"],
+            s["HK"],
+            s["K"],
+            s["V"],
+            window=a.window,
+            state_dtype=a.state_dtype,
+            io_dtype=a.io_dtype,
+            max_batch=batch,
+            algorithm=algorithm,
+            rows_per_cta=rows,
+            persistent=persistent,
+        )
 
     def inputs(self, batch):
         s, io, g = self.s, self.args.io_dtype, self.gen
         rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=g).to(io)  # noqa: E731
-        return dict(q=rnd(batch, s["HK"], s["K"]), k=rnd(batch, s["HK"], s["K"]), v=rnd(batch, s["HV"], s["V"]),
-                    a=rnd(batch, s["HV"], *self.gate_tail), b=rnd(batch, s["HV"]))
+        return dict(
+            q=rnd(batch, s["HK"], s["K"]),
+            k=rnd(batch, s["HK"], s["K"]),
+            v=rnd(batch, s["HV"], s["V"]),
+            a=rnd(batch, s["HV"], *self.gate_tail),
+            b=rnd(batch, s["HV"]),
+        )
 
     def out(self, batch):
         return torch.empty(batch, self.s["HV"], self.s["V"], dtype=self.args.io_dtype, device="cuda")
 
     def run(self, w, cache, inp, out):
-        w.run(cache, inp["q"], inp["k"], inp["v"], a=inp["a"], b=inp["b"], A_log=self.A_log, dt_bias=self.dt_bias,
-              out=out)
+        w.run(
+            cache, inp["q"], inp["k"], inp["v"], a=inp["a"], b=inp["b"], A_log=self.A_log, dt_bias=self.dt_bias, out=out
+        )
 
     def state_bytes(self):
         s = self.s
@@ -141,8 +180,13 @@ class GDNFamily:
             return 2 * state + io
         gates = s["HV"] * (s["K"] if self.per_channel else 1) * 4
         rec = s["HV"] * s["V"] * 4 + s["HK"] * s["K"] * 4 + gates  # fp32 ring record
-        return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io + (batch * gates // 4 * ib
-                                                                             if self.per_channel else 0)
+        return (
+            state
+            + state / L
+            + batch * rec * ((L - 1) / 2 + 1)
+            + io
+            + (batch * gates // 4 * ib if self.per_channel else 0)
+        )
 
 
 class KDAFamily(GDNFamily):
@@ -188,8 +232,13 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None):
     flush_pos = max(range(L), key=lambda i: by_pos[i]) if algorithm == "replay" else None
     nonflush = statistics.median([t for i, t in enumerate(by_pos) if i != flush_pos])
     assert cache.check_errors() == 0
-    return dict(rows_used=w._rows, persistent=getattr(w, "persistent", False), us_per_step=t_window, us_nonflush=nonflush,
-                us_flush=by_pos[flush_pos] if flush_pos is not None else None)
+    return dict(
+        rows_used=w._rows,
+        persistent=getattr(w, "persistent", False),
+        us_per_step=t_window,
+        us_nonflush=nonflush,
+        us_flush=by_pos[flush_pos] if flush_pos is not None else None,
+    )
 
 
 def fla_ops():
@@ -215,29 +264,62 @@ def bench_fla(fam, batch, reps, ops):
     io = fam.args.io_dtype
     rnd = lambda *shape: torch.randn(*shape, device="cuda", generator=gen).to(io)  # noqa: E731
     gshape = (batch, 1, HV, K) if fam.per_channel else (batch, 1, HV)
-    steps = [dict(q=rnd(batch, 1, HK, K), k=rnd(batch, 1, HK, K), v=rnd(batch, 1, HV, V),
-                  g=-0.3 * torch.rand(gshape, device="cuda", generator=gen),
-                  beta=torch.rand(batch, 1, HV, device="cuda", generator=gen)) for _ in range(L)]
+    steps = [
+        dict(
+            q=rnd(batch, 1, HK, K),
+            k=rnd(batch, 1, HK, K),
+            v=rnd(batch, 1, HV, V),
+            g=-0.3 * torch.rand(gshape, device="cuda", generator=gen),
+            beta=torch.rand(batch, 1, HV, device="cuda", generator=gen),
+        )
+        for _ in range(L)
+    ]
     if fam.per_channel:
         pool = torch.randn(num_slots, HV, V, K, device="cuda", generator=gen)
         idx = torch.randperm(num_slots, device="cuda", generator=gen)[:batch].to(torch.int32)
 
         def step(i):
             t = steps[i]
-            kda_fn(t["q"], t["k"], t["v"], t["g"], t["beta"], initial_state=pool, scale=K ** -0.5,
-                   output_final_state=True, inplace_final_state=True, state_v_first=True,
-                   ssm_state_indices=idx, use_qk_l2norm_in_kernel=True)
+            kda_fn(
+                t["q"],
+                t["k"],
+                t["v"],
+                t["g"],
+                t["beta"],
+                initial_state=pool,
+                scale=K**-0.5,
+                output_final_state=True,
+                inplace_final_state=True,
+                state_v_first=True,
+                ssm_state_indices=idx,
+                use_qk_l2norm_in_kernel=True,
+            )
     else:
         state = torch.randn(batch, HV, V, K, device="cuda", generator=gen)
 
         def step(i):
             t = steps[i]
-            gdn_fn(t["q"], t["k"], t["v"], g=t["g"], beta=t["beta"], scale=K ** -0.5, initial_state=state,
-                   output_final_state=True, use_qk_l2norm_in_kernel=True, state_v_first=True)
+            gdn_fn(
+                t["q"],
+                t["k"],
+                t["v"],
+                g=t["g"],
+                beta=t["beta"],
+                scale=K**-0.5,
+                initial_state=state,
+                output_final_state=True,
+                use_qk_l2norm_in_kernel=True,
+                state_v_first=True,
+            )
 
     graph = capture(lambda: [step(i) for i in range(L)])
-    return dict(rows_used=None, persistent=False, us_per_step=replay_us_per_step(graph, L, reps=1, trials=reps),
-                us_nonflush=None, us_flush=None)
+    return dict(
+        rows_used=None,
+        persistent=False,
+        us_per_step=replay_us_per_step(graph, L, reps=1, trials=reps),
+        us_nonflush=None,
+        us_flush=None,
+    )
 
 
 def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16):
@@ -253,7 +335,12 @@ def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16):
     g = capture(lambda: [fam.run(w, c, i, o) for c, i, o in zip(caches, ins, outs)])
     g1 = capture(lambda: fam.run(w, caches[0], ins[0], outs[0]))
     per_step = replay_us_per_step(g, layers, reps=L, trials=max(5, reps // 5))  # whole windows
-    return dict(rows_used=w._rows, persistent=getattr(w, "persistent", False), us_per_step=per_step, us_single_replay=time_graph(g1, reps=reps))
+    return dict(
+        rows_used=w._rows,
+        persistent=getattr(w, "persistent", False),
+        us_per_step=per_step,
+        us_single_replay=time_graph(g1, reps=reps),
+    )
 
 
 def run(args):
@@ -287,26 +374,43 @@ def run(args):
                         continue
                     nbytes = fam.step_bytes("conventional" if algorithm == "fla" else algorithm, batch)
                     floor = nbytes / (bw * 1e12) * 1e6
-                    row = {"family": args.family, "mode": "decode",
-                           "kernel": {"replay": "replayssm", "fla": "fla"}.get(algorithm, "conventional"),
-                           "shape": shape_name, "dims": shape, "batch": batch, "L": args.window, "T": 1,
-                           "state_dtype": str(args.state_dtype).removeprefix("torch."),
-                           "io_dtype": str(args.io_dtype).removeprefix("torch."),
-                           "read_dtype": str(args.state_dtype).removeprefix("torch."),
-                           "rows_per_cta": rows, "bytes_per_step": nbytes, "floor_us": floor, **r}
+                    row = {
+                        "family": args.family,
+                        "mode": "decode",
+                        "kernel": {"replay": "replayssm", "fla": "fla"}.get(algorithm, "conventional"),
+                        "shape": shape_name,
+                        "dims": shape,
+                        "batch": batch,
+                        "L": args.window,
+                        "T": 1,
+                        "state_dtype": str(args.state_dtype).removeprefix("torch."),
+                        "io_dtype": str(args.io_dtype).removeprefix("torch."),
+                        "read_dtype": str(args.state_dtype).removeprefix("torch."),
+                        "rows_per_cta": rows,
+                        "bytes_per_step": nbytes,
+                        "floor_us": floor,
+                        **r,
+                    }
                     row["bandwidth_TBps"] = nbytes / (r["us_per_step"] * 1e-6) / 1e12
                     row["fraction_of_floor"] = floor / r["us_per_step"]
                     rows_out.append(row)
-                    print(f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} rows={r['rows_used']} "
-                          f"{'persistent ' if r['persistent'] else ''}"
-                          f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
-                          f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
-                          f"({row['fraction_of_floor']:.2f}) {row['bandwidth_TBps']:.2f} TB/s", flush=True)
+                    print(
+                        f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} rows={r['rows_used']} "
+                        f"{'persistent ' if r['persistent'] else ''}"
+                        f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
+                        f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
+                        f"({row['fraction_of_floor']:.2f}) {row['bandwidth_TBps']:.2f} TB/s",
+                        flush=True,
+                    )
                     torch.cuda.empty_cache()
     bw_end = read_bandwidth_TBps()
     print(f"read-only bandwidth at the end {bw_end:.2f} TB/s")
-    return rows_out, {"copy_bandwidth_TBps": copy_bw, "read_bandwidth_TBps": read_bw,
-                      "read_bandwidth_end_TBps": bw_end, "floor_bandwidth_TBps": bw}
+    return rows_out, {
+        "copy_bandwidth_TBps": copy_bw,
+        "read_bandwidth_TBps": read_bw,
+        "read_bandwidth_end_TBps": bw_end,
+        "floor_bandwidth_TBps": bw,
+    }
 
 
 def main():
@@ -318,8 +422,12 @@ def main():
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--io-dtype", default="bfloat16")
     ap.add_argument("--rows", nargs="*", type=int, default=None, help="rows-per-CTA tilings to sweep")
-    ap.add_argument("--persistent", choices=list(PERSISTENT_CHOICES), default="auto",
-                    help="replay: persistent pipelined kernel, one CTA per tile, or both")
+    ap.add_argument(
+        "--persistent",
+        choices=list(PERSISTENT_CHOICES),
+        default="auto",
+        help="replay: persistent pipelined kernel, one CTA per tile, or both",
+    )
     ap.add_argument("--no-peers", action="store_true", help="skip FLA (run when importable, GDN/KDA, B > 8)")
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)

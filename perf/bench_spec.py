@@ -70,8 +70,9 @@ def bench_replay_verify(fam, batch, T, rounds, reps, rows=None):
     w.plan(torch.randperm(n, device="cuda", generator=fam.gen)[:batch].to(torch.int32), draft_len=T)
     ins = [draft_inputs(fam, batch, T) for _ in range(rounds)]
     outs = [draft_out(fam, batch, T) for _ in range(rounds)]
-    acc = [torch.randint(1, T + 1, (batch,), device="cuda", generator=fam.gen, dtype=torch.int32)
-           for _ in range(rounds)]
+    acc = [
+        torch.randint(1, T + 1, (batch,), device="cuda", generator=fam.gen, dtype=torch.int32) for _ in range(rounds)
+    ]
 
     def body():
         for i, o, a in zip(ins, outs, acc):
@@ -91,7 +92,7 @@ def bench_conventional_verify(fam, batch, T, rounds, reps):
     cache = w.create_cache(n)
     cache.checkpoint.normal_(generator=fam.gen)
     perm = torch.randperm(n, device="cuda", generator=fam.gen).to(torch.int32)
-    w.plan(perm[:batch], draft_len=T, state_slots=perm[batch:batch + batch * T].reshape(batch, T).cpu())
+    w.plan(perm[:batch], draft_len=T, state_slots=perm[batch : batch + batch * T].reshape(batch, T).cpu())
     ins = [draft_inputs(fam, batch, T) for _ in range(rounds)]
     outs = [draft_out(fam, batch, T) for _ in range(rounds)]
     g = capture(lambda: [fam.run(w, cache, i, o) for i, o in zip(ins, outs)])
@@ -110,13 +111,20 @@ def prewarm(args):
         st, io, L = args.state_dtype, args.io_dtype, args.window
         for T in sorted({verify_capacity(t) for t in args.drafts}):
             if family == "mamba2":
-                specs += [mamba2_decode_spec("replay_verify", s["P"], s["N"], st, io, L, T),
-                          mamba2_decode_spec("conventional_verify", s["P"], s["N"], st, io, T=T)]
+                specs += [
+                    mamba2_decode_spec("replay_verify", s["P"], s["N"], st, io, L, T),
+                    mamba2_decode_spec("conventional_verify", s["P"], s["N"], st, io, T=T),
+                ]
             else:
-                specs += [gdn_decode_spec("replay_verify", s["K"], s["V"], st, io, L, family, T),
-                          gdn_decode_spec("conventional_verify", s["K"], s["V"], st, io, None, family, T)]
-        specs.append(mamba2_decode_spec("replay_decode", s["P"], s["N"], st, io, L) if family == "mamba2"
-                     else gdn_decode_spec("replay_decode", s["K"], s["V"], st, io, L, family))
+                specs += [
+                    gdn_decode_spec("replay_verify", s["K"], s["V"], st, io, L, family, T),
+                    gdn_decode_spec("conventional_verify", s["K"], s["V"], st, io, None, family, T),
+                ]
+        specs.append(
+            mamba2_decode_spec("replay_decode", s["P"], s["N"], st, io, L)
+            if family == "mamba2"
+            else gdn_decode_spec("replay_decode", s["K"], s["V"], st, io, L, family)
+        )
     with cf.ThreadPoolExecutor(16) as ex:
         list(ex.map(build, specs))
 
@@ -141,20 +149,34 @@ def run(args):
                     best = min(sweep, key=lambda r: sweep[r][0])
                     t_rep, mean_acc, ring_bytes, rows_used = sweep[best]
                     t_conv = bench_conventional_verify(fam, batch, T, args.rounds, args.reps)
-                    row = {"family": family, "shape": shape_name, "dims": SHAPES[family][shape_name], "batch": batch,
-                           "T": T, "L": args.window, "state_dtype": str(args.state_dtype).removeprefix("torch."),
-                           "io_dtype": str(args.io_dtype).removeprefix("torch."),
-                           "us_standard_step": t_std, "us_replay_verify_commit": t_rep,
-                           "us_conventional_verify": t_conv, "mean_accepted": mean_acc,
-                           "verify_over_step": t_rep / t_std, "conventional_over_replay": t_conv / t_rep,
-                           "ring_bytes_per_slot": ring_bytes, "state_bytes_per_slot": fam.state_bytes(),
-                           "verify_rows_per_cta": rows_used,
-                           "verify_rows_sweep_us": {str(sweep[r][3]): sweep[r][0] for r in sweep}}
+                    row = {
+                        "family": family,
+                        "shape": shape_name,
+                        "dims": SHAPES[family][shape_name],
+                        "batch": batch,
+                        "T": T,
+                        "L": args.window,
+                        "state_dtype": str(args.state_dtype).removeprefix("torch."),
+                        "io_dtype": str(args.io_dtype).removeprefix("torch."),
+                        "us_standard_step": t_std,
+                        "us_replay_verify_commit": t_rep,
+                        "us_conventional_verify": t_conv,
+                        "mean_accepted": mean_acc,
+                        "verify_over_step": t_rep / t_std,
+                        "conventional_over_replay": t_conv / t_rep,
+                        "ring_bytes_per_slot": ring_bytes,
+                        "state_bytes_per_slot": fam.state_bytes(),
+                        "verify_rows_per_cta": rows_used,
+                        "verify_rows_sweep_us": {str(sweep[r][3]): sweep[r][0] for r in sweep},
+                    }
                     rows.append(row)
-                    print(f"{family:6s} B={batch:4d} T={T:2d} step={t_std:8.2f}us verify+commit={t_rep:8.2f}us "
-                          f"({row['verify_over_step']:.2f}x step) conventional={t_conv:8.2f}us "
-                          f"({row['conventional_over_replay']:.2f}x slower) rows={rows_used} "
-                          f"sweep={row['verify_rows_sweep_us']}", flush=True)
+                    print(
+                        f"{family:6s} B={batch:4d} T={T:2d} step={t_std:8.2f}us verify+commit={t_rep:8.2f}us "
+                        f"({row['verify_over_step']:.2f}x step) conventional={t_conv:8.2f}us "
+                        f"({row['conventional_over_replay']:.2f}x slower) rows={rows_used} "
+                        f"sweep={row['verify_rows_sweep_us']}",
+                        flush=True,
+                    )
                     torch.cuda.empty_cache()
             except torch.OutOfMemoryError:
                 print(f"skip {family} B={batch}: out of memory")
@@ -168,8 +190,13 @@ def main():
     ap.add_argument("--batches", nargs="+", type=int, default=[1, 64, 256, 512])
     ap.add_argument("--drafts", nargs="+", type=int, default=[2, 4, 8])
     ap.add_argument("--rounds", type=int, default=16, help="verify+commit rounds per captured graph")
-    ap.add_argument("--rows", nargs="*", type=int, default=None,
-                    help="rows-per-CTA tilings of the replay verify to sweep (best reported; default: heuristic)")
+    ap.add_argument(
+        "--rows",
+        nargs="*",
+        type=int,
+        default=None,
+        help="rows-per-CTA tilings of the replay verify to sweep (best reported; default: heuristic)",
+    )
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--io-dtype", default="bfloat16")

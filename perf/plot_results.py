@@ -1,6 +1,6 @@
 """Plot a decode result file: µs per step and fraction of the floor vs batch, one panel per shape.
 
-    python perf/plot_results.py perf/results/decode_mamba2_h200.json [--out PNG]
+python perf/plot_results.py perf/results/decode_mamba2_h200.json [--out PNG]
 """
 
 import argparse

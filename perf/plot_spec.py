@@ -23,8 +23,9 @@ def main():
     data = json.loads(Path(args.result).read_text())
     series = defaultdict(list)  # (family, T) -> [(batch, verify/step, conventional/step)]
     for r in data["rows"]:
-        series[(r["family"], r["T"])].append((r["batch"], r["verify_over_step"],
-                                              r["us_conventional_verify"] / r["us_standard_step"]))
+        series[(r["family"], r["T"])].append(
+            (r["batch"], r["verify_over_step"], r["us_conventional_verify"] / r["us_standard_step"])
+        )
     families = sorted({k[0] for k in series})
     fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
     for col, fam in enumerate(families):
@@ -35,11 +36,21 @@ def main():
             pts.sort()
             b = [p[0] for p in pts]
             line = ax.plot(b, [p[1] for p in pts], marker="o", label=f"ReplaySSM verify+commit T={T}")[0]
-            ax.plot(b, [p[2] for p in pts], marker="x", ls="--", color=line.get_color(),
-                    label=f"conventional (snapshots) T={T}")
+            ax.plot(
+                b,
+                [p[2] for p in pts],
+                marker="x",
+                ls="--",
+                color=line.get_color(),
+                label=f"conventional (snapshots) T={T}",
+            )
         ax.axhline(1.0, color="gray", lw=0.8)
-        ax.set(title=f"{fam}: time per round / one standard step", xscale="log", xlabel="batch",
-               ylabel="× standard replay step")
+        ax.set(
+            title=f"{fam}: time per round / one standard step",
+            xscale="log",
+            xlabel="batch",
+            ylabel="× standard replay step",
+        )
         ax.legend(fontsize=7)
     m = data["meta"]
     fig.suptitle(f"{m['gpu']} · commit {m['commit']} · {m['date']}", fontsize=9)

@@ -67,9 +67,11 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
     """Run every kernel kind of one family; returns the error reports (empty when clean)."""
     errors = []
     slots = torch.tensor([3, -1, 7, 1], dtype=torch.int32, device=DEV)[:batch]  # one pad row
-    for label, algorithm, kw in (("tile", "replay", {"persistent": False}),
-                                 ("persistent", "replay", {"persistent": True}),
-                                 ("conventional", "conventional", {})):
+    for label, algorithm, kw in (
+        ("tile", "replay", {"persistent": False}),
+        ("persistent", "replay", {"persistent": True}),
+        ("conventional", "conventional", {}),
+    ):
         w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
         cache = w.create_cache(num_slots, max_draft=T)
         cache.load_state(list(range(num_slots)), 0.1 * torch.randn(num_slots, *shape, device=DEV, generator=gen))

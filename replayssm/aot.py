@@ -71,8 +71,9 @@ def log_progress(done: int, total: int, name: str, seconds: float, ok: bool) -> 
     log.info("[%d/%d] %s %.1f s%s", done, total, name, seconds, "" if ok else " FAILED")
 
 
-def build_set(specs, archs: tuple[str, ...], out: Path, jobs: int | None = None, force: bool = False,
-              progress=log_progress) -> dict:
+def build_set(
+    specs, archs: tuple[str, ...], out: Path, jobs: int | None = None, force: bool = False, progress=log_progress
+) -> dict:
     """Compile what is missing or stale under ``out/<archs>/`` in one ninja run.
 
     ``progress(done, total, name, seconds, ok)`` hears of each module as it finishes (default:
@@ -93,12 +94,16 @@ def build_set(specs, archs: tuple[str, ...], out: Path, jobs: int | None = None,
     t0 = time.perf_counter()
     if todo:
         jobs = jobs or env.settings().max_jobs
-        log.info("replayssm.aot: compiling %d module(s) for %s with -j%d into %s", len(todo),
-                 ",".join(f"sm_{a}" for a in archs), jobs, root)
+        log.info(
+            "replayssm.aot: compiling %d module(s) for %s with -j%d into %s",
+            len(todo),
+            ",".join(f"sm_{a}" for a in archs),
+            jobs,
+            root,
+        )
         compile_into(root, todo, jobs, progress)
         log.info("replayssm.aot: compiled %d module(s) in %.1f s", len(todo), time.perf_counter() - t0)
-    return {"root": root, "built": [bp.name for bp in todo], "current": current,
-            "seconds": time.perf_counter() - t0}
+    return {"root": root, "built": [bp.name for bp in todo], "current": current, "seconds": time.perf_counter() - t0}
 
 
 def render_set(specs, out: Path) -> list[Path]:
@@ -126,18 +131,32 @@ def parser() -> argparse.ArgumentParser:
         prog="python -m replayssm.aot",
         description="Build the declared set of replayssm specializations ahead of time.",
         epilog="Use the result with REPLAYSSM_AOT_DIR=DIR, or build into replayssm/data/aot and run "
-               "`pip wheel .` for a wheel that carries the modules.",
+        "`pip wheel .` for a wheel that carries the modules.",
     )
-    p.add_argument("--arch", action="append", metavar="ARCH",
-                   help="CUDA arch(s), sm_90 or newer, e.g. 9.0a (Hopper builds sm_90a) or 12.0; repeat or "
-                        "separate with commas. Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs")
+    p.add_argument(
+        "--arch",
+        action="append",
+        metavar="ARCH",
+        help="CUDA arch(s), sm_90 or newer, e.g. 9.0a (Hopper builds sm_90a) or 12.0; repeat or "
+        "separate with commas. Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs",
+    )
     p.add_argument("--out", type=Path, metavar="DIR", help="output directory; modules go to DIR/<archs>/<name>/")
     p.add_argument("--list", action="store_true", help="print the names of the set and exit (no compile)")
-    p.add_argument("--jobs", "-j", type=int, metavar="N",
-                   help="parallel nvcc jobs (default: REPLAYSSM_MAX_JOBS or the machine's bound)")
+    p.add_argument(
+        "--jobs",
+        "-j",
+        type=int,
+        metavar="N",
+        help="parallel nvcc jobs (default: REPLAYSSM_MAX_JOBS or the machine's bound)",
+    )
     p.add_argument("--only", action="append", metavar="GLOB", help="keep only names matching GLOB (repeatable)")
-    p.add_argument("--set", choices=SETS, default="aot", dest="which",
-                   help="'aot': model shapes of docs/benchmarks.md (default); 'check': CI's compile-check set")
+    p.add_argument(
+        "--set",
+        choices=SETS,
+        default="aot",
+        dest="which",
+        help="'aot': model shapes of docs/benchmarks.md (default); 'check': CI's compile-check set",
+    )
     p.add_argument("--force", action="store_true", help="rebuild modules that are already current")
     p.add_argument("--render", type=Path, metavar="DIR", help="only write DIR/<name>.cu for the set (no compile)")
     return p
@@ -171,8 +190,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         archs = resolve_archs(args.arch)
         if not archs:
-            print("error: no CUDA arch: pass --arch (e.g. --arch 9.0a) or set REPLAYSSM_CUDA_ARCH_LIST; "
-                  "no GPU is visible", file=sys.stderr)
+            print(
+                "error: no CUDA arch: pass --arch (e.g. --arch 9.0a) or set REPLAYSSM_CUDA_ARCH_LIST; "
+                "no GPU is visible",
+                file=sys.stderr,
+            )
             return 2
         res = build_set(specs, archs, args.out, args.jobs, args.force)
     except ValueError as e:
@@ -183,8 +205,10 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     root = res["root"]
     total = sum(_size(root / n) for n in res["built"] + res["current"])
-    print(f"{len(res['built'])} built, {len(res['current'])} already current, {total / 2**20:.1f} MiB "
-          f"in {root} ({res['seconds']:.1f} s)")
+    print(
+        f"{len(res['built'])} built, {len(res['current'])} already current, {total / 2**20:.1f} MiB "
+        f"in {root} ({res['seconds']:.1f} s)"
+    )
     print(f"use them with: REPLAYSSM_AOT_DIR={Path(args.out).resolve()}")
     return 0
 

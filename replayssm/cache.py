@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import reprlib
+from typing import Any
 
 import torch
 
@@ -14,13 +15,15 @@ from .ops.constants import ERROR_BITS as _BITS
 from .ops.validate import check_tensor, per_head_stride
 
 #: What each error bit of the kernels' flag means (bits: kErr* in include/replayssm/common/constants.h).
-ERROR_BITS = {_BITS["kErrSlotOutOfRange"]: "slot index out of range (row skipped)",
-              _BITS["kErrCorruptCursor"]: "corrupt ring cursor (row skipped)",
-              _BITS["kErrBadDrafts"]: "draft count outside [1, T] or a parent not earlier in the tree (row skipped)",
-              _BITS["kErrBadCommit"]: "commit without a pending verify, num_accepted outside [1, n], or not a tree "
-                                      "path (row unchanged)",
-              _BITS["kErrDuplicateSlot"]: "a slot named by two rows of one batch (contract violation: that slot's "
-                                          "state is unspecified until reset; other slots are unaffected)"}
+ERROR_BITS = {
+    _BITS["kErrSlotOutOfRange"]: "slot index out of range (row skipped)",
+    _BITS["kErrCorruptCursor"]: "corrupt ring cursor (row skipped)",
+    _BITS["kErrBadDrafts"]: "draft count outside [1, T] or a parent not earlier in the tree (row skipped)",
+    _BITS["kErrBadCommit"]: "commit without a pending verify, num_accepted outside [1, n], or not a tree "
+    "path (row unchanged)",
+    _BITS["kErrDuplicateSlot"]: "a slot named by two rows of one batch (contract violation: that slot's "
+    "state is unspecified until reset; other slots are unaffected)",
+}
 assert set(ERROR_BITS) == set(_BITS.values()), "describe every kErr* bit of constants.h"
 
 
@@ -33,11 +36,15 @@ def _as_slots(name: str, slots, num_slots: int, device, *, distinct: bool = Fals
         try:
             t = torch.as_tensor(slots, dtype=torch.int64) if len(slots) == 0 else torch.as_tensor(slots)
         except (TypeError, ValueError, RuntimeError):
-            raise TypeError(f"{name}: expected a 1-D int32/int64 tensor or a list of slot ids, got "
-                            f"{type(slots).__name__} {reprlib.repr(slots)}") from None
+            raise TypeError(
+                f"{name}: expected a 1-D int32/int64 tensor or a list of slot ids, got "
+                f"{type(slots).__name__} {reprlib.repr(slots)}"
+            ) from None
     else:
-        raise TypeError(f"{name}: expected a 1-D int32/int64 tensor or a list of slot ids, got "
-                        f"{type(slots).__name__} {reprlib.repr(slots)}")
+        raise TypeError(
+            f"{name}: expected a 1-D int32/int64 tensor or a list of slot ids, got "
+            f"{type(slots).__name__} {reprlib.repr(slots)}"
+        )
     if t.dtype not in (torch.int32, torch.int64) or t.dim() != 1:
         raise TypeError(f"{name}: expected a 1-D int32/int64 tensor or list of slot ids, got {t.dtype} {list(t.shape)}")
     t = t.to(device)
@@ -46,8 +53,10 @@ def _as_slots(name: str, slots, num_slots: int, device, *, distinct: bool = Fals
     if distinct and t.numel() > 1:
         uniq, counts = torch.unique(t, return_counts=True)
         if bool((counts > 1).any()):
-            raise ValueError(f"{name}: expected distinct slot ids, got slot {int(uniq[counts > 1][0])} "
-                             f"{int(counts[counts > 1][0])} times")
+            raise ValueError(
+                f"{name}: expected distinct slot ids, got slot {int(uniq[counts > 1][0])} "
+                f"{int(counts[counts > 1][0])} times"
+            )
     return t.long()
 
 
@@ -68,8 +77,19 @@ class ReplayCache:
     num_slots: positive int; max_draft: int in [1, 16].
     """
 
-    def __init__(self, num_slots: int, state_shape: tuple[int, ...], *, window: int, max_draft: int,
-                 state_dtype: torch.dtype, io_dtype: torch.dtype, device):
+    dims: Any  # the family's dims (set by each subclass)
+
+    def __init__(
+        self,
+        num_slots: int,
+        state_shape: tuple[int, ...],
+        *,
+        window: int,
+        max_draft: int,
+        state_dtype: torch.dtype,
+        io_dtype: torch.dtype,
+        device,
+    ):
         positive_int("num_slots", num_slots)
         check_max_draft(max_draft)
         self.num_slots, self.window, self.max_draft = num_slots, window, max_draft
@@ -120,8 +140,9 @@ class ReplayCache:
         check_tensor("state", state, shape=(s.numel(), *self.checkpoint.shape[1:]), device=self.device)
         if not state.is_floating_point():
             to = str(self.state_dtype).removeprefix("torch.")
-            raise TypeError(f"state: expected a floating dtype (cast to {to}), got "
-                            f"{str(state.dtype).removeprefix('torch.')}")
+            raise TypeError(
+                f"state: expected a floating dtype (cast to {to}), got {str(state.dtype).removeprefix('torch.')}"
+            )
         self.checkpoint[s] = state.to(self.state_dtype)
         self._empty_rings(s)
 
@@ -164,14 +185,32 @@ class Mamba2Cache(ReplayCache):
     call ``set_A`` once; it must be the A that ``run`` is given (run does not record it).
     """
 
-    def __init__(self, num_slots: int, nheads: int, head_dim: int, state_dim: int, ngroups: int, *,
-                 window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
-                 device=None, A: torch.Tensor | None = None):
-        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype,
-                                                    io_dtype)
+    def __init__(
+        self,
+        num_slots: int,
+        nheads: int,
+        head_dim: int,
+        state_dim: int,
+        ngroups: int,
+        *,
+        window: int = 16,
+        max_draft: int = 1,
+        state_dtype=torch.float32,
+        io_dtype=torch.bfloat16,
+        device=None,
+        A: torch.Tensor | None = None,
+    ):
+        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
         A_heads = None if A is None else self._per_head_A(A, nheads)
-        super().__init__(num_slots, (nheads, head_dim, state_dim), window=window, max_draft=max_draft,
-                         state_dtype=state_dtype, io_dtype=io_dtype, device=device)
+        super().__init__(
+            num_slots,
+            (nheads, head_dim, state_dim),
+            window=window,
+            max_draft=max_draft,
+            state_dtype=state_dtype,
+            io_dtype=io_dtype,
+            device=device,
+        )
         self.dims = m2_ops.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         R, dev = self.capacity, self.device
         self.x_ring = torch.zeros((num_slots, nheads, R, head_dim), dtype=io_dtype, device=dev)
@@ -219,9 +258,11 @@ class Mamba2Cache(ReplayCache):
             return S
         A = self._A if A is None else A
         if A is None:
-            raise ValueError("A: needed to fold pending records: expected the layer's A [H], got none (give it "
-                             "once with create_cache(..., A=A) / Mamba2Cache(..., A=A) or cache.set_A(A), or "
-                             "pass materialize(slots, A=A))")
+            raise ValueError(
+                "A: needed to fold pending records: expected the layer's A [H], got none (give it "
+                "once with create_cache(..., A=A) / Mamba2Cache(..., A=A) or cache.set_A(A), or "
+                "pass materialize(slots, A=A))"
+            )
         pos, valid = self._ring_positions(s)
         delta = self._gather(self.dt_ring, s, pos) * valid[:, None, :]  # [b, H, R], zero beyond len
         a = delta * A[None, :, None]
@@ -245,13 +286,32 @@ class GDNCache(ReplayCache):
 
     per_channel = False  # KDA: one log decay per key channel
 
-    def __init__(self, num_slots: int, num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int, *,
-                 window: int = 16, max_draft: int = 1, state_dtype=torch.float32, io_dtype=torch.bfloat16,
-                 device=None):
-        state_dtype, io_dtype = check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window,
-                                                 state_dtype, io_dtype)
-        super().__init__(num_slots, (num_v_heads, head_v_dim, head_k_dim), window=window, max_draft=max_draft,
-                         state_dtype=state_dtype, io_dtype=io_dtype, device=device)
+    def __init__(
+        self,
+        num_slots: int,
+        num_v_heads: int,
+        num_k_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        *,
+        window: int = 16,
+        max_draft: int = 1,
+        state_dtype=torch.float32,
+        io_dtype=torch.bfloat16,
+        device=None,
+    ):
+        state_dtype, io_dtype = check_gdn_config(
+            num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, state_dtype, io_dtype
+        )
+        super().__init__(
+            num_slots,
+            (num_v_heads, head_v_dim, head_k_dim),
+            window=window,
+            max_draft=max_draft,
+            state_dtype=state_dtype,
+            io_dtype=io_dtype,
+            device=device,
+        )
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
         R, dev = self.capacity, self.device
         self.u_ring = torch.zeros((num_slots, num_v_heads, R, head_v_dim), dtype=torch.float32, device=dev)

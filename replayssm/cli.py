@@ -37,6 +37,7 @@ _VERSION_DIR = re.compile(r"^\d+\.\d+(\.\d+)?([.+-][0-9A-Za-z.+-]*)?$")
 # Cache inspection
 # ----------------------------------------------------------------------------------------
 
+
 @dataclass
 class CachedModule:
     version: str
@@ -116,6 +117,7 @@ def clear_cache(root: Path | None = None) -> tuple[int, int]:
 # System probes (each works without a GPU, a driver or nvcc)
 # ----------------------------------------------------------------------------------------
 
+
 def driver_info() -> str:
     """CUDA driver API version from libcuda (and the driver release from nvidia-smi)."""
     d = driver.probe()
@@ -125,8 +127,9 @@ def driver_info() -> str:
     smi = shutil.which("nvidia-smi")
     if smi:
         try:
-            out = subprocess.run([smi, "--query-gpu=driver_version", "--format=csv,noheader"],
-                                 capture_output=True, text=True, timeout=20)
+            out = subprocess.run(
+                [smi, "--query-gpu=driver_version", "--format=csv,noheader"], capture_output=True, text=True, timeout=20
+            )
             rel = out.stdout.strip().splitlines()
             if out.returncode == 0 and rel:
                 text += f", driver {rel[0].strip()}"
@@ -145,8 +148,10 @@ def gpu_info() -> list[str]:
             arch = f"sm_{env.normalize_arch(g.capability)}"
         except ValueError:
             arch = "?"
-        lines.append(f"{g.index}: {g.name}, compute capability {g.capability} -> builds {arch}, "
-                     f"{g.total_memory / 2**30:.1f} GiB, {g.sm_count} SMs")
+        lines.append(
+            f"{g.index}: {g.name}, compute capability {g.capability} -> builds {arch}, "
+            f"{g.total_memory / 2**30:.1f} GiB, {g.sm_count} SMs"
+        )
     if d.reason and lines:
         lines.append(f"(listing stopped: {d.reason})")
     return lines
@@ -165,8 +170,10 @@ def torch_info() -> tuple[str, list[str]]:
 def nvcc_info() -> str:
     nvcc = env.find_nvcc()
     if nvcc is None:
-        return ("not found (looked in $CUDA_HOME/bin, /usr/local/cuda/bin, PATH): the JIT can only "
-                "serve cached or prebuilt modules")
+        return (
+            "not found (looked in $CUDA_HOME/bin, /usr/local/cuda/bin, PATH): the JIT can only "
+            "serve cached or prebuilt modules"
+        )
     try:
         return f"{nvcc} ({env.nvcc_version(str(nvcc))})"
     except (OSError, subprocess.SubprocessError) as e:
@@ -176,6 +183,7 @@ def nvcc_info() -> str:
 # ----------------------------------------------------------------------------------------
 # Commands
 # ----------------------------------------------------------------------------------------
+
 
 def cmd_info(args) -> int:
     """Print what it can; an unreadable setting is shown as 'invalid: ...' in its row, repeated as
@@ -207,13 +215,19 @@ def cmd_info(args) -> int:
     row("ninja", env.find_ninja() or "not found (pip install ninja)")
     archs = tuple(sorted(set(s.arch_list))) if s.arch_list else env.visible_gpu_archs()
     how = "REPLAYSSM_CUDA_ARCH_LIST" if s.arch_list else "visible GPUs"
-    arch_text = (", ".join(f"sm_{a}" for a in archs) + f" (from {how})") if archs else \
-        "none (no GPU visible; set REPLAYSSM_CUDA_ARCH_LIST, e.g. 9.0a, to build)"
+    arch_text = (
+        (", ".join(f"sm_{a}" for a in archs) + f" (from {how})")
+        if archs
+        else "none (no GPU visible; set REPLAYSSM_CUDA_ARCH_LIST, e.g. 9.0a, to build)"
+    )
     if "arch_list" in errors:
         archs = ()
     row("target archs", invalid("arch_list") or arch_text)
-    row("JIT", invalid("disable_jit") or
-        ("disabled (REPLAYSSM_DISABLE_JIT): only cached/prebuilt modules" if s.disable_jit else "enabled"))
+    row(
+        "JIT",
+        invalid("disable_jit")
+        or ("disabled (REPLAYSSM_DISABLE_JIT): only cached/prebuilt modules" if s.disable_jit else "enabled"),
+    )
     row("max jobs", invalid("max_jobs") or str(s.max_jobs))
     from .jit.build import packaged_aot_root
 
@@ -222,8 +236,12 @@ def cmd_info(args) -> int:
     elif not s.aot_dirs:
         row("AOT dirs", "(none; set REPLAYSSM_AOT_DIR)")
     for i, d in enumerate(s.aot_dirs):
-        missing = "" if d.is_dir() else \
-            f"  WARNING: {'not a directory' if d.exists() else 'does not exist'}; no prebuilt modules are found there"
+        missing = (
+            ""
+            if d.is_dir()
+            else f"  WARNING: {'not a directory' if d.exists() else 'does not exist'}; "
+            "no prebuilt modules are found there"
+        )
         row("AOT dirs" if i == 0 else "", f"{d}{missing}")
     pk = packaged_aot_root()
     pk_mods = sorted(p.parent.name + "/" + p.name for p in pk.glob("*/*") if p.is_dir()) if pk.is_dir() else []
@@ -269,9 +287,11 @@ def cmd_demo(args) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m replayssm",
-                                description=f"replayssm {__version__}: ReplaySSM decode kernels for SSM layers.",
-                                epilog="AOT builds: python -m replayssm.aot --help")
+    p = argparse.ArgumentParser(
+        prog="python -m replayssm",
+        description=f"replayssm {__version__}: ReplaySSM decode kernels for SSM layers.",
+        epilog="AOT builds: python -m replayssm.aot --help",
+    )
     p.add_argument("--version", action="version", version=f"replayssm {__version__}")
     sub = p.add_subparsers(dest="command", metavar="{info,cache,demo}")
     sub.required = True
@@ -281,8 +301,10 @@ def parser() -> argparse.ArgumentParser:
     c.set_defaults(fn=cmd_cache)
     from .demo import add_arguments
 
-    d = sub.add_parser("demo", help="decode a model's Mamba-2 layer: replay vs conventional "
-                                    "(GPU kernels, or the CPU reference without a GPU)")
+    d = sub.add_parser(
+        "demo",
+        help="decode a model's Mamba-2 layer: replay vs conventional (GPU kernels, or the CPU reference without a GPU)",
+    )
     add_arguments(d)
     d.set_defaults(fn=cmd_demo)
     return p

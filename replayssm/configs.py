@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -87,10 +89,9 @@ def check_rows_per_cta(family: str, rows, tile_dim: int) -> int | None:
         return None
     if isinstance(rows, bool) or not isinstance(rows, int):
         raise TypeError(f"rows_per_cta: expected an int or None, got {type(rows).__name__} {rows!r}")
-    if family == "mamba2":
-        from .ops.mamba2 import check_rows_per_cta as check
-    else:
-        from .ops.gdn import check_rows_per_cta as check
+    from .ops import gdn, mamba2
+
+    check: Callable[[int, int], int] = mamba2.check_rows_per_cta if family == "mamba2" else gdn.check_rows_per_cta
     return check(rows, tile_dim)
 
 
@@ -122,8 +123,9 @@ def check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, s
     positive_int("num_v_heads", num_v_heads)
     positive_int("num_k_heads", num_k_heads)
     if num_v_heads % num_k_heads:
-        raise ValueError(f"num_v_heads % num_k_heads: expected 0, got num_v_heads={num_v_heads}, "
-                         f"num_k_heads={num_k_heads}")
+        raise ValueError(
+            f"num_v_heads % num_k_heads: expected 0, got num_v_heads={num_v_heads}, num_k_heads={num_k_heads}"
+        )
     for arg, v in (("head_k_dim (K)", head_k_dim), ("head_v_dim (V)", head_v_dim)):
         positive_int(arg, v)
         if v not in GDN_DIMS:
@@ -131,11 +133,13 @@ def check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, s
     return check_common(window, state_dtype, io_dtype)
 
 
-_REQUIRED = {"mamba2": ("nheads", "head_dim", "state_dim"),
-             "gdn": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim"),
-             "kda": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim")}
+_REQUIRED = {
+    "mamba2": ("nheads", "head_dim", "state_dim"),
+    "gdn": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim"),
+    "kda": ("num_v_heads", "num_k_heads", "head_k_dim", "head_v_dim"),
+}
 # Keywords of the wrapper constructors (beyond the dims) and of create_cache, checked by value.
-_COMMON_OPTIONS = {
+_COMMON_OPTIONS: dict[str, Callable[[Any], object]] = {
     "max_batch": lambda v: positive_int("max_batch", v),
     "algorithm": check_algorithm,
     "pad_slot_id": check_pad_slot_id,
@@ -145,12 +149,12 @@ _COMMON_OPTIONS = {
     "num_slots": lambda v: positive_int("num_slots", v),
     "max_draft": check_max_draft,
 }
-_FAMILY_OPTIONS = {
+_FAMILY_OPTIONS: dict[str, dict[str, Callable[[Any], object]]] = {
     "mamba2": {"dt_softplus": lambda v: check_bool("dt_softplus", v)},
     "gdn": {"use_l2norm": lambda v: check_bool("use_l2norm", v), "scale": check_scale},
 }
 _FAMILY_OPTIONS["kda"] = _FAMILY_OPTIONS["gdn"]
-_CONFIG_KEYS = {"mamba2": ("ngroups",), "gdn": (), "kda": ()}
+_CONFIG_KEYS: dict[str, tuple[str, ...]] = {"mamba2": ("ngroups",), "gdn": (), "kda": ()}
 _SHARED_KEYS = ("window", "state_dtype", "io_dtype", "rows_per_cta")
 
 
@@ -179,16 +183,22 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
         problems.append(f"unknown configuration key(s) for {family}: {', '.join(unknown)} (known: {', '.join(keys)})")
     if problems:
         return False, "; ".join(problems)
-    common = (config.get("window", 16), config.get("state_dtype", torch.float32), config.get("io_dtype", torch.bfloat16))
+    common = (
+        config.get("window", 16),
+        config.get("state_dtype", torch.float32),
+        config.get("io_dtype", torch.bfloat16),
+    )
     options = {**_COMMON_OPTIONS, **_FAMILY_OPTIONS[family]}
     try:
         if family == "mamba2":
-            check_mamba2_config(config["nheads"], config["head_dim"], config["state_dim"], config.get("ngroups", 1),
-                                *common)
+            check_mamba2_config(
+                config["nheads"], config["head_dim"], config["state_dim"], config.get("ngroups", 1), *common
+            )
             tile_dim = config["head_dim"]
         else:
-            check_gdn_config(config["num_v_heads"], config["num_k_heads"], config["head_k_dim"],
-                             config["head_v_dim"], *common)
+            check_gdn_config(
+                config["num_v_heads"], config["num_k_heads"], config["head_k_dim"], config["head_v_dim"], *common
+            )
             tile_dim = config["head_v_dim"]
         check_rows_per_cta(family, config.get("rows_per_cta"), tile_dim)
         for key, value in config.items():

@@ -25,13 +25,22 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--preset", choices=sorted(PRESETS), default="nemotron-3-super",
-                   help="layer shape (default: nemotron-3-super, H=128 P=64 N=128 G=8)")
-    p.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",
-                   help="auto: the GPU kernels when a CUDA GPU is visible, else the CPU reference")
+    p.add_argument(
+        "--preset",
+        choices=sorted(PRESETS),
+        default="nemotron-3-super",
+        help="layer shape (default: nemotron-3-super, H=128 P=64 N=128 G=8)",
+    )
+    p.add_argument(
+        "--device",
+        choices=("auto", "cuda", "cpu"),
+        default="auto",
+        help="auto: the GPU kernels when a CUDA GPU is visible, else the CPU reference",
+    )
     p.add_argument("--batch", type=int, help="sequences per step (default: 64 on a GPU, 2 on the CPU)")
-    p.add_argument("--steps", type=int, help="decode steps to compare (default: 2 windows on a GPU, "
-                                              "1 window + 2 on the CPU)")
+    p.add_argument(
+        "--steps", type=int, help="decode steps to compare (default: 2 windows on a GPU, 1 window + 2 on the CPU)"
+    )
     p.add_argument("--window", type=int, default=16, choices=(8, 16, 32), help="replay window L (default 16)")
     p.add_argument("--state-dtype", choices=DTYPES, default="float32", help="checkpoint dtype (default float32)")
     p.add_argument("--io-dtype", choices=DTYPES, default="bfloat16", help="x/B/C/z/out dtype (default bfloat16)")
@@ -84,21 +93,26 @@ def run_demo(args) -> int:
         if v is not None and v < 1:
             print(f"error: --{name}: expected a positive integer, got {v}")
             return 2
-    print(f"replayssm demo: Mamba-2 layer of {cfg['label']} (H={H} P={P} N={N} G={G}), window L={L}, "
-          f"state {args.state_dtype}, io {args.io_dtype}")
+    print(
+        f"replayssm demo: Mamba-2 layer of {cfg['label']} (H={H} P={P} N={N} G={G}), window L={L}, "
+        f"state {args.state_dtype}, io {args.io_dtype}"
+    )
     if use_gpu:
         return _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype)
     if args.device == "cpu":
         print("device: CPU (--device cpu): running the PyTorch reference path, not the CUDA kernels")
     else:
-        print("device: no CUDA GPU found -> running the PyTorch reference path on the CPU "
-              "(replayssm.reference), not the CUDA kernels; nothing is compiled or timed")
+        print(
+            "device: no CUDA GPU found -> running the PyTorch reference path on the CPU "
+            "(replayssm.reference), not the CUDA kernels; nothing is compiled or timed"
+        )
     return _cpu_demo(args, H, P, N, G, L, state_dtype, io_dtype)
 
 
 # ----------------------------------------------------------------------------------------
 # CPU: the reference of both algorithms
 # ----------------------------------------------------------------------------------------
+
 
 def _cpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     import torch
@@ -128,12 +142,15 @@ def _cpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
         worst_abs = max(worst_abs, float((y_rep - y_conv).abs().max()))
     elapsed = time.perf_counter() - t0
     S_rep = ref.materialize(slots)
-    print(f"outputs, replay vs conventional (fp32 reference): worst rel L2 {worst_out:.2e}, "
-          f"max |diff| {worst_abs:.2e}")
-    print(f"state after {steps} steps: rel L2 {_rel(S_rep, S_conv):.2e}, "
-          f"max |diff| {float((S_rep - S_conv).abs().max()):.2e}")
-    print(f"({elapsed:.1f} s on the CPU for {steps} steps of both references; run on a machine with a CUDA "
-          f"GPU for the kernels and their timings)")
+    print(f"outputs, replay vs conventional (fp32 reference): worst rel L2 {worst_out:.2e}, max |diff| {worst_abs:.2e}")
+    print(
+        f"state after {steps} steps: rel L2 {_rel(S_rep, S_conv):.2e}, "
+        f"max |diff| {float((S_rep - S_conv).abs().max()):.2e}"
+    )
+    print(
+        f"({elapsed:.1f} s on the CPU for {steps} steps of both references; run on a machine with a CUDA "
+        f"GPU for the kernels and their timings)"
+    )
     ok = worst_out < 1e-4
     print("result: replay matches the conventional recurrence" if ok else "result: MISMATCH")
     return 0 if ok else 1
@@ -142,6 +159,7 @@ def _cpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
 # ----------------------------------------------------------------------------------------
 # GPU: the kernels
 # ----------------------------------------------------------------------------------------
+
 
 def _tolerance(state_dtype, io_dtype) -> float:
     """Worst output rel-L2 accepted between the two kernels (both round outputs to io dtype;
@@ -173,8 +191,18 @@ def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
 
     wrappers, caches = {}, {}
     for algo in ("replay", "conventional"):
-        w = Mamba2DecodeWrapper(H, P, N, G, window=L, state_dtype=state_dtype, io_dtype=io_dtype,
-                                max_batch=batch, algorithm=algo, device=dev)
+        w = Mamba2DecodeWrapper(
+            H,
+            P,
+            N,
+            G,
+            window=L,
+            state_dtype=state_dtype,
+            io_dtype=io_dtype,
+            max_batch=batch,
+            algorithm=algo,
+            device=dev,
+        )
         wrappers[algo], caches[algo] = w, w.create_cache(num_slots)
     A, D, dt_bias = _weights(H, gen, dev)
     slots = torch.randperm(num_slots, generator=gen)[:batch].to(device=dev, dtype=torch.int32)
@@ -196,10 +224,14 @@ def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     errors = {a: c.check_errors() for a, c in caches.items()}
     S_rep = caches["replay"].materialize(slots, A)
     S_conv = caches["conventional"].checkpoint[slots.long()].float()
-    print(f"outputs, replay vs conventional: worst rel L2 {worst_out:.2e}, max |diff| {worst_abs:.2e} "
-          f"({args.io_dtype} outputs)")
-    print(f"state after {steps} steps: rel L2 {_rel(S_rep, S_conv):.2e}, "
-          f"max |diff| {float((S_rep - S_conv).abs().max()):.2e}")
+    print(
+        f"outputs, replay vs conventional: worst rel L2 {worst_out:.2e}, max |diff| {worst_abs:.2e} "
+        f"({args.io_dtype} outputs)"
+    )
+    print(
+        f"state after {steps} steps: rel L2 {_rel(S_rep, S_conv):.2e}, "
+        f"max |diff| {float((S_rep - S_conv).abs().max()):.2e}"
+    )
     for a, bits in errors.items():
         if bits:
             print(f"  {a}: kernel error flag: {caches[a].describe_errors(bits)}")
@@ -209,6 +241,7 @@ def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     outs = {a: torch.empty(batch, H, P, dtype=io_dtype, device=dev) for a in wrappers}
     timings = {}
     for a, w in wrappers.items():
+
         def window(w=w, a=a):
             for _ in range(L):
                 w.run(caches[a], x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=outs[a])
@@ -218,8 +251,10 @@ def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     print(f"CUDA-graph replay of {L} consecutive steps (one window, flush included), median, batch {batch}:")
     for a, us in timings.items():
         print(f"  {a:<13} {us:8.1f} us/step")
-    print(f"  speedup of replay over conventional: {timings['conventional'] / timings['replay']:.2f}x "
-          f"(state {bytes_state / 2**20:.0f} MiB per step)")
+    print(
+        f"  speedup of replay over conventional: {timings['conventional'] / timings['replay']:.2f}x "
+        f"(state {bytes_state / 2**20:.0f} MiB per step)"
+    )
     ok = worst_out < _tolerance(state_dtype, io_dtype) and not any(errors.values())
     print("result: replay matches the conventional kernel" if ok else "result: MISMATCH")
     return 0 if ok else 1

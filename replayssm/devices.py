@@ -18,6 +18,7 @@ import torch
 #: test suite turns it on for every test (tests/cpu/conftest.py); library code never does.
 ALLOW_HOST_DEVICES = False
 
+
 def _show(device) -> str:
     """How an error message shows what came."""
     if isinstance(device, torch.device):
@@ -33,8 +34,10 @@ def parse_device(arg: str, device) -> torch.device:
     if isinstance(device, torch.device):
         return device
     if isinstance(device, bool) or not isinstance(device, (int, str)):
-        raise TypeError(f"{arg}: expected a torch.device, a device string such as 'cuda:0' or a CUDA device "
-                        f"index, got {type(device).__name__} {_show(device)}")
+        raise TypeError(
+            f"{arg}: expected a torch.device, a device string such as 'cuda:0' or a CUDA device "
+            f"index, got {type(device).__name__} {_show(device)}"
+        )
     if isinstance(device, int):
         if device < 0:
             raise ValueError(f"{arg}: expected a CUDA device index >= 0, got {device}")
@@ -50,8 +53,10 @@ def cuda_unavailable_reason() -> str | None:
     if torch.version.cuda is None:
         return "this torch build has no CUDA support (torch.version.cuda is None); install a CUDA build of torch"
     if not torch.cuda.is_available():
-        return ("no CUDA GPU is visible to torch (torch.cuda.is_available() is False; check the driver and "
-                "CUDA_VISIBLE_DEVICES)")
+        return (
+            "no CUDA GPU is visible to torch (torch.cuda.is_available() is False; check the driver and "
+            "CUDA_VISIBLE_DEVICES)"
+        )
     return None
 
 
@@ -79,8 +84,7 @@ def cuda_device(arg: str, device) -> torch.device:
             return torch.device("cpu")
         why = cuda_unavailable_reason()
         note = f" ({why})" if why else ""
-        raise ValueError(f"{arg}: expected a CUDA device (the kernels run on NVIDIA GPUs), got {_show(device)}"
-                         f"{note}")
+        raise ValueError(f"{arg}: expected a CUDA device (the kernels run on NVIDIA GPUs), got {_show(device)}{note}")
     why = cuda_unavailable_reason()
     if why:
         raise RuntimeError(f"{arg}: expected a CUDA device, got {_show(device)}, but {why}")

@@ -36,8 +36,10 @@ def check_parents_host(name: str, parents: torch.Tensor) -> None:
     bad = (parents < -1) | (parents >= idx) | ((idx == 0) & (parents != -1))
     if bool(bad.any()):
         r, i = (int(v) for v in bad.nonzero()[0])
-        raise ValueError(f"{name}: expected parents[0] == -1 and -1 <= parents[i] < i (a parent earlier in the "
-                         f"tree), got parents[{i}] = {int(parents[r, i])} in row {r}")
+        raise ValueError(
+            f"{name}: expected parents[0] == -1 and -1 <= parents[i] < i (a parent earlier in the "
+            f"tree), got parents[{i}] = {int(parents[r, i])} in row {r}"
+        )
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,7 @@ class DraftPlan:
         self.counts = torch.ones(max_batch, dtype=torch.int32, device=device)
         self.parents = torch.full((max_batch, MAX_DRAFTS), -1, dtype=torch.int32, device=device)
         self.state_slots = torch.zeros((max_batch, MAX_DRAFTS), dtype=torch.int32, device=device)
-        self.T = 0               # 0: standard decode (no drafts)
+        self.T = 0  # 0: standard decode (no drafts)
         self.has_counts = False
         self.is_tree = False
         self.has_state_slots = False
@@ -75,20 +77,27 @@ class DraftPlan:
                     raise ValueError(f"{name}: only valid with draft_len (a verify plan)")
             return PendingDrafts(batch, 0)
         if isinstance(T, bool) or not isinstance(T, int) or not 1 <= T <= min(MAX_DRAFTS, window):
-            raise ValueError(f"draft_len: expected an int in [1, {min(MAX_DRAFTS, window)}] (at most "
-                             f"{MAX_DRAFTS} and the window), got {T!r}")
+            raise ValueError(
+                f"draft_len: expected an int in [1, {min(MAX_DRAFTS, window)}] (at most "
+                f"{MAX_DRAFTS} and the window), got {T!r}"
+            )
         par = cnt = ss = None
         if parents is not None:
             par = parents if isinstance(parents, torch.Tensor) else torch.as_tensor(parents)
-            par = _int_rows("parents", par, (T,)).expand(batch, T) if par.dim() == 1 else \
-                _int_rows("parents", par, (batch, T))
+            par = (
+                _int_rows("parents", par, (T,)).expand(batch, T)
+                if par.dim() == 1
+                else _int_rows("parents", par, (batch, T))
+            )
             if par.device.type == "cpu":
                 check_parents_host("parents", par)
         if draft_counts is not None:
             cnt = _int_rows("draft_counts", draft_counts, (batch,))
             if cnt.device.type == "cpu" and cnt.numel() and (int(cnt.min()) < 1 or int(cnt.max()) > T):
-                raise ValueError(f"draft_counts: expected values in [1, draft_len={T}], got min {int(cnt.min())} "
-                                 f"max {int(cnt.max())}")
+                raise ValueError(
+                    f"draft_counts: expected values in [1, draft_len={T}], got min {int(cnt.min())} "
+                    f"max {int(cnt.max())}"
+                )
         if state_slots is not None:
             ss = _int_rows("state_slots", state_slots, (batch, T))
         return PendingDrafts(batch, T, par, cnt, ss)
@@ -97,11 +106,11 @@ class DraftPlan:
         """Copy a validated plan into the fixed buffers (T = 0: standard decode; the buffers keep
         their contents, unused)."""
         if d.parents is not None:
-            self.parents[:d.batch, :d.T].copy_(d.parents, non_blocking=True)
+            self.parents[: d.batch, : d.T].copy_(d.parents, non_blocking=True)
         if d.counts is not None:
-            self.counts[:d.batch].copy_(d.counts, non_blocking=True)
+            self.counts[: d.batch].copy_(d.counts, non_blocking=True)
         if d.state_slots is not None:
-            self.state_slots[:d.batch, :d.T].copy_(d.state_slots, non_blocking=True)
+            self.state_slots[: d.batch, : d.T].copy_(d.state_slots, non_blocking=True)
         if d.T:
             self.is_tree, self.has_counts = d.parents is not None, d.counts is not None
             self.has_state_slots = d.state_slots is not None
@@ -112,16 +121,23 @@ class DraftPlan:
         self.apply(self.prepare(batch, T, parents, draft_counts, state_slots, window))
 
     def draft_args(self) -> DraftArgs:
-        return DraftArgs(self.counts.data_ptr() if self.has_counts else None,
-                         self.parents.data_ptr() if self.is_tree else None, self.parents.stride(0),
-                         self.state_slots.data_ptr() if self.has_state_slots else None, self.state_slots.stride(0),
-                         self.T, 0)
+        return DraftArgs(
+            self.counts.data_ptr() if self.has_counts else None,
+            self.parents.data_ptr() if self.is_tree else None,
+            self.parents.stride(0),
+            self.state_slots.data_ptr() if self.has_state_slots else None,
+            self.state_slots.stride(0),
+            self.T,
+            0,
+        )
 
     def commit_params(self, cache, slots: SlotArg, batch: int, num_accepted, accepted_path) -> CommitParams:
         """Validate the commit's device tensors (no sync) and fill CommitParams."""
         if (num_accepted is None) == (accepted_path is None):
-            raise ValueError("commit(): pass exactly one of num_accepted ([batch] int32) or accepted_path "
-                             "([batch, T] int32, -1 after the path)")
+            raise ValueError(
+                "commit(): pass exactly one of num_accepted ([batch] int32) or accepted_path "
+                "([batch, T] int32, -1 after the path)"
+            )
         p = commit_params(cache)  # rings and cursors (replayssm.ops.abi: the storage holds no ctypes)
         p.slots = slots
         if num_accepted is not None:
@@ -130,8 +146,14 @@ class DraftPlan:
                 raise ValueError(f"num_accepted: must be contiguous, got stride {num_accepted.stride(0)}")
             p.num_accepted = num_accepted.data_ptr()
         else:
-            check_tensor("accepted_path", accepted_path, shape=(batch, self.T), dtype=torch.int32,
-                         device=cache.device, inner_contiguous=1)
+            check_tensor(
+                "accepted_path",
+                accepted_path,
+                shape=(batch, self.T),
+                dtype=torch.int32,
+                device=cache.device,
+                inner_contiguous=1,
+            )
             p.paths, p.paths_stride = accepted_path.data_ptr(), accepted_path.stride(0)
         if self.is_tree:
             p.parents, p.parents_stride = self.parents.data_ptr(), self.parents.stride(0)

@@ -30,8 +30,9 @@ def replay_us(graph: torch.cuda.CUDAGraph, reps: int = 50, warmup: int = 5) -> f
     return replay_us_per_step(graph, 1, reps=1, trials=reps, warmup=warmup)
 
 
-def replay_us_per_step(graph: torch.cuda.CUDAGraph, steps_per_replay: int, reps: int = 20, trials: int = 7,
-                       warmup: int = 3) -> float:
+def replay_us_per_step(
+    graph: torch.cuda.CUDAGraph, steps_per_replay: int, reps: int = 20, trials: int = 7, warmup: int = 3
+) -> float:
     """Median over ``trials`` of the mean µs per step of ``reps`` back-to-back replays."""
     for _ in range(warmup):
         graph.replay()

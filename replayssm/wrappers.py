@@ -23,12 +23,25 @@ RuntimeError, both at construction.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from .cache import GDNCache, KDACache, Mamba2Cache, ReplayCache
-from .configs import ALGORITHMS, supported  # noqa: F401 (re-exported)
-from .configs import (check_algorithm, check_bool, check_gdn_config, check_mamba2_config, check_optional_bool,
-                      check_pad_slot_id, check_rows_per_cta, check_scale, positive_int)
+from .configs import (  # noqa: F401 (re-exported)
+    ALGORITHMS,
+    check_algorithm,
+    check_bool,
+    check_gdn_config,
+    check_mamba2_config,
+    check_optional_bool,
+    check_pad_slot_id,
+    check_rows_per_cta,
+    check_scale,
+    positive_int,
+    supported,
+)
 from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
@@ -44,9 +57,22 @@ class _DecodeWrapper:
 
     cache_type: type[ReplayCache] = ReplayCache
     family = ""
+    dims: Any  # the family's dims (ops.mamba2.Mamba2Dims / ops.gdn.GDNDims), set by the constructor
 
-    def _init_common(self, window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, rows_per_cta,
-                     persistent, device, debug, tile_dim):
+    def _init_common(
+        self,
+        window,
+        state_dtype,
+        io_dtype,
+        max_batch,
+        algorithm,
+        pad_slot_id,
+        rows_per_cta,
+        persistent,
+        device,
+        debug,
+        tile_dim,
+    ):
         """Check the shared keywords (all before touching any device), then allocate the fixed buffers."""
         self.algorithm = check_algorithm(algorithm)
         self.max_batch = positive_int("max_batch", max_batch)
@@ -122,8 +148,16 @@ class _DecodeWrapper:
         """rows_per_cta of the current plan's launch (16 before the first plan)."""
         return self._schedule.rows_per_cta if self._schedule is not None else 16
 
-    def plan(self, slot_indices: torch.Tensor, *, num_slots: int | None = None, draft_len: int | None = None,
-             parents=None, draft_counts=None, state_slots=None) -> None:
+    def plan(
+        self,
+        slot_indices: torch.Tensor,
+        *,
+        num_slots: int | None = None,
+        draft_len: int | None = None,
+        parents=None,
+        draft_counts=None,
+        state_slots=None,
+    ) -> None:
         """Host side, outside capture: fix the batch's slots and drafts and load/compile the module.
 
         slot_indices: [batch] int32/int64 on the wrapper's device, 1 <= batch <= max_batch;
@@ -170,8 +204,10 @@ class _DecodeWrapper:
             raise TypeError(f"slot_indices: expected a torch.Tensor, got {type(slot_indices).__name__}")
         batch = slot_indices.shape[0] if slot_indices.dim() == 1 else -1
         if not 1 <= batch <= self.max_batch:
-            raise ValueError(f"slot_indices: expected shape [batch] with 1 <= batch <= {self.max_batch}, "
-                             f"got {list(slot_indices.shape)}")
+            raise ValueError(
+                f"slot_indices: expected shape [batch] with 1 <= batch <= {self.max_batch}, "
+                f"got {list(slot_indices.shape)}"
+            )
         check_slot_indices("slot_indices", slot_indices, batch, self.device)
         return batch
 
@@ -179,11 +215,14 @@ class _DecodeWrapper:
         """Which draft arguments the algorithm takes (their values: DraftPlan.prepare)."""
         if draft_len is not None and self.algorithm == "conventional":
             if parents is not None:
-                raise ValueError("parents: the conventional verify supports chains only (tree drafts need "
-                                 "algorithm='replay')")
+                raise ValueError(
+                    "parents: the conventional verify supports chains only (tree drafts need algorithm='replay')"
+                )
             if state_slots is None:
-                raise ValueError("state_slots: the conventional verify writes each draft's state to a slot; pass "
-                                 "state_slots [batch, draft_len]")
+                raise ValueError(
+                    "state_slots: the conventional verify writes each draft's state to a slot; pass "
+                    "state_slots [batch, draft_len]"
+                )
         elif state_slots is not None:
             raise ValueError("state_slots: only the conventional verify takes per-draft state slots")
 
@@ -192,13 +231,16 @@ class _DecodeWrapper:
         (rows and state_slots; -1 when none), which run() checks against the cache."""
         s = slot_indices[slot_indices != self.pad_slot_id].long().cpu()
         if s.numel() and int(s.min()) < 0:
-            raise ValueError(f"slot_indices: expected slot ids >= 0 (or pad_slot_id={self.pad_slot_id}), "
-                             f"got {int(s.min())}")
+            raise ValueError(
+                f"slot_indices: expected slot ids >= 0 (or pad_slot_id={self.pad_slot_id}), got {int(s.min())}"
+            )
         uniq, counts = torch.unique(s, return_counts=True)
         if bool((counts > 1).any()):
             dup = int(uniq[counts > 1][0])
-            raise ValueError(f"slot_indices: expected each slot at most once in a batch, got slot {dup} "
-                             f"{int(counts[counts > 1][0])} times")
+            raise ValueError(
+                f"slot_indices: expected each slot at most once in a batch, got slot {dup} "
+                f"{int(counts[counts > 1][0])} times"
+            )
         names = [("slot_indices", s)]
         if drafts.state_slots is not None:
             ss = drafts.state_slots.reshape(-1).long().cpu()
@@ -228,12 +270,15 @@ class _DecodeWrapper:
         The conventional verify keeps no ring (its drafts' states go to state_slots)."""
         T = self._drafts.T
         if T and self.algorithm == "replay" and T > cache.max_draft:
-            raise ValueError(f"draft_len: the plan has {T} drafts but the cache's ring holds max_draft="
-                             f"{cache.max_draft} (create_cache(num_slots, max_draft={T}))")
+            raise ValueError(
+                f"draft_len: the plan has {T} drafts but the cache's ring holds max_draft="
+                f"{cache.max_draft} (create_cache(num_slots, max_draft={T}))"
+            )
         return T
 
-    def commit(self, cache: ReplayCache, num_accepted: torch.Tensor | None = None,
-               accepted_path: torch.Tensor | None = None) -> None:
+    def commit(
+        self, cache: ReplayCache, num_accepted: torch.Tensor | None = None, accepted_path: torch.Tensor | None = None
+    ) -> None:
         """Accept drafts of the last verify on the device (cursor move): capturable, no sync.
 
         num_accepted: int32 [batch] in [1, n_row] — keep the first n drafts (a chain prefix), or
@@ -246,8 +291,10 @@ class _DecodeWrapper:
         if not self._drafts.T:
             raise RuntimeError("commit(): the plan has no drafts; plan(..., draft_len=T) and run() a verify first")
         if self.algorithm == "conventional":
-            raise ValueError("commit(): the conventional verify has nothing to commit; the state after draft n-1 "
-                             "is already in state_slots[b, n-1] (resume the row from that slot)")
+            raise ValueError(
+                "commit(): the conventional verify has nothing to commit; the state after draft n-1 "
+                "is already in state_slots[b, n-1] (resume the row from that slot)"
+            )
         if not self._verified:
             raise RuntimeError("commit(): no verify has run since plan(); call run() first")
         p = self._drafts.commit_params(cache, self._slot_arg(cache), batch, num_accepted, accepted_path)
@@ -273,7 +320,7 @@ class _DecodeWrapper:
         p.batch = self._batch
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
         self._module.check_params(ENTRY_STEP, type(params))
-        self._module.launch_step(params, self._schedule.struct, current_stream(self.device))
+        self._module.launch_step(params, self.schedule.struct, current_stream(self.device))
         self._verified = bool(self._drafts.T)
         if self.debug:
             self._raise_errors(cache, "run()")
@@ -281,15 +328,24 @@ class _DecodeWrapper:
     def _check_cache(self, cache) -> None:
         if not isinstance(cache, self.cache_type):
             raise TypeError(f"cache: expected a {self.cache_type.__name__}, got {type(cache).__name__}")
-        mismatches = [n for n, a, b in (("dims", cache.dims, self.dims), ("window", cache.window, self.window),
-                                         ("state_dtype", cache.state_dtype, self.state_dtype),
-                                         ("io_dtype", cache.io_dtype, self.io_dtype),
-                                         ("device", cache.device, self.device)) if a != b]
+        mismatches = [
+            n
+            for n, a, b in (
+                ("dims", cache.dims, self.dims),
+                ("window", cache.window, self.window),
+                ("state_dtype", cache.state_dtype, self.state_dtype),
+                ("io_dtype", cache.io_dtype, self.io_dtype),
+                ("device", cache.device, self.device),
+            )
+            if a != b
+        ]
         if mismatches:
             raise ValueError(f"cache: does not match the wrapper in {', '.join(mismatches)}")
         if self.debug and self._batch is not None and self._debug_slot_max >= cache.num_slots:
-            raise ValueError(f"slot_indices: expected slot ids in [0, num_slots={cache.num_slots}) of the cache, "
-                             f"got {self._debug_slot_max} in the plan")
+            raise ValueError(
+                f"slot_indices: expected slot ids in [0, num_slots={cache.num_slots}) of the cache, "
+                f"got {self._debug_slot_max} in the plan"
+            )
 
 
 class Mamba2DecodeWrapper(_DecodeWrapper):
@@ -302,39 +358,72 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     bool; device: see the module docstring (a CUDA device). ``persistent``: None lets plan() choose
     the replay kernel by batch (the persistent pipelined one from batch x H >= 1,024), True/False
     forces it (a specialization whose persistent buffers do not fit the device runs the tile
-    kernel, with ``w.schedule.fallback`` saying why); ``rows_per_cta``: None or an int tile of P. Every argument is checked here
-    (ValueError/TypeError naming it) before the device is.
+    kernel, with ``w.schedule.fallback`` saying why); ``rows_per_cta``: None or an int tile of P.
+    Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
     cache_type = Mamba2Cache
     family = "mamba2"
 
-    def __init__(self, nheads: int, head_dim: int, state_dim: int, ngroups: int, *, window: int = 16,
-                 state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int,
-                 algorithm: str = "replay", dt_softplus: bool = True, pad_slot_id: int = -1,
-                 rows_per_cta: int | None = None, persistent: bool | None = None, device=None,
-                 debug: bool = False):
-        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype,
-                                                    io_dtype)
+    def __init__(
+        self,
+        nheads: int,
+        head_dim: int,
+        state_dim: int,
+        ngroups: int,
+        *,
+        window: int = 16,
+        state_dtype=torch.float32,
+        io_dtype=torch.bfloat16,
+        max_batch: int,
+        algorithm: str = "replay",
+        dt_softplus: bool = True,
+        pad_slot_id: int = -1,
+        rows_per_cta: int | None = None,
+        persistent: bool | None = None,
+        device=None,
+        debug: bool = False,
+    ):
+        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
-        self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, rows_per_cta,
-                          persistent, device, debug, tile_dim=head_dim)
+        self._init_common(
+            window,
+            state_dtype,
+            io_dtype,
+            max_batch,
+            algorithm,
+            pad_slot_id,
+            rows_per_cta,
+            persistent,
+            device,
+            debug,
+            tile_dim=head_dim,
+        )
 
     def create_cache(self, num_slots: int, max_draft: int = 1, *, A: torch.Tensor | None = None) -> Mamba2Cache:
         """A Mamba2Cache matching the wrapper (dims, window, dtypes, device). A: the layer's per-head
         A [H] (or stride-0 [H, P, N]), kept by the cache for materialize() (see Mamba2Cache)."""
         d = self.dims
-        return Mamba2Cache(num_slots, d.nheads, d.head_dim, d.state_dim, d.ngroups, window=self.window,
-                           max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype,
-                           device=self.device, A=A)
+        return Mamba2Cache(
+            num_slots,
+            d.nheads,
+            d.head_dim,
+            d.state_dim,
+            d.ngroups,
+            window=self.window,
+            max_draft=max_draft,
+            state_dtype=self.state_dtype,
+            io_dtype=self.io_dtype,
+            device=self.device,
+            A=A,
+        )
 
     def _load_module(self, op: str, capacity: int):
         return m2.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, capacity)
 
     def _plan_query(self, batch: int, T: int):
-        return m2.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T,
-                             self._device_limits)
+        return m2.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits)
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
         """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.
@@ -350,13 +439,16 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         self._check_cache(cache)
         T = self._check_drafts(cache)
         if T:
-            inputs, out = m2.verify_inputs(self.dims, self.io_dtype, self.device, batch, T, x, dt, A, B, C, D, z,
-                                           dt_bias, out)
+            inputs, out = m2.verify_inputs(
+                self.dims, self.io_dtype, self.device, batch, T, x, dt, A, B, C, D, z, dt_bias, out
+            )
         else:
-            inputs, out = m2.step_inputs(self.dims, self.io_dtype, self.device, batch, x, dt, A, B, C, D, z,
-                                         dt_bias, out)
-        p = m2.DecodeParams(inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups,
-                            dt_softplus=int(self.dt_softplus))
+            inputs, out = m2.step_inputs(
+                self.dims, self.io_dtype, self.device, batch, x, dt, A, B, C, D, z, dt_bias, out
+            )
+        p = m2.DecodeParams(
+            inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups, dt_softplus=int(self.dt_softplus)
+        )
         self._launch(m2, p, cache)
         return out
 
@@ -379,34 +471,73 @@ class GDNDecodeWrapper(_DecodeWrapper):
     cache_type = GDNCache
     family = "gdn"
 
-    def __init__(self, num_v_heads: int, num_k_heads: int, head_k_dim: int, head_v_dim: int, *, window: int = 16,
-                 state_dtype=torch.float32, io_dtype=torch.bfloat16, max_batch: int, algorithm: str = "replay",
-                 use_l2norm: bool = True, scale: float | None = None, pad_slot_id: int = -1,
-                 rows_per_cta: int | None = None, persistent: bool | None = None, device=None,
-                 debug: bool = False):
-        state_dtype, io_dtype = check_gdn_config(num_v_heads, num_k_heads, head_k_dim, head_v_dim, window,
-                                                 state_dtype, io_dtype)
+    def __init__(
+        self,
+        num_v_heads: int,
+        num_k_heads: int,
+        head_k_dim: int,
+        head_v_dim: int,
+        *,
+        window: int = 16,
+        state_dtype=torch.float32,
+        io_dtype=torch.bfloat16,
+        max_batch: int,
+        algorithm: str = "replay",
+        use_l2norm: bool = True,
+        scale: float | None = None,
+        pad_slot_id: int = -1,
+        rows_per_cta: int | None = None,
+        persistent: bool | None = None,
+        device=None,
+        debug: bool = False,
+    ):
+        state_dtype, io_dtype = check_gdn_config(
+            num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, state_dtype, io_dtype
+        )
         self.use_l2norm = check_bool("use_l2norm", use_l2norm)
         scale = check_scale(scale)
-        self.scale = scale if scale is not None else head_k_dim ** -0.5
+        self.scale = scale if scale is not None else head_k_dim**-0.5
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
-        self._init_common(window, state_dtype, io_dtype, max_batch, algorithm, pad_slot_id, rows_per_cta,
-                          persistent, device, debug, tile_dim=head_v_dim)
+        self._init_common(
+            window,
+            state_dtype,
+            io_dtype,
+            max_batch,
+            algorithm,
+            pad_slot_id,
+            rows_per_cta,
+            persistent,
+            device,
+            debug,
+            tile_dim=head_v_dim,
+        )
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims
-        return self.cache_type(num_slots, d.num_v_heads, d.num_k_heads, d.head_k_dim, d.head_v_dim, window=self.window,
-                        max_draft=max_draft, state_dtype=self.state_dtype, io_dtype=self.io_dtype, device=self.device)
+        return self.cache_type(
+            num_slots,
+            d.num_v_heads,
+            d.num_k_heads,
+            d.head_k_dim,
+            d.head_v_dim,
+            window=self.window,
+            max_draft=max_draft,
+            state_dtype=self.state_dtype,
+            io_dtype=self.io_dtype,
+            device=self.device,
+        )
 
     def _load_module(self, op: str, capacity: int):
         return gdn_ops.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family, capacity)
 
     def _plan_query(self, batch: int, T: int):
-        return gdn_ops.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T,
-                                  self._device_limits)
+        return gdn_ops.plan_query(
+            self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits
+        )
 
-    def run(self, cache: GDNCache, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
-            out=None) -> torch.Tensor:
+    def run(
+        self, cache: GDNCache, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None, out=None
+    ) -> torch.Tensor:
         """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.
 
         Standard decode — q, k: [batch, HK, K] io dtype; v: [batch, HV, V] io dtype; the gate as g
@@ -417,12 +548,32 @@ class GDNDecodeWrapper(_DecodeWrapper):
         batch = self._planned_batch()
         self._check_cache(cache)
         T = self._check_drafts(cache)
-        make = gdn_ops.verify_inputs if T else gdn_ops.step_inputs
+        make: Callable[..., tuple[Any, torch.Tensor]] = gdn_ops.verify_inputs if T else gdn_ops.step_inputs
         lead = (batch, T) if T else (batch,)
-        inputs, out = make(self.dims, self.io_dtype, self.device, *lead, q, k, v, g=g, beta=beta, A_log=A_log, a=a,
-                           dt_bias=dt_bias, b=b, out=out, per_channel=self.cache_type.per_channel)
-        p = gdn_ops.DecodeParams(inputs=inputs, nv_heads=self.dims.num_v_heads, nk_heads=self.dims.num_k_heads,
-                                 use_l2norm=int(self.use_l2norm), scale=self.scale)
+        inputs, out = make(
+            self.dims,
+            self.io_dtype,
+            self.device,
+            *lead,
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            A_log=A_log,
+            a=a,
+            dt_bias=dt_bias,
+            b=b,
+            out=out,
+            per_channel=self.cache_type.per_channel,
+        )
+        p = gdn_ops.DecodeParams(
+            inputs=inputs,
+            nv_heads=self.dims.num_v_heads,
+            nk_heads=self.dims.num_k_heads,
+            use_l2norm=int(self.use_l2norm),
+            scale=self.scale,
+        )
         self._launch(gdn_ops, p, cache)
         return out
 

@@ -63,8 +63,7 @@ def check_states(ref, conv, rtol: float, what: str, seed: int, gen, flush: bool 
     return err
 
 
-def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: dict,
-            keep: Sequence[int] = ()) -> None:
+def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: dict, keep: Sequence[int] = ()) -> None:
     """Randomly reset or load (prefill hand-over) a random batch of slots (never those in
     ``keep``) in both pools."""
     u = _rand(gen)
@@ -85,8 +84,7 @@ def _events(fam: Family, ref, conv, gen, p_reset: float, p_load: float, stats: d
         stats["loads"] += 1
 
 
-def _step(fam, ref, conv, layer, gen, out_rtol, what, seed, stats, dtype, max_batch=None,
-          always=None) -> None:
+def _step(fam, ref, conv, layer, gen, out_rtol, what, seed, stats, dtype, max_batch=None, always=None) -> None:
     n = conv.state.shape[0]
     sl = random_slots(gen, n, max_batch or n, always=always)
     tok = fam.tokens(gen, (len(sl),), dtype)
@@ -99,10 +97,19 @@ def _new_stats() -> dict:
     return dict(resets=0, loads=0, max_out_err=0.0, max_state_err=0.0, rounds=0)
 
 
-def run_decode(fam: Family, L: int, steps: int, seed: int, num_slots: int = 4,
-               max_batch: int | None = None, read_format: str | None = None,
-               out_rtol: float = 1e-12, state_rtol: float = 1e-12, check_every: int = 25,
-               dtype=torch.float64) -> dict:
+def run_decode(
+    fam: Family,
+    L: int,
+    steps: int,
+    seed: int,
+    num_slots: int = 4,
+    max_batch: int | None = None,
+    read_format: str | None = None,
+    out_rtol: float = 1e-12,
+    state_rtol: float = 1e-12,
+    check_every: int = 25,
+    dtype=torch.float64,
+) -> dict:
     """Standard decode (T = 1 steps) for ``steps`` steps with window ``L``; each step's batch is
     a random subset (1..max_batch, default num_slots) of the slots in random order plus pads.
     Slot 0 is in every batch and never reset or reloaded, so one sequence runs all ``steps``
@@ -114,20 +121,42 @@ def run_decode(fam: Family, L: int, steps: int, seed: int, num_slots: int = 4,
     stats = _new_stats()
     for step in range(steps):
         _events(fam, ref, conv, gen, 0.02, 0.03, stats, keep=(0,))
-        _step(fam, ref, conv, layer, gen, out_rtol, f"{fam.name} L={L} step {step}: output", seed, stats,
-              dtype, max_batch, always=0)
+        _step(
+            fam,
+            ref,
+            conv,
+            layer,
+            gen,
+            out_rtol,
+            f"{fam.name} L={L} step {step}: output",
+            seed,
+            stats,
+            dtype,
+            max_batch,
+            always=0,
+        )
         if step % check_every == check_every - 1 or step == steps - 1:
-            err = check_states(ref, conv, state_rtol, f"{fam.name} L={L} step {step}", seed, gen,
-                               flush=_rand(gen) < 0.3)
+            err = check_states(
+                ref, conv, state_rtol, f"{fam.name} L={L} step {step}", seed, gen, flush=_rand(gen) < 0.3
+            )
             stats["max_state_err"] = max(stats["max_state_err"], err)
     stats["rounds"] = steps
     stats["flushes"] = int(ref.flush_count.sum())
     return stats
 
 
-def run_spec(fam: Family, L: int, T: int, rounds: int, seed: int, num_slots: int = 4,
-             read_format: str | None = None, out_rtol: float = 1e-12, state_rtol: float = 1e-12,
-             check_every: int = 10) -> dict:
+def run_spec(
+    fam: Family,
+    L: int,
+    T: int,
+    rounds: int,
+    seed: int,
+    num_slots: int = 4,
+    read_format: str | None = None,
+    out_rtol: float = 1e-12,
+    state_rtol: float = 1e-12,
+    check_every: int = 10,
+) -> dict:
     """Speculative decoding: verify T' <= T chain drafts, commit a random n in [1, T'] per row.
 
     Mixed in: plain steps, explicit flushes between verify and commit, abandoned verifies
@@ -147,7 +176,7 @@ def run_spec(fam: Family, L: int, T: int, rounds: int, seed: int, num_slots: int
             _step(fam, ref, conv, layer, gen, out_rtol, what + " (plain step): output", seed, stats, torch.float64)
             continue
         sl = random_slots(gen, num_slots, num_slots)
-        for _attempt in range(2 if _rand(gen) < 0.1 else 1):   # a second verify abandons the first
+        for _attempt in range(2 if _rand(gen) < 0.1 else 1):  # a second verify abandons the first
             Tr = T if _rand(gen) < 0.6 else _randint(gen, 1, T)
             tok = fam.tokens(gen, (len(sl), Tr))
             y = ref.verify(sl, **tok, **layer)
@@ -160,7 +189,7 @@ def run_spec(fam: Family, L: int, T: int, rounds: int, seed: int, num_slots: int
                 err = assert_close(y[r], yc, out_rtol, f"{what}: draft outputs of row {r}", seed)
                 stats["max_out_err"] = max(stats["max_out_err"], err)
         if _rand(gen) < 0.15:
-            ref.flush(sl)        # committed records only; the pending drafts must survive
+            ref.flush(sl)  # committed records only; the pending drafts must survive
         n_acc = [_randint(gen, 1, Tr) if s >= 0 else 0 for s in sl]
         ref.commit(sl, n_acc)
         for r, s in enumerate(sl):
@@ -200,12 +229,21 @@ def random_path(gen, parents: list[int]) -> list[int]:
         path.append(parents[path[-1]])
     path.reverse()
     if _rand(gen) < 0.3:
-        path = path[:_randint(gen, 1, len(path))]
+        path = path[: _randint(gen, 1, len(path))]
     return path
 
 
-def run_tree(fam: Family, L: int, rounds: int, seed: int, max_nodes: int = 16, num_slots: int = 3,
-             out_rtol: float = 1e-12, state_rtol: float = 1e-12, check_every: int = 5) -> dict:
+def run_tree(
+    fam: Family,
+    L: int,
+    rounds: int,
+    seed: int,
+    max_nodes: int = 16,
+    num_slots: int = 3,
+    out_rtol: float = 1e-12,
+    state_rtol: float = 1e-12,
+    check_every: int = 5,
+) -> dict:
     """EAGLE-style tree drafts: every node's output equals the oracle along its root-to-node
     path; commit_path of a random root-to-leaf path continues exactly (plain steps follow)."""
     gen = generator(seed)
@@ -245,8 +283,18 @@ def run_tree(fam: Family, L: int, rounds: int, seed: int, max_nodes: int = 16, n
                 conv.state[s] = states[s][paths[r][-1]]
                 stats["path_len"].append(len(paths[r]))
         for _ in range(_randint(gen, 0, 2)):
-            _step(fam, ref, conv, layer, gen, out_rtol, what + " (step after commit_path): output", seed,
-                  stats, torch.float64)
+            _step(
+                fam,
+                ref,
+                conv,
+                layer,
+                gen,
+                out_rtol,
+                what + " (step after commit_path): output",
+                seed,
+                stats,
+                torch.float64,
+            )
         if rnd % check_every == check_every - 1 or rnd == rounds - 1:
             err = check_states(ref, conv, state_rtol, what, seed, gen, flush=_rand(gen) < 0.3)
             stats["max_state_err"] = max(stats["max_state_err"], err)
@@ -254,8 +302,7 @@ def run_tree(fam: Family, L: int, rounds: int, seed: int, max_nodes: int = 16, n
     return stats
 
 
-def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots: int = 2,
-             rtol: float = 1e-12) -> dict:
+def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots: int = 2, rtol: float = 1e-12) -> dict:
     """Ring wrap-around and flush positions.
 
     Random single-slot operations (plain step, verify T' <= max_draft + commit, explicit flush).
@@ -297,21 +344,32 @@ def run_wrap(fam: Family, L: int, max_draft: int, ops: int, seed: int, num_slots
                 ref.commit(sl, [n] * len(sl))
             conv.state[s] = states[n - 1]
         assert int(ref.flush_count[s]) == count + int(fold), (
-            f"{what}: fold policy violated: ring_len={m}, expected fold={fold} (seed={seed})")
+            f"{what}: fold policy violated: ring_len={m}, expected fold={fold} (seed={seed})"
+        )
         if fold:
             starts.add(start)
             lens.add(m)
             folded[s] += m
-            assert int(ref.ring_start[s]) == (start + m) % ref.R, \
+            assert int(ref.ring_start[s]) == (start + m) % ref.R, (
                 f"{what}: ring_start not advanced by {m} (seed={seed})"
+            )
             err = check_states(ref, conv, rtol, what, seed, gen)
             stats["max_state_err"] = max(stats["max_state_err"], err)
     stats.update(fold_starts=starts, fold_lens=lens, wraps=int(folded.sum()) // ref.R, R=ref.R, rounds=ops)
     return stats
 
 
-def run_lowprec(fam: Family, L: int, read_format: str, rounds: int, seed: int, max_draft: int = 4,
-                num_slots: int = 3, rtol: float = 1e-12, check_every: int = 10) -> dict:
+def run_lowprec(
+    fam: Family,
+    L: int,
+    read_format: str,
+    rounds: int,
+    seed: int,
+    max_draft: int = 4,
+    num_slots: int = 3,
+    rtol: float = 1e-12,
+    check_every: int = 10,
+) -> dict:
     """Two-copy low-precision mode (docs/design.md §1.6), checked exactly where it can be.
 
     Besides the exact oracle ``conv`` it keeps a ``shadow`` oracle per slot: the conventional

@@ -48,12 +48,16 @@ def _inv_softplus_dt(gen, shape, dtype, lo=1e-3, hi=1e-1):
 # ------------------------------------------------------------------------------ Mamba-2 inputs
 def mamba2_layer(gen, H: int, dtype=torch.float64) -> Tensors:
     """A [H] in [-16, -1]; D [H] ~ N(0,1); dt_bias [H] with softplus(dt_bias) in [1e-3, 1e-1]."""
-    return dict(A=-_uniform(gen, (H,), 1.0, 16.0, dtype), D=torch.randn(H, generator=gen, dtype=dtype),
-                dt_bias=_inv_softplus_dt(gen, (H,), dtype))
+    return dict(
+        A=-_uniform(gen, (H,), 1.0, 16.0, dtype),
+        D=torch.randn(H, generator=gen, dtype=dtype),
+        dt_bias=_inv_softplus_dt(gen, (H,), dtype),
+    )
 
 
-def mamba2_tokens(gen, lead: Sequence[int], H: int, P: int, N: int, G: int, dtype=torch.float64,
-                  gate: bool = True) -> Tensors:
+def mamba2_tokens(
+    gen, lead: Sequence[int], H: int, P: int, N: int, G: int, dtype=torch.float64, gate: bool = True
+) -> Tensors:
     """x [*lead, H, P], dt [*lead, H] (raw, ~0.5·N(0,1), pre bias/softplus), B, C [*lead, G, N],
     z [*lead, H, P] (when ``gate``)."""
     lead = tuple(lead)
@@ -68,12 +72,12 @@ def mamba2_tokens(gen, lead: Sequence[int], H: int, P: int, N: int, G: int, dtyp
 def delta_layer(gen, HV: int, K: int, per_channel: bool, dtype=torch.float64) -> Tensors:
     """A_log [HV] = log U[1, 16]; dt_bias [HV] (KDA [HV, K]) with softplus in [1e-3, 1e-1]."""
     shape = (HV, K) if per_channel else (HV,)
-    return dict(A_log=torch.log(_uniform(gen, (HV,), 1.0, 16.0, dtype)),
-                dt_bias=_inv_softplus_dt(gen, shape, dtype))
+    return dict(A_log=torch.log(_uniform(gen, (HV,), 1.0, 16.0, dtype)), dt_bias=_inv_softplus_dt(gen, shape, dtype))
 
 
-def delta_tokens(gen, lead: Sequence[int], HV: int, HK: int, K: int, V: int, per_channel: bool,
-                 dtype=torch.float64) -> Tensors:
+def delta_tokens(
+    gen, lead: Sequence[int], HV: int, HK: int, K: int, V: int, per_channel: bool, dtype=torch.float64
+) -> Tensors:
     """q, k [*lead, HK, K]; v [*lead, HV, V]; a [*lead, HV] (KDA [*lead, HV, K]); b [*lead, HV];
     all ~ N(0, 1) (beta = sigmoid(b), decay from A_log/a/dt_bias)."""
     lead = tuple(lead)
@@ -84,12 +88,13 @@ def delta_tokens(gen, lead: Sequence[int], HV: int, HK: int, K: int, V: int, per
 def token_slice(tok: Tensors, row: int, t: int | None = None) -> Tensors:
     """Row ``row`` (and draft ``t`` when given) of every per-token tensor, keeping a batch dim of 1."""
     if t is None:
-        return {k: v[row:row + 1] for k, v in tok.items()}
-    return {k: v[row:row + 1, t] for k, v in tok.items()}
+        return {k: v[row : row + 1] for k, v in tok.items()}
+    return {k: v[row : row + 1, t] for k, v in tok.items()}
 
 
-def random_slots(gen, num_slots: int, max_batch: int, pad_prob: float = 0.2,
-                 always: int | None = None, exclude: Sequence[int] = ()) -> list:
+def random_slots(
+    gen, num_slots: int, max_batch: int, pad_prob: float = 0.2, always: int | None = None, exclude: Sequence[int] = ()
+) -> list:
     """A random batch: a random-size (1..max_batch) subset of the slots in random order, with -1
     pad rows mixed in. ``always``: a slot included in every batch (at a random row);
     ``exclude``: slots never drawn."""
@@ -114,8 +119,7 @@ class ConventionalPool:
     step_fn: ``mamba2_step`` / ``gdn_step`` / ``kda_step``; state [num_slots, *state_shape].
     """
 
-    def __init__(self, step_fn: Callable, num_slots: int, state_shape: Sequence[int],
-                 dtype=torch.float64):
+    def __init__(self, step_fn: Callable, num_slots: int, state_shape: Sequence[int], dtype=torch.float64):
         self.step_fn = step_fn
         self.state = torch.zeros(num_slots, *state_shape, dtype=dtype)
 
@@ -130,11 +134,12 @@ class ConventionalPool:
         out[rows] = y
         return out
 
-    def run_path(self, slot: int, tok: Tensors, row: int, path: Sequence[int], layer: Tensors,
-                 **flags) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_path(
+        self, slot: int, tok: Tensors, row: int, path: Sequence[int], layer: Tensors, **flags
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run drafts ``path`` (indices into dim 1 of ``tok``'s row ``row``) from the slot's state
         without changing it; returns (outputs [len(path), ...], states after each [len(path), ...])."""
-        S = self.state[slot:slot + 1]
+        S = self.state[slot : slot + 1]
         ys, states = [], []
         for t in path:
             y, S = self.step_fn(S, **token_slice(tok, row, t), **layer, **flags)
@@ -142,14 +147,15 @@ class ConventionalPool:
             states.append(S[0])
         return torch.stack(ys), torch.stack(states)
 
-    def run_tree(self, slot: int, tok: Tensors, row: int, parents: Sequence[int], layer: Tensors,
-                 **flags) -> tuple[torch.Tensor, torch.Tensor]:
+    def run_tree(
+        self, slot: int, tok: Tensors, row: int, parents: Sequence[int], layer: Tensors, **flags
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Run every node of a draft tree from the slot's state (node i continues from its parent's
         state; parent -1 = the slot's state) without changing it; returns (outputs [T, ...],
         states [T, ...]), node i's entries being those of its root-to-node path."""
         ys, states = [], []
         for t, p in enumerate(parents):
-            S = self.state[slot:slot + 1] if p < 0 else states[p][None]
+            S = self.state[slot : slot + 1] if p < 0 else states[p][None]
             y, S = self.step_fn(S, **token_slice(tok, row, t), **layer, **flags)
             ys.append(y[0])
             states.append(S[0])
@@ -175,10 +181,8 @@ class Family:
     layer_fn: Callable
     tokens_fn: Callable
 
-    def make_ref(self, num_slots: int, L: int, max_draft: int = 1, dtype=torch.float64,
-                 read_format: str | None = None):
-        return self.ref_cls(num_slots, *self.dims, L, max_draft=max_draft, dtype=dtype,
-                            read_format=read_format)
+    def make_ref(self, num_slots: int, L: int, max_draft: int = 1, dtype=torch.float64, read_format: str | None = None):
+        return self.ref_cls(num_slots, *self.dims, L, max_draft=max_draft, dtype=dtype, read_format=read_format)
 
     def conventional(self, num_slots: int, dtype=torch.float64) -> ConventionalPool:
         return ConventionalPool(self.conv_step, num_slots, self.state_shape, dtype)
@@ -196,19 +200,35 @@ class Family:
 
 def mamba2_family(H: int = 4, P: int = 8, N: int = 16, G: int = 2) -> Family:
     from replayssm.reference.mamba2 import Mamba2ReplayRef, mamba2_step
-    return Family("mamba2", Mamba2ReplayRef, mamba2_step, (H, P, N, G), (H, P, N), (H, P),
-                  lambda gen, dt: mamba2_layer(gen, H, dt),
-                  lambda gen, lead, dt: mamba2_tokens(gen, lead, H, P, N, G, dt))
+
+    return Family(
+        "mamba2",
+        Mamba2ReplayRef,
+        mamba2_step,
+        (H, P, N, G),
+        (H, P, N),
+        (H, P),
+        lambda gen, dt: mamba2_layer(gen, H, dt),
+        lambda gen, lead, dt: mamba2_tokens(gen, lead, H, P, N, G, dt),
+    )
 
 
 def delta_family(kind: str, HV: int = 4, HK: int = 2, K: int = 16, V: int = 16) -> Family:
     """kind: 'gdn' or 'kda'."""
     from replayssm.reference.delta import GDNReplayRef, KDAReplayRef, gdn_step, kda_step
+
     pc = kind == "kda"
     cls, fn = (KDAReplayRef, kda_step) if pc else (GDNReplayRef, gdn_step)
-    return Family(kind, cls, fn, (HV, HK, K, V), (HV, V, K), (HV, V),
-                  lambda gen, dt: delta_layer(gen, HV, K, pc, dt),
-                  lambda gen, lead, dt: delta_tokens(gen, lead, HV, HK, K, V, pc, dt))
+    return Family(
+        kind,
+        cls,
+        fn,
+        (HV, HK, K, V),
+        (HV, V, K),
+        (HV, V),
+        lambda gen, dt: delta_layer(gen, HV, K, pc, dt),
+        lambda gen, lead, dt: delta_tokens(gen, lead, HV, HK, K, V, pc, dt),
+    )
 
 
 # ------------------------------------------------------------------------------ comparisons
@@ -221,11 +241,13 @@ def max_rel_err(actual: torch.Tensor, expected: torch.Tensor, row_dims: int = 1)
     return float((err / scale).max()) if err.numel() else 0.0
 
 
-def assert_close(actual: torch.Tensor, expected: torch.Tensor, rtol: float, what: str, seed: int,
-                 row_dims: int = 1) -> float:
+def assert_close(
+    actual: torch.Tensor, expected: torch.Tensor, rtol: float, what: str, seed: int, row_dims: int = 1
+) -> float:
     """Assert both finite and ``max_rel_err <= rtol``; the message carries ``what`` and the seed."""
-    assert actual.shape == expected.shape, \
+    assert actual.shape == expected.shape, (
         f"{what}: shape {tuple(actual.shape)} != {tuple(expected.shape)} (seed={seed})"
+    )
     assert bool(torch.isfinite(actual).all()), f"{what}: non-finite values in result (seed={seed})"
     assert bool(torch.isfinite(expected).all()), f"{what}: non-finite values in oracle (seed={seed})"
     err = max_rel_err(actual, expected, row_dims)

@@ -24,9 +24,9 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Callable
 
 from .._version import __version__
 from . import env
@@ -85,6 +85,7 @@ def plan(spec: Specialization, archs: tuple[str, ...] | None = None, headers: st
 # ----------------------------------------------------------------------------------------
 # Module directories
 # ----------------------------------------------------------------------------------------
+
 
 def _read_meta(mod_dir: Path) -> dict | None:
     try:
@@ -196,6 +197,7 @@ def module_status(mod_dir: Path) -> str:
 # ninja
 # ----------------------------------------------------------------------------------------
 
+
 def _ninja_value(text: str) -> str:
     """A shell-quoted, ninja-escaped variable value (paths may hold spaces or '$')."""
     return shlex.quote(text).replace("$", "$$")
@@ -244,8 +246,10 @@ def run_ninja(build_dir: Path, jobs: int, what: str, progress: Progress | None =
     child_env = {**os.environ, "NINJA_STATUS": "[%f/%t] "}
     t0 = time.time()
     output: list[str] = []
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace",
-                          env=child_env) as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, errors="replace", env=child_env
+    ) as proc:
+        assert proc.stdout is not None  # stdout=PIPE
         for line in proc.stdout:
             output.append(line)
             m = _STATUS_LINE.match(line.rstrip("\n"))
@@ -312,8 +316,9 @@ def _make_build_dir(root: Path) -> Path:
     raise OSError(f"replayssm: cannot create a build folder under {tmp_root}: it keeps disappearing")
 
 
-def compile_into(root: Path, plans: list[BuildTarget], jobs: int | None = None,
-                 progress: Progress | None = None) -> list[Path]:
+def compile_into(
+    root: Path, plans: list[BuildTarget], jobs: int | None = None, progress: Progress | None = None
+) -> list[Path]:
     """Compile ``plans`` in one ninja run and publish them under ``root``. Used by JIT and AOT.
 
     ``progress(done, total, name, seconds, ok)`` is called as each module finishes compiling.
@@ -389,8 +394,12 @@ def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
     for d in env.settings().aot_dirs:
         if not d.is_dir() and d not in _warned_aot_dirs:
             _warned_aot_dirs.add(d)
-            log.warning("replayssm: AOT dir %s (REPLAYSSM_AOT_DIR / configure(aot_dirs=...)) %s; no prebuilt "
-                        "modules are found there", d, "is not a directory" if d.exists() else "does not exist")
+            log.warning(
+                "replayssm: AOT dir %s (REPLAYSSM_AOT_DIR / configure(aot_dirs=...)) %s; no prebuilt "
+                "modules are found there",
+                d,
+                "is not a directory" if d.exists() else "does not exist",
+            )
         roots += [d, d / tag]
     roots += list(_packaged_aot_dirs(archs))
     return roots

@@ -106,6 +106,7 @@ def _type_name(value) -> str:
 # or keyword the value came from, and every error names it.
 # ----------------------------------------------------------------------------------------
 
+
 def parse_bool(text: str, name: str) -> bool | None:
     """'1'/'true'/'yes'/'on' -> True, '0'/'false'/'no'/'off' -> False (any case), '' -> None."""
     t = text.strip().lower()
@@ -115,8 +116,9 @@ def parse_bool(text: str, name: str) -> bool | None:
         return True
     if t in _FALSE:
         return False
-    raise SettingsError(name, f"{name}: expected 1/0, true/false, yes/no or on/off (any case; empty: unset), "
-                              f"got {text!r}")
+    raise SettingsError(
+        name, f"{name}: expected 1/0, true/false, yes/no or on/off (any case; empty: unset), got {text!r}"
+    )
 
 
 def parse_jobs(text: str, name: str) -> int | None:
@@ -140,12 +142,17 @@ def parse_arch_list(value, name: str) -> tuple[str, ...]:
     elif isinstance(value, (list, tuple)):
         bad = [a for a in value if not isinstance(a, str)]
         if bad:
-            raise SettingsTypeError(name, f"{name}: expected arch strings such as '9.0a', got {bad[0]!r} "
-                                          f"({_type_name(bad[0])}) in {value!r}")
+            raise SettingsTypeError(
+                name,
+                f"{name}: expected arch strings such as '9.0a', got {bad[0]!r} ({_type_name(bad[0])}) in {value!r}",
+            )
         items = [a for text in value for a in text.replace(",", " ").split()]
     else:
-        raise SettingsTypeError(name, f"{name}: expected a string such as '9.0a' or '9.0a,12.0', or a list of "
-                                      f"them, got {value!r} ({_type_name(value)})")
+        raise SettingsTypeError(
+            name,
+            f"{name}: expected a string such as '9.0a' or '9.0a,12.0', or a list of "
+            f"them, got {value!r} ({_type_name(value)})",
+        )
     if not items:
         raise SettingsError(name, f"{name}: expected at least one CUDA arch, e.g. '9.0a', got {value!r}")
     archs: list[str] = []
@@ -158,8 +165,9 @@ def parse_arch_list(value, name: str) -> tuple[str, ...]:
 
 def _parse_path(value, name: str) -> Path:
     if not isinstance(value, (str, os.PathLike)) or isinstance(value, bytes):
-        raise SettingsTypeError(name, f"{name}: expected a path (str or os.PathLike), got {value!r} "
-                                      f"({_type_name(value)})")
+        raise SettingsTypeError(
+            name, f"{name}: expected a path (str or os.PathLike), got {value!r} ({_type_name(value)})"
+        )
     text = os.fspath(value)
     if not isinstance(text, str) or not text:
         raise SettingsError(name, f"{name}: expected a non-empty path, got {value!r}")
@@ -187,8 +195,7 @@ def read_environment(environ=None) -> tuple[Settings, dict[str, SettingsError]]:
         arch_list=read("arch_list", parse_arch_list, lambda: None),
         disable_jit=read("disable_jit", parse_bool, lambda: False),
         max_jobs=read("max_jobs", parse_jobs, _default_max_jobs),
-        aot_dirs=read("aot_dirs", lambda t, n: tuple(Path(p).expanduser() for p in t.split(os.pathsep) if p),
-                      tuple),
+        aot_dirs=read("aot_dirs", lambda t, n: tuple(Path(p).expanduser() for p in t.split(os.pathsep) if p), tuple),
     )
     return s, errors
 
@@ -238,8 +245,7 @@ def settings_and_errors() -> tuple[Settings, dict[str, SettingsError]]:
 _UNSET = object()
 
 
-def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jobs=_UNSET,
-              aot_dirs=_UNSET) -> Settings:
+def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jobs=_UNSET, aot_dirs=_UNSET) -> Settings:
     """Override settings for this process; returns the settings now in force.
 
     Every keyword is optional and overrides its environment variable:
@@ -271,13 +277,15 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
         changes["arch_list"] = None if arch_list is None else parse_arch_list(arch_list, "arch_list")
     if disable_jit is not _UNSET:
         if not isinstance(disable_jit, bool):
-            raise SettingsTypeError("disable_jit", f"disable_jit: expected True or False, got {disable_jit!r} "
-                                                   f"({_type_name(disable_jit)})")
+            raise SettingsTypeError(
+                "disable_jit", f"disable_jit: expected True or False, got {disable_jit!r} ({_type_name(disable_jit)})"
+            )
         changes["disable_jit"] = disable_jit
     if max_jobs is not _UNSET:
         if isinstance(max_jobs, bool) or not isinstance(max_jobs, int):
-            raise SettingsTypeError("max_jobs", f"max_jobs: expected an int >= 1, got {max_jobs!r} "
-                                                f"({_type_name(max_jobs)})")
+            raise SettingsTypeError(
+                "max_jobs", f"max_jobs: expected an int >= 1, got {max_jobs!r} ({_type_name(max_jobs)})"
+            )
         if max_jobs < 1:
             raise SettingsError("max_jobs", f"max_jobs: expected an int >= 1, got {max_jobs!r}")
         changes["max_jobs"] = max_jobs
@@ -290,8 +298,10 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
         elif isinstance(aot_dirs, (list, tuple)):
             dirs = aot_dirs
         else:
-            raise SettingsTypeError("aot_dirs", f"aot_dirs: expected a path or a list/tuple of paths, got "
-                                                f"{aot_dirs!r} ({_type_name(aot_dirs)})")
+            raise SettingsTypeError(
+                "aot_dirs",
+                f"aot_dirs: expected a path or a list/tuple of paths, got {aot_dirs!r} ({_type_name(aot_dirs)})",
+            )
         changes["aot_dirs"] = tuple(_parse_path(d, "aot_dirs") for d in dirs)
     with _lock:
         if _settings is None:
@@ -342,8 +352,10 @@ def check_arch(text: str, name: str, value=None) -> str:
     sm_90 or newer, an arch CUDA names (``KNOWN_ARCHS`` or one the installed nvcc lists), with an
     'f' suffix only from sm_100 on. Raises :class:`SettingsError` naming ``name``."""
     got = repr(value if value is not None else text)
-    expected = (f"{name}: expected CUDA archs of sm_{MIN_ARCH} or newer, e.g. '9.0a' or '9.0a,12.0' "
-                f"(known: {_known_spellings()}; 'a'/'f' suffixes where CUDA has them)")
+    expected = (
+        f"{name}: expected CUDA archs of sm_{MIN_ARCH} or newer, e.g. '9.0a' or '9.0a,12.0' "
+        f"(known: {_known_spellings()}; 'a'/'f' suffixes where CUDA has them)"
+    )
 
     def fail(why: str):
         detail = f" ({why})" if why else ""
@@ -362,8 +374,9 @@ def check_arch(text: str, name: str, value=None) -> str:
         nvcc = find_nvcc()
         listed = nvcc_archs(str(nvcc)) if nvcc else None
         if not listed or base not in listed:
-            raise fail(f"sm_{a} is not a CUDA arch replayssm knows"
-                       + (" or the installed nvcc lists" if listed else ""))
+            raise fail(
+                f"sm_{a} is not a CUDA arch replayssm knows" + (" or the installed nvcc lists" if listed else "")
+            )
     return a
 
 
@@ -405,6 +418,7 @@ def cache_dir(archs: tuple[str, ...] | None = None) -> Path:
 # ----------------------------------------------------------------------------------------
 # Compiler
 # ----------------------------------------------------------------------------------------
+
 
 def find_nvcc() -> Path | None:
     """nvcc from $CUDA_HOME, the standard install folder, then PATH."""

@@ -60,8 +60,13 @@ class Module:
         lib.replayssm_params_size.restype = ctypes.c_size_t
         lib.replayssm_params_size.argtypes = [ctypes.c_int]
         lib.replayssm_params_field.restype = ctypes.c_int
-        lib.replayssm_params_field.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_char_p),
-                                               ctypes.POINTER(ctypes.c_longlong), ctypes.POINTER(ctypes.c_longlong)]
+        lib.replayssm_params_field.argtypes = [
+            ctypes.c_int,
+            ctypes.c_int,
+            ctypes.POINTER(ctypes.c_char_p),
+            ctypes.POINTER(ctypes.c_longlong),
+            ctypes.POINTER(ctypes.c_longlong),
+        ]
         lib.replayssm_constant.restype = ctypes.c_int
         lib.replayssm_constant.argtypes = [ctypes.c_char_p, ctypes.POINTER(ctypes.c_longlong)]
         lib.replayssm_prepare.restype = ctypes.c_int
@@ -85,11 +90,13 @@ class Module:
 
     def params_fields(self, entry: int) -> list[tuple[str, int, int]]:
         """(name, offset, size) of every leaf field of the entry's params struct, in C++."""
-        out = []
+        out: list[tuple[str, int, int]] = []
         name, off, size = ctypes.c_char_p(), ctypes.c_longlong(), ctypes.c_longlong()
-        while self._lib.replayssm_params_field(entry, len(out), ctypes.byref(name), ctypes.byref(off),
-                                               ctypes.byref(size)) == 0:
-            out.append((name.value.decode(), off.value, size.value))
+        while (
+            self._lib.replayssm_params_field(entry, len(out), ctypes.byref(name), ctypes.byref(off), ctypes.byref(size))
+            == 0
+        ):
+            out.append(((name.value or b"").decode(), off.value, size.value))
         return out
 
     def constant(self, name: str) -> int | None:
@@ -101,8 +108,10 @@ class Module:
         bad = [(k, v, self.constant(k)) for k, v in expected.items() if self.constant(k) != v]
         if bad:
             text = ", ".join(f"{k}: header {v}, module {got}" for k, v, got in bad)
-            raise ModuleLoadError(f"replayssm: module {self.path} was built with other constants than "
-                                  f"include/replayssm/common/constants.h ({text}); rebuild it")
+            raise ModuleLoadError(
+                f"replayssm: module {self.path} was built with other constants than "
+                f"include/replayssm/common/constants.h ({text}); rebuild it"
+            )
 
     def check_params(self, entry: int, struct_type) -> None:
         """Fail loudly if the Python mirror of a params struct disagrees with the C++ one: size, and
@@ -143,8 +152,7 @@ class Module:
         from ..ops.abi import ScheduleStruct
 
         s = ScheduleStruct()
-        code = self._lib.replayssm_plan(C.ENTRY_STEP if entry is None else entry, ctypes.byref(query),
-                                        ctypes.byref(s))
+        code = self._lib.replayssm_plan(C.ENTRY_STEP if entry is None else entry, ctypes.byref(query), ctypes.byref(s))
         if code >= C.PLAN_ERROR_BASE:
             raise PlanError(f"{self.name}: {self._lib.replayssm_error_string(code).decode()}")
         self._raise_if(code, "plan")
@@ -152,8 +160,9 @@ class Module:
 
     def launch_step(self, params: ctypes.Structure, schedule, stream: int) -> None:
         """Launch the module's op with the ScheduleStruct its plan returned (no decision here)."""
-        code = self._lib.replayssm_launch(self._entry_step, ctypes.byref(params), ctypes.byref(schedule),
-                                          ctypes.c_void_p(stream))
+        code = self._lib.replayssm_launch(
+            self._entry_step, ctypes.byref(params), ctypes.byref(schedule), ctypes.c_void_p(stream)
+        )
         if code:
             self._raise_if(code, "launch (step)")
 

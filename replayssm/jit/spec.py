@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -79,7 +79,7 @@ class Specialization:
         }
 
 
-@lru_cache(maxsize=None)
+@cache
 def _jinja_env():
     import jinja2
 

@@ -15,8 +15,11 @@ c_ptr = ctypes.c_void_p
 i64 = ctypes.c_int64
 i32 = ctypes.c_int32
 
-DTYPE_CODE = {torch.float32: C.DTYPE_CODES["float32"], torch.bfloat16: C.DTYPE_CODES["bfloat16"],
-              torch.float16: C.DTYPE_CODES["float16"]}
+DTYPE_CODE = {
+    torch.float32: C.DTYPE_CODES["float32"],
+    torch.bfloat16: C.DTYPE_CODES["bfloat16"],
+    torch.float16: C.DTYPE_CODES["float16"],
+}
 
 #: C++ field names that Python spells differently (``in`` is a Python keyword).
 CXX_FIELD_NAMES = {"inputs": "in"}
@@ -44,8 +47,15 @@ def current_stream(device: torch.device) -> int:
 class DraftArgs(ctypes.Structure):
     """Mirror of common/drafts.cuh DraftArgs."""
 
-    _fields_ = [("counts", c_ptr), ("parents", c_ptr), ("parents_stride", i64), ("state_slots", c_ptr),
-                ("state_slots_stride", i64), ("T", i32), ("reserved", i32)]
+    _fields_ = [
+        ("counts", c_ptr),
+        ("parents", c_ptr),
+        ("parents_stride", i64),
+        ("state_slots", c_ptr),
+        ("state_slots_stride", i64),
+        ("T", i32),
+        ("reserved", i32),
+    ]
 
 
 class RingArray(ctypes.Structure):
@@ -60,10 +70,23 @@ MAX_RING_ARRAYS = C.MAX_RING_ARRAYS
 class CommitParams(ctypes.Structure):
     """Mirror of common/commit.cuh CommitParams."""
 
-    _fields_ = [("arrays", RingArray * MAX_RING_ARRAYS), ("slots", SlotArg), ("start", c_ptr), ("len", c_ptr),
-                ("draft", c_ptr), ("num_accepted", c_ptr), ("paths", c_ptr), ("paths_stride", i64),
-                ("parents", c_ptr), ("parents_stride", i64), ("error_flag", c_ptr), ("num_arrays", i32),
-                ("capacity", i32), ("T", i32), ("batch", i32)]
+    _fields_ = [
+        ("arrays", RingArray * MAX_RING_ARRAYS),
+        ("slots", SlotArg),
+        ("start", c_ptr),
+        ("len", c_ptr),
+        ("draft", c_ptr),
+        ("num_accepted", c_ptr),
+        ("paths", c_ptr),
+        ("paths_stride", i64),
+        ("parents", c_ptr),
+        ("parents_stride", i64),
+        ("error_flag", c_ptr),
+        ("num_arrays", i32),
+        ("capacity", i32),
+        ("T", i32),
+        ("batch", i32),
+    ]
 
 
 def ring_array(t: torch.Tensor) -> RingArray:
@@ -71,8 +94,10 @@ def ring_array(t: torch.Tensor) -> RingArray:
     rec_bytes = t[0, 0, 0].numel() * t.element_size()
     strides = [t.stride(d) * t.element_size() for d in range(3)]
     if rec_bytes % 4 or strides[2] != rec_bytes or any(b % 4 for b in strides):
-        raise ValueError(f"ring: records must be contiguous whole 4-byte words, got shape {list(t.shape)} "
-                         f"strides {list(t.stride())} {t.dtype}")
+        raise ValueError(
+            f"ring: records must be contiguous whole 4-byte words, got shape {list(t.shape)} "
+            f"strides {list(t.stride())} {t.dtype}"
+        )
     return RingArray(t.data_ptr(), strides[0] // 4, strides[1] // 4, t.shape[1], rec_bytes // 4)
 
 
@@ -91,18 +116,41 @@ def commit_params(cache) -> CommitParams:
 
 # ------------------------------------------------------------------ plan (common/schedule.h)
 class DeviceLimits(ctypes.Structure):
-    _fields_ = [("sm_count", i32), ("smem_per_block_optin", i32), ("smem_per_sm", i32),
-                ("reserved_smem_per_block", i32), ("max_blocks_per_sm", i32), ("max_threads_per_sm", i32)]
+    _fields_ = [
+        ("sm_count", i32),
+        ("smem_per_block_optin", i32),
+        ("smem_per_sm", i32),
+        ("reserved_smem_per_block", i32),
+        ("max_blocks_per_sm", i32),
+        ("max_threads_per_sm", i32),
+    ]
 
 
 class PlanQuery(ctypes.Structure):
-    _fields_ = [("batch", i32), ("heads", i32), ("groups", i32), ("persistent", i32), ("rows_per_cta", i32),
-                ("drafts", i32), ("has_limits", i32), ("reserved", i32), ("limits", DeviceLimits)]
+    _fields_ = [
+        ("batch", i32),
+        ("heads", i32),
+        ("groups", i32),
+        ("persistent", i32),
+        ("rows_per_cta", i32),
+        ("drafts", i32),
+        ("has_limits", i32),
+        ("reserved", i32),
+        ("limits", DeviceLimits),
+    ]
 
 
 class KernelLaunch(ctypes.Structure):
-    _fields_ = [("kernel", i32), ("rows_per_cta", i32), ("heads_per_unit", i32), ("grid", i32), ("threads", i32),
-                ("smem_bytes", i32), ("ctas_per_sm", i32), ("units", i32)]
+    _fields_ = [
+        ("kernel", i32),
+        ("rows_per_cta", i32),
+        ("heads_per_unit", i32),
+        ("grid", i32),
+        ("threads", i32),
+        ("smem_bytes", i32),
+        ("ctas_per_sm", i32),
+        ("units", i32),
+    ]
 
 
 class ScheduleStruct(ctypes.Structure):
@@ -110,18 +158,35 @@ class ScheduleStruct(ctypes.Structure):
 
 
 #: H200 (SXM, 141 GB) limits, for plans made without the device (tests, tools).
-H200_LIMITS = dict(sm_count=132, smem_per_block_optin=227 * 1024, smem_per_sm=228 * 1024,
-                   reserved_smem_per_block=1024, max_blocks_per_sm=32, max_threads_per_sm=2048)
+H200_LIMITS = dict(
+    sm_count=132,
+    smem_per_block_optin=227 * 1024,
+    smem_per_sm=228 * 1024,
+    reserved_smem_per_block=1024,
+    max_blocks_per_sm=32,
+    max_threads_per_sm=2048,
+)
 
 
-def plan_query(batch: int, heads: int, groups: int, persistent: bool | None, rows_per_cta: int | None,
-               drafts: int = 0, limits: dict | None = None) -> PlanQuery:
+def plan_query(
+    batch: int,
+    heads: int,
+    groups: int,
+    persistent: bool | None,
+    rows_per_cta: int | None,
+    drafts: int = 0,
+    limits: dict | None = None,
+) -> PlanQuery:
     """The plan entry's query. ``limits``: None (the module queries the current device) or a dict of
     DeviceLimits fields (e.g. H200_LIMITS) to plan without one."""
-    q = PlanQuery(batch=batch, heads=heads, groups=groups,
-                  persistent=C.PERSISTENT_AUTO if persistent is None else
-                  (C.PERSISTENT_ON if persistent else C.PERSISTENT_OFF),
-                  rows_per_cta=rows_per_cta or 0, drafts=drafts)
+    q = PlanQuery(
+        batch=batch,
+        heads=heads,
+        groups=groups,
+        persistent=C.PERSISTENT_AUTO if persistent is None else (C.PERSISTENT_ON if persistent else C.PERSISTENT_OFF),
+        rows_per_cta=rows_per_cta or 0,
+        drafts=drafts,
+    )
     if limits is not None:
         q.has_limits = 1
         q.limits = DeviceLimits(**limits)
@@ -143,9 +208,16 @@ class Launch:
     ctas_per_sm: int
 
     @classmethod
-    def from_struct(cls, k: KernelLaunch) -> "Launch":
-        return cls(C.KERNEL_NAMES.get(k.kernel, f"kernel {k.kernel}"), k.rows_per_cta, k.heads_per_unit, k.grid,
-                   k.threads, k.smem_bytes, k.ctas_per_sm)
+    def from_struct(cls, k: KernelLaunch) -> Launch:
+        return cls(
+            C.KERNEL_NAMES.get(k.kernel, f"kernel {k.kernel}"),
+            k.rows_per_cta,
+            k.heads_per_unit,
+            k.grid,
+            k.threads,
+            k.smem_bytes,
+            k.ctas_per_sm,
+        )
 
 
 @dataclass(frozen=True)
@@ -187,16 +259,22 @@ class Schedule:
         return self.main.kernel == "persistent"
 
     @classmethod
-    def from_struct(cls, s: ScheduleStruct) -> "Schedule":
+    def from_struct(cls, s: ScheduleStruct) -> Schedule:
         copy = ScheduleStruct.from_buffer_copy(s)
-        return cls(Launch.from_struct(copy.main), Launch.from_struct(copy.tile),
-                   C.FALLBACK_NAMES.get(copy.fallback, f"fallback {copy.fallback}"), copy)
+        return cls(
+            Launch.from_struct(copy.main),
+            Launch.from_struct(copy.tile),
+            C.FALLBACK_NAMES.get(copy.fallback, f"fallback {copy.fallback}"),
+            copy,
+        )
 
     def __repr__(self) -> str:
         fb = f", fallback={self.fallback!r}" if self.fallback else ""
         tile = f", tile(misaligned inputs)={self.tile.rows_per_cta} rows x {self.tile.grid}" if self.persistent else ""
-        return (f"Schedule(kernel={self.kernel!r}, rows_per_cta={self.rows_per_cta}, heads_per_unit="
-                f"{self.heads_per_unit}, grid={self.grid}, smem_bytes={self.smem_bytes}{tile}{fb})")
+        return (
+            f"Schedule(kernel={self.kernel!r}, rows_per_cta={self.rows_per_cta}, heads_per_unit="
+            f"{self.heads_per_unit}, grid={self.grid}, smem_bytes={self.smem_bytes}{tile}{fb})"
+        )
 
 
 # ------------------------------------------------------------------ field tables
@@ -213,10 +291,14 @@ def field_table(struct_type) -> list[tuple[str, int, int]]:
             at = base + desc.offset
             if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure):
                 walk(ftype, path + ".", at)
-            elif (isinstance(ftype, type) and issubclass(ftype, ctypes.Array)
-                  and isinstance(ftype._type_, type) and issubclass(ftype._type_, ctypes.Structure)):
+            elif (
+                isinstance(ftype, type)
+                and issubclass(ftype, ctypes.Array)
+                and isinstance(ftype._type_, type)
+                and issubclass(ftype._type_, ctypes.Structure)
+            ):
                 esz = ctypes.sizeof(ftype._type_)
-                for i in range(ftype._length_):
+                for i in range(ctypes.sizeof(ftype) // esz):  # the array's length
                     walk(ftype._type_, f"{path}[{i}].", at + i * esz)
             else:
                 out.append((path, at, ctypes.sizeof(ftype)))

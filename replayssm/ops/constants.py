@@ -6,7 +6,7 @@ compares them with these at load (replayssm.jit.loader.Module.check_constants)."
 from __future__ import annotations
 
 import re
-from functools import lru_cache
+from functools import cache
 from pathlib import Path
 
 _SCALAR = re.compile(r"^\s*constexpr\s+[\w:]+\s+(k\w+)\s*=\s*(-?\d+)\s*;", re.M)
@@ -27,7 +27,7 @@ def parse(text: str) -> dict[str, int | tuple[int, ...]]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def constants() -> dict[str, int | tuple[int, ...]]:
     return parse(header_path().read_text())
 
@@ -47,18 +47,33 @@ def get(name: str):
     return constants()[name]
 
 
-_c = constants()
+def _scalars() -> dict[str, int]:
+    return {k: v for k, v in constants().items() if isinstance(v, int)}
+
+
+def _array(name: str) -> tuple[int, ...]:
+    v = constants()[name]
+    if not isinstance(v, tuple):
+        raise TypeError(f"{name}: expected an array in constants.h, got {v!r}")
+    return v
+
+
+_c = _scalars()
 MAX_DRAFTS: int = _c["kMaxDrafts"]
 MAX_RING_EXTRA: int = _c["kMaxRingExtra"]
 MAX_RING_ARRAYS: int = _c["kMaxRingArrays"]
-ROW_CHOICES: tuple[int, ...] = _c["kRowChoices"]
+ROW_CHOICES: tuple[int, ...] = _array("kRowChoices")
 DTYPE_CODES: dict[str, int] = {"float32": _c["kFloat32"], "bfloat16": _c["kBFloat16"], "float16": _c["kFloat16"]}
 ERROR_BITS: dict[str, int] = {k: v for k, v in _c.items() if k.startswith("kErr")}
 ENTRY_STEP: int = _c["kEntryStep"]
 ENTRY_COMMIT: int = _c["kEntryCommit"]
-KERNEL_NAMES: dict[int, str] = {_c["kKernelNone"]: "none", _c["kKernelPersistent"]: "persistent",
-                                _c["kKernelTile"]: "tile", _c["kKernelConventional"]: "conventional",
-                                _c["kKernelVerify"]: "verify"}
+KERNEL_NAMES: dict[int, str] = {
+    _c["kKernelNone"]: "none",
+    _c["kKernelPersistent"]: "persistent",
+    _c["kKernelTile"]: "tile",
+    _c["kKernelConventional"]: "conventional",
+    _c["kKernelVerify"]: "verify",
+}
 FALLBACK_NAMES: dict[int, str | None] = {
     _c["kFallbackNone"]: None,
     _c["kFallbackLayout"]: "layout: the persistent kernel's buffers at this tile do not fit two CTAs per SM",

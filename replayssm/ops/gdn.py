@@ -32,8 +32,8 @@ import torch
 from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .abi import plan_query as plan_query_
-from .generators import gdn_decode_spec
 from .constants import ROW_CHOICES
+from .generators import gdn_decode_spec
 from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride, vector_aligned
 
@@ -46,30 +46,58 @@ class StatePool(ctypes.Structure):
 
 class Ring(ctypes.Structure):
     _fields_ = [
-        ("u", c_ptr), ("u_stride_slot", i64), ("u_stride_head", i64),
-        ("k", c_ptr), ("k_stride_slot", i64), ("k_stride_head", i64),
-        ("g", c_ptr), ("g_stride_slot", i64), ("g_stride_head", i64),
-        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr), ("draft", c_ptr),
-        ("capacity", i32), ("reserved", i32),
+        ("u", c_ptr),
+        ("u_stride_slot", i64),
+        ("u_stride_head", i64),
+        ("k", c_ptr),
+        ("k_stride_slot", i64),
+        ("k_stride_head", i64),
+        ("g", c_ptr),
+        ("g_stride_slot", i64),
+        ("g_stride_head", i64),
+        ("start", c_ptr),
+        ("len", c_ptr),
+        ("done", c_ptr),
+        ("draft", c_ptr),
+        ("capacity", i32),
+        ("reserved", i32),
     ]
 
 
 class StepInputs(ctypes.Structure):
     _fields_ = [
-        ("q", c_ptr), ("q_stride_batch", i64), ("q_stride_head", i64),
-        ("k", c_ptr), ("k_stride_batch", i64), ("k_stride_head", i64),
-        ("v", c_ptr), ("v_stride_batch", i64), ("v_stride_head", i64),
-        ("out", c_ptr), ("out_stride_batch", i64), ("out_stride_head", i64),
-        ("g", ScalarArg), ("a", ScalarArg), ("A_log", ScalarArg), ("dt_bias", ScalarArg),
-        ("beta", ScalarArg), ("b", ScalarArg),
+        ("q", c_ptr),
+        ("q_stride_batch", i64),
+        ("q_stride_head", i64),
+        ("k", c_ptr),
+        ("k_stride_batch", i64),
+        ("k_stride_head", i64),
+        ("v", c_ptr),
+        ("v_stride_batch", i64),
+        ("v_stride_head", i64),
+        ("out", c_ptr),
+        ("out_stride_batch", i64),
+        ("out_stride_head", i64),
+        ("g", ScalarArg),
+        ("a", ScalarArg),
+        ("A_log", ScalarArg),
+        ("dt_bias", ScalarArg),
+        ("beta", ScalarArg),
+        ("b", ScalarArg),
     ]
 
 
 class DecodeParams(ctypes.Structure):
     _fields_ = [
-        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),  # inputs: C++ `in`
+        ("pool", StatePool),
+        ("ring", Ring),
+        ("inputs", StepInputs),
+        ("slots", SlotArg),  # inputs: C++ `in`
         ("error_flag", c_ptr),
-        ("batch", i32), ("nv_heads", i32), ("nk_heads", i32), ("use_l2norm", i32),
+        ("batch", i32),
+        ("nv_heads", i32),
+        ("nk_heads", i32),
+        ("use_l2norm", i32),
         ("scale", ctypes.c_float),
     ]
 
@@ -110,8 +138,24 @@ def _per_channel(name: str, t, lead: tuple[int, ...], K: int, device) -> tuple[i
     return (strides + [0, 0])[0], (strides + [0, 0])[1]
 
 
-def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None, beta=None, A_log=None, a=None,
-                dt_bias=None, b=None, out=None, per_channel: bool = False) -> tuple[StepInputs, torch.Tensor]:
+def step_inputs(
+    dims: GDNDims,
+    io_dtype,
+    device,
+    batch: int,
+    q,
+    k,
+    v,
+    *,
+    g=None,
+    beta=None,
+    A_log=None,
+    a=None,
+    dt_bias=None,
+    b=None,
+    out=None,
+    per_channel: bool = False,
+) -> tuple[StepInputs, torch.Tensor]:
     """Validate one decode token per row and fill the StepInputs struct. Returns (struct, out).
 
     per_channel: KDA gates (g or a [batch, HV, K], dt_bias [HV, K]) instead of GDN's per head."""
@@ -120,14 +164,18 @@ def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None,
     check_tensor("k", k, shape=(batch, HK, K), dtype=io_dtype, device=device, inner_contiguous=1)
     check_tensor("v", v, shape=(batch, HV, V), dtype=io_dtype, device=device, inner_contiguous=1)
     if (g is None) == (a is None):
-        raise ValueError("g / a: give exactly one gate: the log decay g [batch, HV], or a [batch, HV] with A_log [HV] "
-                         f"(g = -exp(A_log) * softplus(a + dt_bias)); got g={'set' if g is not None else None}, "
-                         f"a={'set' if a is not None else None}")
+        raise ValueError(
+            "g / a: give exactly one gate: the log decay g [batch, HV], or a [batch, HV] with A_log [HV] "
+            f"(g = -exp(A_log) * softplus(a + dt_bias)); got g={'set' if g is not None else None}, "
+            f"a={'set' if a is not None else None}"
+        )
     if a is not None and A_log is None:
         raise ValueError("A_log: required with a (g = -exp(A_log) * softplus(a + dt_bias)), got None")
     if (beta is None) == (b is None):
-        raise ValueError("beta / b: give exactly one of beta [batch, HV] or b [batch, HV] (beta = sigmoid(b)); "
-                         f"got beta={'set' if beta is not None else None}, b={'set' if b is not None else None}")
+        raise ValueError(
+            "beta / b: give exactly one of beta [batch, HV] or b [batch, HV] (beta = sigmoid(b)); "
+            f"got beta={'set' if beta is not None else None}, b={'set' if b is not None else None}"
+        )
     if out is None:
         out = torch.empty((batch, HV, V), dtype=io_dtype, device=device)
     else:
@@ -163,8 +211,25 @@ def step_inputs(dims: GDNDims, io_dtype, device, batch: int, q, k, v, *, g=None,
     return s, out
 
 
-def verify_inputs(dims: GDNDims, io_dtype, device, batch: int, T: int, q, k, v, *, g=None, beta=None, A_log=None,
-                  a=None, dt_bias=None, b=None, out=None, per_channel: bool = False) -> tuple[StepInputs, torch.Tensor]:
+def verify_inputs(
+    dims: GDNDims,
+    io_dtype,
+    device,
+    batch: int,
+    T: int,
+    q,
+    k,
+    v,
+    *,
+    g=None,
+    beta=None,
+    A_log=None,
+    a=None,
+    dt_bias=None,
+    b=None,
+    out=None,
+    per_channel: bool = False,
+) -> tuple[StepInputs, torch.Tensor]:
     """Validate T draft tokens per row and fill StepInputs over token rows b * T + i.
 
     q, k: [batch, T, HK, K]; v, out: [batch, T, HV, V]; g, a: [batch, T, HV] (KDA [batch, T, HV, K]);
@@ -173,12 +238,36 @@ def verify_inputs(dims: GDNDims, io_dtype, device, batch: int, T: int, q, k, v, 
     if out is None:
         out = torch.empty((batch, T, HV, V), dtype=io_dtype, device=device)
     gate_rest = (HV, K) if per_channel else None
-    flat = {name: merge_token_dims(name, t, batch, T, rest)
-            for name, t, rest in (("q", q, (HK, K)), ("k", k, (HK, K)), ("v", v, (HV, V)), ("out", out, (HV, V)),
-                                  ("g", g, gate_rest), ("a", a, gate_rest), ("beta", beta, None), ("b", b, None))}
-    s, _ = step_inputs(dims, io_dtype, device, batch * T, flat["q"], flat["k"], flat["v"], g=flat["g"],
-                       beta=flat["beta"], A_log=A_log, a=flat["a"], dt_bias=dt_bias, b=flat["b"], out=flat["out"],
-                       per_channel=per_channel)
+    flat = {
+        name: merge_token_dims(name, t, batch, T, rest)
+        for name, t, rest in (
+            ("q", q, (HK, K)),
+            ("k", k, (HK, K)),
+            ("v", v, (HV, V)),
+            ("out", out, (HV, V)),
+            ("g", g, gate_rest),
+            ("a", a, gate_rest),
+            ("beta", beta, None),
+            ("b", b, None),
+        )
+    }
+    s, _ = step_inputs(
+        dims,
+        io_dtype,
+        device,
+        batch * T,
+        flat["q"],
+        flat["k"],
+        flat["v"],
+        g=flat["g"],
+        beta=flat["beta"],
+        A_log=A_log,
+        a=flat["a"],
+        dt_bias=dt_bias,
+        b=flat["b"],
+        out=flat["out"],
+        per_channel=per_channel,
+    )
     return s, out
 
 
@@ -191,9 +280,23 @@ def pool_struct(cache) -> StatePool:
 def ring_struct(cache) -> Ring:
     """The cache's rings and cursors as the kernels' Ring."""
     u, k, g = cache.u_ring, cache.k_ring, cache.g_ring
-    return Ring(u.data_ptr(), u.stride(0), u.stride(1), k.data_ptr(), k.stride(0), k.stride(1),
-                g.data_ptr(), g.stride(0), g.stride(1), cache.ring_start.data_ptr(), cache.ring_len.data_ptr(),
-                cache.ring_done.data_ptr(), cache.ring_draft.data_ptr(), cache.capacity, 0)
+    return Ring(
+        u.data_ptr(),
+        u.stride(0),
+        u.stride(1),
+        k.data_ptr(),
+        k.stride(0),
+        k.stride(1),
+        g.data_ptr(),
+        g.stride(0),
+        g.stride(1),
+        cache.ring_start.data_ptr(),
+        cache.ring_len.data_ptr(),
+        cache.ring_done.data_ptr(),
+        cache.ring_draft.data_ptr(),
+        cache.capacity,
+        0,
+    )
 
 
 def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
@@ -201,8 +304,17 @@ def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int 
     return plan_query_(batch, dims.num_v_heads, dims.num_k_heads, persistent, rows_per_cta, drafts, limits)
 
 
-def load(op: str, dims: GDNDims, state_dtype, io_dtype, L: int | None = None, family: str = "gdn", T: int = 1, *,
-         prepare: bool = True):
+def load(
+    op: str,
+    dims: GDNDims,
+    state_dtype,
+    io_dtype,
+    L: int | None = None,
+    family: str = "gdn",
+    T: int = 1,
+    *,
+    prepare: bool = True,
+):
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
     capacity; replay_verify's commit entry takes CommitParams."""

@@ -36,8 +36,16 @@ def verify_capacity(T: int) -> int:
     return next(t for t in VERIFY_T if t >= T)
 
 
-def _decode_spec(family: str, template: str, op: str, dims: tuple[tuple[str, int], ...], state_dtype, io_dtype,
-                 L: int | None, T: int = 1) -> Specialization:
+def _decode_spec(
+    family: str,
+    template: str,
+    op: str,
+    dims: tuple[tuple[str, int], ...],
+    state_dtype,
+    io_dtype,
+    L: int | None,
+    T: int = 1,
+) -> Specialization:
     """The part every decode generator shares: op, window and draft-capacity checks, dtype codes.
     Decode ops have T = 1; verify ops T in VERIFY_T (their draft capacity)."""
     _check_choice("op", op, DECODE_OPS)
@@ -49,12 +57,21 @@ def _decode_spec(family: str, template: str, op: str, dims: tuple[tuple[str, int
         _check_choice("T (draft capacity)", T, VERIFY_T)
     else:
         _check_choice("T (tokens per row)", T, (1,))
-    return Specialization(family=family, op=op, template=template, dims=dims, state_dtype=dtype_code(state_dtype),
-                          io_dtype=dtype_code(io_dtype), L=L, T=T)
+    return Specialization(
+        family=family,
+        op=op,
+        template=template,
+        dims=dims,
+        state_dtype=dtype_code(state_dtype),
+        io_dtype=dtype_code(io_dtype),
+        L=L,
+        T=T,
+    )
 
 
-def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None,
-                       T: int = 1) -> Specialization:
+def mamba2_decode_spec(
+    op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None, T: int = 1
+) -> Specialization:
     """Specialization of a Mamba-2 decode or verify module.
 
     op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
@@ -67,8 +84,9 @@ def mamba2_decode_spec(op: str, P: int, N: int, state_dtype, io_dtype, L: int | 
     return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, (("P", P), ("N", N)), state_dtype, io_dtype, L, T)
 
 
-def gdn_decode_spec(op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None,
-                    family: str = "gdn", T: int = 1) -> Specialization:
+def gdn_decode_spec(
+    op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None, family: str = "gdn", T: int = 1
+) -> Specialization:
     """Specialization of a Gated DeltaNet (family 'gdn') or KDA (family 'kda', per-channel decay)
     decode module.
 
@@ -111,8 +129,10 @@ def aot_specializations() -> list[Specialization]:
             for K, V in shapes:
                 specs.append(gdn_decode_spec("replay_decode", K, V, state, "bfloat16", L=16, family=family))
                 specs.append(gdn_decode_spec("conventional_decode", K, V, state, "bfloat16", family=family))
-                specs += [gdn_decode_spec("replay_verify", K, V, state, "bfloat16", L=16, family=family, T=T)
-                          for T in AOT_VERIFY_T]
+                specs += [
+                    gdn_decode_spec("replay_verify", K, V, state, "bfloat16", L=16, family=family, T=T)
+                    for T in AOT_VERIFY_T
+                ]
     return specs
 
 

@@ -38,8 +38,8 @@ import torch
 from ..jit import get_module
 from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
 from .abi import plan_query as plan_query_
-from .generators import mamba2_decode_spec
 from .constants import ROW_CHOICES
+from .generators import mamba2_decode_spec
 from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride, vector_aligned
 
@@ -52,31 +52,61 @@ class StatePool(ctypes.Structure):
 
 class Ring(ctypes.Structure):
     _fields_ = [
-        ("x", c_ptr), ("x_stride_slot", i64), ("x_stride_head", i64),
-        ("B", c_ptr), ("B_stride_slot", i64), ("B_stride_group", i64),
-        ("dt", c_ptr), ("dt_stride_slot", i64), ("dt_stride_head", i64),
-        ("start", c_ptr), ("len", c_ptr), ("done", c_ptr), ("draft", c_ptr),
-        ("capacity", i32), ("reserved", i32),
+        ("x", c_ptr),
+        ("x_stride_slot", i64),
+        ("x_stride_head", i64),
+        ("B", c_ptr),
+        ("B_stride_slot", i64),
+        ("B_stride_group", i64),
+        ("dt", c_ptr),
+        ("dt_stride_slot", i64),
+        ("dt_stride_head", i64),
+        ("start", c_ptr),
+        ("len", c_ptr),
+        ("done", c_ptr),
+        ("draft", c_ptr),
+        ("capacity", i32),
+        ("reserved", i32),
     ]
 
 
 class StepInputs(ctypes.Structure):
     _fields_ = [
-        ("x", c_ptr), ("x_stride_batch", i64), ("x_stride_head", i64),
-        ("z", c_ptr), ("z_stride_batch", i64), ("z_stride_head", i64),
-        ("B", c_ptr), ("B_stride_batch", i64), ("B_stride_group", i64),
-        ("C", c_ptr), ("C_stride_batch", i64), ("C_stride_group", i64),
-        ("out", c_ptr), ("out_stride_batch", i64), ("out_stride_head", i64),
-        ("dt", ScalarArg), ("A", ScalarArg), ("D", ScalarArg), ("dt_bias", ScalarArg),
+        ("x", c_ptr),
+        ("x_stride_batch", i64),
+        ("x_stride_head", i64),
+        ("z", c_ptr),
+        ("z_stride_batch", i64),
+        ("z_stride_head", i64),
+        ("B", c_ptr),
+        ("B_stride_batch", i64),
+        ("B_stride_group", i64),
+        ("C", c_ptr),
+        ("C_stride_batch", i64),
+        ("C_stride_group", i64),
+        ("out", c_ptr),
+        ("out_stride_batch", i64),
+        ("out_stride_head", i64),
+        ("dt", ScalarArg),
+        ("A", ScalarArg),
+        ("D", ScalarArg),
+        ("dt_bias", ScalarArg),
     ]
 
 
 class DecodeParams(ctypes.Structure):
     _fields_ = [
-        ("pool", StatePool), ("ring", Ring), ("inputs", StepInputs), ("slots", SlotArg),  # inputs: C++ `in`
+        ("pool", StatePool),
+        ("ring", Ring),
+        ("inputs", StepInputs),
+        ("slots", SlotArg),  # inputs: C++ `in`
         ("error_flag", c_ptr),
-        ("batch", i32), ("nheads", i32), ("ngroups", i32), ("dt_softplus", i32),
-        ("heads_per_unit", i32), ("reserved", i32),
+        ("batch", i32),
+        ("nheads", i32),
+        ("ngroups", i32),
+        ("dt_softplus", i32),
+        ("heads_per_unit", i32),
+        ("reserved", i32),
     ]
 
 
@@ -94,8 +124,12 @@ class Mamba2Dims:
     def validate(self) -> None:
         from .generators import MAMBA2_N, MAMBA2_P
 
-        for arg, v in (("nheads", self.nheads), ("ngroups", self.ngroups), ("head_dim", self.head_dim),
-                       ("state_dim", self.state_dim)):
+        for arg, v in (
+            ("nheads", self.nheads),
+            ("ngroups", self.ngroups),
+            ("head_dim", self.head_dim),
+            ("state_dim", self.state_dim),
+        ):
             if isinstance(v, bool) or not isinstance(v, int):
                 raise TypeError(f"{arg}: expected a positive int, got {type(v).__name__} {v!r}")
             if v < 1:
@@ -109,8 +143,14 @@ class Mamba2Dims:
 
 
 def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=None) -> torch.Tensor:
-    check_tensor(name, t, shape=(num_slots, dims.nheads, dims.head_dim, dims.state_dim), dtype=dtype,
-                 device=device, inner_contiguous=2)
+    check_tensor(
+        name,
+        t,
+        shape=(num_slots, dims.nheads, dims.head_dim, dims.state_dim),
+        dtype=dtype,
+        device=device,
+        inner_contiguous=2,
+    )
     check_aligned(name, t, 16 // t.element_size(), (0, 1))
     return t
 
@@ -127,8 +167,9 @@ def check_rows_per_cta(rows: int, P: int) -> int:
     return check_rows(rows, P, "head_dim", ROWS_CHOICES)
 
 
-def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, D=None, z=None,
-                dt_bias=None, out=None) -> tuple[StepInputs, torch.Tensor]:
+def step_inputs(
+    dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None
+) -> tuple[StepInputs, torch.Tensor]:
     """Validate one decode token per row and fill the StepInputs struct. Returns (struct, out)."""
     H, P, N, G = dims.nheads, dims.head_dim, dims.state_dim, dims.ngroups
     check_tensor("x", x, shape=(batch, H, P), dtype=io_dtype, device=device, inner_contiguous=1)
@@ -160,8 +201,9 @@ def step_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, x, dt, A, B, C, 
     return s, out
 
 
-def verify_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, T: int, x, dt, A, B, C, D=None, z=None,
-                  dt_bias=None, out=None) -> tuple[StepInputs, torch.Tensor]:
+def verify_inputs(
+    dims: Mamba2Dims, io_dtype, device, batch: int, T: int, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None
+) -> tuple[StepInputs, torch.Tensor]:
     """Validate T draft tokens per row and fill StepInputs over token rows b * T + i.
 
     x, z: [batch, T, H, P]; dt: [batch, T, H] (or stride-0 [batch, T, H, P]); B, C: [batch, T, G, N];
@@ -169,11 +211,32 @@ def verify_inputs(dims: Mamba2Dims, io_dtype, device, batch: int, T: int, x, dt,
     H, P, N, G = dims.nheads, dims.head_dim, dims.state_dim, dims.ngroups
     if out is None:
         out = torch.empty((batch, T, H, P), dtype=io_dtype, device=device)
-    flat = {name: merge_token_dims(name, t, batch, T, rest)
-            for name, t, rest in (("x", x, (H, P)), ("z", z, (H, P)), ("B", B, (G, N)), ("C", C, (G, N)),
-                                  ("dt", dt, None), ("out", out, (H, P)))}
-    s, _ = step_inputs(dims, io_dtype, device, batch * T, flat["x"], flat["dt"], A, flat["B"], flat["C"], D,
-                       flat["z"], dt_bias, flat["out"])
+    flat = {
+        name: merge_token_dims(name, t, batch, T, rest)
+        for name, t, rest in (
+            ("x", x, (H, P)),
+            ("z", z, (H, P)),
+            ("B", B, (G, N)),
+            ("C", C, (G, N)),
+            ("dt", dt, None),
+            ("out", out, (H, P)),
+        )
+    }
+    s, _ = step_inputs(
+        dims,
+        io_dtype,
+        device,
+        batch * T,
+        flat["x"],
+        flat["dt"],
+        A,
+        flat["B"],
+        flat["C"],
+        D,
+        flat["z"],
+        dt_bias,
+        flat["out"],
+    )
     return s, out
 
 
@@ -186,9 +249,23 @@ def pool_struct(cache) -> StatePool:
 def ring_struct(cache) -> Ring:
     """The cache's rings and cursors as the kernels' Ring."""
     x, B, dt = cache.x_ring, cache.B_ring, cache.dt_ring
-    return Ring(x.data_ptr(), x.stride(0), x.stride(1), B.data_ptr(), B.stride(0), B.stride(1),
-                dt.data_ptr(), dt.stride(0), dt.stride(1), cache.ring_start.data_ptr(), cache.ring_len.data_ptr(),
-                cache.ring_done.data_ptr(), cache.ring_draft.data_ptr(), cache.capacity, 0)
+    return Ring(
+        x.data_ptr(),
+        x.stride(0),
+        x.stride(1),
+        B.data_ptr(),
+        B.stride(0),
+        B.stride(1),
+        dt.data_ptr(),
+        dt.stride(0),
+        dt.stride(1),
+        cache.ring_start.data_ptr(),
+        cache.ring_len.data_ptr(),
+        cache.ring_done.data_ptr(),
+        cache.ring_draft.data_ptr(),
+        cache.capacity,
+        0,
+    )
 
 
 def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
@@ -196,8 +273,7 @@ def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: i
     return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits)
 
 
-def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None, T: int = 1, *,
-         prepare: bool = True):
+def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None, T: int = 1, *, prepare: bool = True):
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
     capacity; replay_verify's commit entry takes CommitParams."""
@@ -213,5 +289,16 @@ def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None,
     return mod
 
 
-__all__ = ["DecodeParams", "Mamba2Dims", "StepInputs", "Ring", "StatePool", "VerifyParams",
-           "persistent_inputs_aligned", "pool_struct", "ring_struct", "plan_query", "load"]
+__all__ = [
+    "DecodeParams",
+    "Mamba2Dims",
+    "StepInputs",
+    "Ring",
+    "StatePool",
+    "VerifyParams",
+    "persistent_inputs_aligned",
+    "pool_struct",
+    "ring_struct",
+    "plan_query",
+    "load",
+]

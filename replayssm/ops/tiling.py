@@ -11,4 +11,3 @@ def check_rows(rows, dim: int, dim_name: str, choices: Sequence[int]) -> int:
         valid = [r for r in choices if dim % r == 0]
         raise ValueError(f"rows_per_cta: expected one of {valid} for {dim_name} {dim}, got {rows!r}")
     return rows
-

@@ -17,8 +17,16 @@ def _fmt_shape(shape: Sequence) -> str:
     return "[" + ", ".join("*" if s is None else str(s) for s in shape) + "]"
 
 
-def check_tensor(name: str, t, *, shape: Sequence | None = None, dtype=None, device=None,
-                 inner_contiguous: int = 0, optional: bool = False) -> torch.Tensor | None:
+def check_tensor(
+    name: str,
+    t,
+    *,
+    shape: Sequence | None = None,
+    dtype=None,
+    device=None,
+    inner_contiguous: int = 0,
+    optional: bool = False,
+) -> torch.Tensor | None:
     """Check type, shape (None = any size), dtype (one or a tuple), device and that the last
     ``inner_contiguous`` dims are densely packed (stride 1 innermost)."""
     if t is None:
@@ -60,8 +68,10 @@ def misalignment(t: torch.Tensor, stride_dims: Sequence[int], nbytes: int = 16) 
     size = t.element_size()
     for d in stride_dims:
         if t.shape[d] > 1 and (t.stride(d) * size) % nbytes:
-            return (f"stride of dim {d} must be a multiple of {nbytes // math.gcd(nbytes, size)} elements "
-                    f"({nbytes} bytes), got {t.stride(d)}")
+            return (
+                f"stride of dim {d} must be a multiple of {nbytes // math.gcd(nbytes, size)} elements "
+                f"({nbytes} bytes), got {t.stride(d)}"
+            )
     return None
 
 
@@ -119,6 +129,8 @@ def merge_token_dims(name: str, t, batch: int, T: int, rest: Sequence[int] | Non
         want = [batch, T, *(rest if rest is not None else ["..."])]
         raise ValueError(f"{name}: expected shape [{', '.join(map(str, want))}] (batch, T, ...), got {list(t.shape)}")
     if batch > 1 and T > 1 and t.stride(0) != T * t.stride(1):
-        raise ValueError(f"{name}: the batch and T dims must merge into token rows (stride(0) == T * stride(1)), "
-                         f"got strides {list(t.stride())}")
+        raise ValueError(
+            f"{name}: the batch and T dims must merge into token rows (stride(0) == T * stride(1)), "
+            f"got strides {list(t.stride())}"
+        )
     return t.view(batch * T, *t.shape[2:])  # a view by the check above: outputs land in t

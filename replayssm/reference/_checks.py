@@ -35,8 +35,7 @@ def shaped(where: str, name: str, t, dims: Sequence[str], sizes: Sequence[Dim]) 
     ok = t.dim() == len(sizes) and all(s is None or s == d for s, d in zip(sizes, t.shape))
     if not ok:
         raise ValueError(
-            f"{where}: argument '{name}' must have shape {_fmt_expected(dims, sizes)}, "
-            f"got {tuple(t.shape)}"
+            f"{where}: argument '{name}' must have shape {_fmt_expected(dims, sizes)}, got {tuple(t.shape)}"
         )
     return t
 
@@ -66,17 +65,11 @@ def int_vector(where: str, name: str, v, length: int | None = None) -> torch.Ten
             raise TypeError(f"{where}: argument '{name}' must be a list of ints, got {v!r}")
         t = torch.tensor(list(v), dtype=torch.int64)
     else:
-        raise TypeError(
-            f"{where}: argument '{name}' must be an int tensor or a list of ints, "
-            f"got {type(v).__name__}"
-        )
+        raise TypeError(f"{where}: argument '{name}' must be an int tensor or a list of ints, got {type(v).__name__}")
     if t.dim() != 1:
         raise ValueError(f"{where}: argument '{name}' must be 1-D, got shape {tuple(t.shape)}")
     if length is not None and t.numel() != length:
-        raise ValueError(
-            f"{where}: argument '{name}' must have {length} entries (one per batch row), "
-            f"got {t.numel()}"
-        )
+        raise ValueError(f"{where}: argument '{name}' must have {length} entries (one per batch row), got {t.numel()}")
     return t
 
 
@@ -86,10 +79,7 @@ def slot_list(where: str, slots, num_slots: int) -> tuple[int, ...]:
     vals = tuple(int(s) for s in t.tolist())
     bad = [s for s in vals if s < -1 or s >= num_slots]
     if bad:
-        raise ValueError(
-            f"{where}: argument 'slots' must hold slot ids in [0, {num_slots}) or -1 (pad), "
-            f"got {bad}"
-        )
+        raise ValueError(f"{where}: argument 'slots' must hold slot ids in [0, {num_slots}) or -1 (pad), got {bad}")
     real = [s for s in vals if s >= 0]
     if len(set(real)) != len(real):
         raise ValueError(f"{where}: argument 'slots' must not repeat a slot id, got {list(vals)}")

@@ -46,8 +46,9 @@ def kda_gate(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor | None 
     return -torch.exp(A_log)[:, None] * softplus(s)
 
 
-def _prep(where, per_channel, names, sizes, HV, HK, K, V, dtype, q, k, v, g, beta, A_log, a,
-          dt_bias, b, use_l2norm, scale):
+def _prep(
+    where, per_channel, names, sizes, HV, HK, K, V, dtype, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale
+):
     """Validate and preprocess one step's / one verify's inputs.
 
     Returns a dict: ``q`` (scaled, normalised) and ``k`` (normalised) [*pre, HK, K], ``v``
@@ -65,14 +66,18 @@ def _prep(where, per_channel, names, sizes, HV, HK, K, V, dtype, q, k, v, g, bet
         shaped(where, "g", g, names + gdims, sizes + gsizes)
     else:
         if A_log is None or a is None:
-            raise ValueError(f"{where}: the decay needs 'g', or both 'A_log' and 'a'; got neither g nor "
-                             f"{'A_log' if A_log is None else 'a'}")
+            raise ValueError(
+                f"{where}: the decay needs 'g', or both 'A_log' and 'a'; got neither g nor "
+                f"{'A_log' if A_log is None else 'a'}"
+            )
         shaped(where, "A_log", A_log, ("HV",), (HV,))
         shaped(where, "a", a, names + gdims, sizes + gsizes)
         optional_shaped(where, "dt_bias", dt_bias, gdims, gsizes)
     if (beta is None) == (b is None):
-        raise ValueError(f"{where}: pass exactly one of 'beta' (the gate) and 'b' (its logit), "
-                         f"got {'both' if beta is not None else 'neither'}")
+        raise ValueError(
+            f"{where}: pass exactly one of 'beta' (the gate) and 'b' (its logit), "
+            f"got {'both' if beta is not None else 'neither'}"
+        )
     if beta is not None:
         shaped(where, "beta", beta, names + ("HV",), sizes + (HV,))
     else:
@@ -80,11 +85,11 @@ def _prep(where, per_channel, names, sizes, HV, HK, K, V, dtype, q, k, v, g, bet
     if not isinstance(use_l2norm, bool):
         raise TypeError(f"{where}: argument 'use_l2norm' must be a bool, got {type(use_l2norm).__name__}")
     if scale is None:
-        scale = K ** -0.5
+        scale = K**-0.5
     elif isinstance(scale, bool) or not isinstance(scale, (int, float)):
         raise TypeError(f"{where}: argument 'scale' must be a float or None, got {type(scale).__name__}")
 
-    cast = (lambda t: None if t is None else t.to(dtype))
+    cast = lambda t: None if t is None else t.to(dtype)
     qc, kc = cast(q), cast(k)
     if use_l2norm:
         qc, kc = l2norm(qc), l2norm(kc)
@@ -108,19 +113,38 @@ def _delta_step(where, per_channel, S, q, k, v, g, beta, A_log, a, dt_bias, b, u
     shaped(where, "q", q, ("batch", "HK", "K"), (batch, None, K))
     HK = q.shape[1]
     _check_heads(where, HV, HK)
-    t = _prep(where, per_channel, ("batch",), (batch,), HV, HK, K, V, S.dtype, q, k, v, g, beta,
-              A_log, a, dt_bias, b, use_l2norm, scale)
+    t = _prep(
+        where,
+        per_channel,
+        ("batch",),
+        (batch,),
+        HV,
+        HK,
+        K,
+        V,
+        S.dtype,
+        q,
+        k,
+        v,
+        g,
+        beta,
+        A_log,
+        a,
+        dt_bias,
+        b,
+        use_l2norm,
+        scale,
+    )
     hk = group_index(HV, HK)
-    qh, kh = t["q"][:, hk], t["k"][:, hk]                          # [batch, HV, K]
-    g3 = t["g"] if per_channel else t["g"][..., None]              # [batch, HV, Kg]
+    qh, kh = t["q"][:, hk], t["k"][:, hk]  # [batch, HV, K]
+    g3 = t["g"] if per_channel else t["g"][..., None]  # [batch, HV, Kg]
     St = S * torch.exp(g3)[:, :, None, :]
     u = t["beta"][..., None] * (t["v"] - torch.einsum("bhvk,bhk->bhv", St, kh))
     S_new = St + u[..., None] * kh[:, :, None, :]
     return torch.einsum("bhvk,bhk->bhv", S_new, qh), S_new
 
 
-def gdn_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
-             use_l2norm=True, scale=None):
+def gdn_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None, use_l2norm=True, scale=None):
     """One conventional Gated DeltaNet decode step for a batch.
 
     S [batch, HV, V, K] float (defines the compute dtype); q, k [batch, HK, K]; v [batch, HV, V];
@@ -131,8 +155,7 @@ def gdn_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None,
     return _delta_step("gdn_step", False, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale)
 
 
-def kda_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
-             use_l2norm=True, scale=None):
+def kda_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None, use_l2norm=True, scale=None):
     """One conventional KDA decode step: as :func:`gdn_step` but with a per-K-channel decay.
 
     decay: g [batch, HV, K] or (A_log [HV], a [batch, HV, K], dt_bias [HV, K]|None).
@@ -149,14 +172,22 @@ def delta_fold(S: torch.Tensor, g3: torch.Tensor, u: torch.Tensor, kh: torch.Ten
     """
     if u.shape[0] == 0:
         return S.clone()
-    c = torch.cumsum(g3, dim=0)                                    # [m, HV, Kg]
-    kd = torch.exp(c[-1] - c) * kh                                 # [m, HV, K]
+    c = torch.cumsum(g3, dim=0)  # [m, HV, Kg]
+    kd = torch.exp(c[-1] - c) * kh  # [m, HV, K]
     return S * torch.exp(c[-1])[:, None, :] + torch.einsum("jhv,jhk->hvk", u, kd)
 
 
-def delta_replay_outputs(S_c: torch.Tensor, g3: torch.Tensor, kh: torch.Tensor, u_prior: torch.Tensor,
-                         v: torch.Tensor, beta: torch.Tensor, m: int, parents: Sequence[int],
-                         qh: torch.Tensor | None = None):
+def delta_replay_outputs(
+    S_c: torch.Tensor,
+    g3: torch.Tensor,
+    kh: torch.Tensor,
+    u_prior: torch.Tensor,
+    v: torch.Tensor,
+    beta: torch.Tensor,
+    m: int,
+    parents: Sequence[int],
+    qh: torch.Tensor | None = None,
+):
     """Output-only evaluation of T drafts after m committed records (no state is formed).
 
     S_c [HV, V, K] checkpoint as read (hp or lp copy);
@@ -168,25 +199,25 @@ def delta_replay_outputs(S_c: torch.Tensor, g3: torch.Tensor, kh: torch.Tensor, 
     index order (a draft's parent is always earlier), and their outputs.
     """
     T = len(parents)
-    M = window_visibility(m, parents)                              # [n, n]
-    cum = (M.to(g3.dtype) @ g3.flatten(1)).view(g3.shape)          # [n, HV, Kg]: c_r per record
+    M = window_visibility(m, parents)  # [n, n]
+    cum = (M.to(g3.dtype) @ g3.flatten(1)).view(g3.shape)  # [n, HV, Kg]: c_r per record
     u_all = torch.cat([u_prior, torch.zeros((T,) + tuple(u_prior.shape[1:]), dtype=u_prior.dtype)])
     zero = torch.zeros((), dtype=g3.dtype)
     outs = []
     for i in range(T):
         r = m + i
-        ci = cum[r]                                                # [HV, Kg]
+        ci = cum[r]  # [HV, Kg]
         decay = torch.where(M[r][:, None, None], torch.exp(ci - cum), zero)
-        kd = decay * kh                                            # [n, HV, K] keys as seen by r
-        e = torch.exp(ci)                                          # [HV, Kg]
+        kd = decay * kh  # [n, HV, K] keys as seen by r
+        e = torch.exp(ci)  # [HV, Kg]
         # One read of S_c serves both the correction (e ⊙ k̂_r) and the output (e ⊙ q̂_r).
         w = torch.stack([e * kh[r]] + ([e * qh[i]] if qh is not None else []), dim=-1)  # [HV, K, 1|2]
-        Sw = S_c @ w                                               # [HV, V, 1|2]
-        coef = (kd[:r] * kh[r]).sum(-1)                            # [r, HV]: (decayed k̂_j) · k̂_r
-        Sk = Sw[..., 0] + (coef[..., None] * u_all[:r]).sum(0)     # S̃_r k̂_r, [HV, V]
+        Sw = S_c @ w  # [HV, V, 1|2]
+        coef = (kd[:r] * kh[r]).sum(-1)  # [r, HV]: (decayed k̂_j) · k̂_r
+        Sk = Sw[..., 0] + (coef[..., None] * u_all[:r]).sum(0)  # S̃_r k̂_r, [HV, V]
         u_all[r] = beta[i][:, None] * (v[i] - Sk)
         if qh is not None:
-            cq = (kd[: r + 1] * qh[i]).sum(-1)                     # [r+1, HV]: (decayed k̂_j) · q̂_r
+            cq = (kd[: r + 1] * qh[i]).sum(-1)  # [r+1, HV]: (decayed k̂_j) · q̂_r
             outs.append(Sw[..., 1] + (cq[..., None] * u_all[: r + 1]).sum(0))
     return u_all[m:], (torch.stack(outs) if qh is not None else None)
 
@@ -197,8 +228,18 @@ class _DeltaReplayRef(ReplayPool):
     per_channel = False
     state_dims = ("HV", "V", "K")
 
-    def __init__(self, num_slots: int, HV: int, HK: int, K: int, V: int, L: int, max_draft: int = 1,
-                 dtype: torch.dtype = torch.float64, read_format: str | None = None):
+    def __init__(
+        self,
+        num_slots: int,
+        HV: int,
+        HK: int,
+        K: int,
+        V: int,
+        L: int,
+        max_draft: int = 1,
+        dtype: torch.dtype = torch.float64,
+        read_format: str | None = None,
+    ):
         for name, val in (("HV", HV), ("HK", HK), ("K", K), ("V", V)):
             positive_int(self.family, name, val)
         _check_heads(self.family, HV, HK)
@@ -206,9 +247,15 @@ class _DeltaReplayRef(ReplayPool):
             raise ValueError(f"{self.family}: read_format 'nvfp4' needs K to be a multiple of 16, got K={K}")
         self.HV, self.HK, self.K, self.V = HV, HK, K, V
         gshape = (HV, K) if self.per_channel else (HV,)
-        super().__init__(num_slots, (HV, V, K),
-                         {"g": gshape, "u": (HV, V), "k": (HK, K), "v": (HV, V), "beta": (HV,)},
-                         L, max_draft, dtype, read_format)
+        super().__init__(
+            num_slots,
+            (HV, V, K),
+            {"g": gshape, "u": (HV, V), "k": (HK, K), "v": (HV, V), "beta": (HV,)},
+            L,
+            max_draft,
+            dtype,
+            read_format,
+        )
         self._hk = group_index(HV, HK)
 
     def _g3(self, g: torch.Tensor) -> torch.Tensor:
@@ -220,11 +267,19 @@ class _DeltaReplayRef(ReplayPool):
 
     def _exact_records(self, slot, S_hp, recs):
         if self.read_format is None or recs["u"].shape[0] == 0:
-            return recs   # u was computed from S_hp already
+            return recs  # u was computed from S_hp already
         m = recs["u"].shape[0]
         empty = recs["u"][:0]
-        u, _ = delta_replay_outputs(S_hp, self._g3(recs["g"]), recs["k"][:, self._hk], empty,
-                                    recs["v"], recs["beta"], 0, chain_parents(m).tolist())
+        u, _ = delta_replay_outputs(
+            S_hp,
+            self._g3(recs["g"]),
+            recs["k"][:, self._hk],
+            empty,
+            recs["v"],
+            recs["beta"],
+            0,
+            chain_parents(m).tolist(),
+        )
         return dict(recs, u=u)
 
     # -------------------------------------------------------------- decode API
@@ -233,15 +288,30 @@ class _DeltaReplayRef(ReplayPool):
             m = com["u"].shape[0]
             g3 = self._g3(torch.cat([com["g"], t["g"][r]]))
             kh = torch.cat([com["k"], t["k"][r]])[:, self._hk]
-            u, o = delta_replay_outputs(S_read, g3, kh, com["u"], t["v"][r], t["beta"][r], m, row_parents,
-                                        t["q"][r][:, self._hk])
+            u, o = delta_replay_outputs(
+                S_read, g3, kh, com["u"], t["v"][r], t["beta"][r], m, row_parents, t["q"][r][:, self._hk]
+            )
             recs = {"g": t["g"][r], "u": u, "k": t["k"][r], "v": t["v"][r], "beta": t["beta"][r]}
             return o, recs
 
         return self._verify_rows(sl, T, parents, (self.HV, self.V), row_fn)
 
-    def step(self, slots, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
-             use_l2norm=True, scale=None) -> torch.Tensor:
+    def step(
+        self,
+        slots,
+        q,
+        k,
+        v,
+        *,
+        g=None,
+        beta=None,
+        A_log=None,
+        a=None,
+        dt_bias=None,
+        b=None,
+        use_l2norm=True,
+        scale=None,
+    ) -> torch.Tensor:
         """One decode token per row (T = 1, committed at once).
 
         slots int [batch] (-1 = pad); q, k [batch, HK, K]; v [batch, HV, V]; decay g [batch, HV]
@@ -251,15 +321,50 @@ class _DeltaReplayRef(ReplayPool):
         where = f"{self.family}.step"
         sl = slot_list(where, slots, self.num_slots)
         names, sizes = prefix(len(sl), None)
-        t = _prep(where, self.per_channel, names, sizes, self.HV, self.HK, self.K, self.V, self.dtype,
-                  q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale)
+        t = _prep(
+            where,
+            self.per_channel,
+            names,
+            sizes,
+            self.HV,
+            self.HK,
+            self.K,
+            self.V,
+            self.dtype,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            A_log,
+            a,
+            dt_bias,
+            b,
+            use_l2norm,
+            scale,
+        )
         t = {key: val.unsqueeze(1) for key, val in t.items()}
         o = self._run(sl, 1, self._parents(where, None, len(sl), 1), t)
         self._commit_one(sl)
         return o[:, 0]
 
-    def verify(self, slots, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None,
-               use_l2norm=True, scale=None, parents=None) -> torch.Tensor:
+    def verify(
+        self,
+        slots,
+        q,
+        k,
+        v,
+        *,
+        g=None,
+        beta=None,
+        A_log=None,
+        a=None,
+        dt_bias=None,
+        b=None,
+        use_l2norm=True,
+        scale=None,
+        parents=None,
+    ) -> torch.Tensor:
         """Append T draft tokens per row and return all T outputs, output-only.
 
         As :meth:`step` with a T dim after batch on every per-token input (q, k [batch, T, HK, K],
@@ -272,8 +377,28 @@ class _DeltaReplayRef(ReplayPool):
         T = verify_T(where, q, "q")
         self._check_T(where, T)
         names, sizes = prefix(len(sl), T)
-        t = _prep(where, self.per_channel, names, sizes, self.HV, self.HK, self.K, self.V, self.dtype,
-                  q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale)
+        t = _prep(
+            where,
+            self.per_channel,
+            names,
+            sizes,
+            self.HV,
+            self.HK,
+            self.K,
+            self.V,
+            self.dtype,
+            q,
+            k,
+            v,
+            g,
+            beta,
+            A_log,
+            a,
+            dt_bias,
+            b,
+            use_l2norm,
+            scale,
+        )
         par = self._parents(where, parents, len(sl), T)
         return self._run(sl, T, par, t)
 

@@ -27,8 +27,7 @@ from ._math import group_index, softplus, window_visibility
 from .pool import ReplayPool, prefix, verify_T
 
 
-def mamba2_delta(dt: torch.Tensor, dt_bias: torch.Tensor | None = None,
-                 dt_softplus: bool = True) -> torch.Tensor:
+def mamba2_delta(dt: torch.Tensor, dt_bias: torch.Tensor | None = None, dt_softplus: bool = True) -> torch.Tensor:
     """Processed time step: dt [..., H], dt_bias [H] or None -> delta [..., H] (dtype of dt)."""
     s = dt if dt_bias is None else dt + dt_bias
     return softplus(s) if dt_softplus else s
@@ -46,10 +45,17 @@ def _prep(where, names, sizes, H, P, N, G, dtype, x, dt, A, B, C, D, z, dt_bias,
     optional_shaped(where, "dt_bias", dt_bias, ("H",), (H,))
     if not isinstance(dt_softplus, bool):
         raise TypeError(f"{where}: argument 'dt_softplus' must be a bool, got {type(dt_softplus).__name__}")
-    cast = (lambda t: None if t is None else t.to(dtype))
+    cast = lambda t: None if t is None else t.to(dtype)
     dtc = cast(dt)
-    return dict(x=cast(x), delta=mamba2_delta(dtc, cast(dt_bias), dt_softplus), A=cast(A),
-                B=cast(B), C=cast(C), D=cast(D), z=cast(z))
+    return dict(
+        x=cast(x),
+        delta=mamba2_delta(dtc, cast(dt_bias), dt_softplus),
+        A=cast(A),
+        B=cast(B),
+        C=cast(C),
+        D=cast(D),
+        z=cast(z),
+    )
 
 
 def _finish(y: torch.Tensor, x: torch.Tensor, D: torch.Tensor | None, z: torch.Tensor | None):
@@ -66,10 +72,18 @@ def _check_groups(where: str, H: int, G: int) -> None:
         raise ValueError(f"{where}: the number of groups G must divide H={H}, got G={G}")
 
 
-def mamba2_step(S: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Tensor,
-                B: torch.Tensor, C: torch.Tensor, D: torch.Tensor | None = None,
-                z: torch.Tensor | None = None, dt_bias: torch.Tensor | None = None,
-                dt_softplus: bool = True):
+def mamba2_step(
+    S: torch.Tensor,
+    x: torch.Tensor,
+    dt: torch.Tensor,
+    A: torch.Tensor,
+    B: torch.Tensor,
+    C: torch.Tensor,
+    D: torch.Tensor | None = None,
+    z: torch.Tensor | None = None,
+    dt_bias: torch.Tensor | None = None,
+    dt_softplus: bool = True,
+):
     """One conventional Mamba-2 decode step for a batch.
 
     S [batch, H, P, N] float (defines the compute dtype); x [batch, H, P]; dt [batch, H];
@@ -84,16 +98,17 @@ def mamba2_step(S: torch.Tensor, x: torch.Tensor, dt: torch.Tensor, A: torch.Ten
     _check_groups(where, H, G)
     t = _prep(where, ("batch",), (batch,), H, P, N, G, S.dtype, x, dt, A, B, C, D, z, dt_bias, dt_softplus)
     grp = group_index(H, G)
-    Bh, Ch = t["B"][:, grp], t["C"][:, grp]                        # [batch, H, N]
-    alpha = torch.exp(t["delta"] * t["A"])                         # [batch, H]
-    xv = t["delta"][..., None] * t["x"]                            # [batch, H, P]
+    Bh, Ch = t["B"][:, grp], t["C"][:, grp]  # [batch, H, N]
+    alpha = torch.exp(t["delta"] * t["A"])  # [batch, H]
+    xv = t["delta"][..., None] * t["x"]  # [batch, H, P]
     S_new = alpha[..., None, None] * S + xv[..., None] * Bh[:, :, None, :]
     y = torch.einsum("bhpn,bhn->bhp", S_new, Ch)
     return _finish(y, t["x"], t["D"], t["z"]), S_new
 
 
-def mamba2_fold(S: torch.Tensor, A: torch.Tensor, x: torch.Tensor, delta: torch.Tensor,
-                Bh: torch.Tensor) -> torch.Tensor:
+def mamba2_fold(
+    S: torch.Tensor, A: torch.Tensor, x: torch.Tensor, delta: torch.Tensor, Bh: torch.Tensor
+) -> torch.Tensor:
     """Fold a chain of m records into a state (the flush's one (P×m)(m×N) product).
 
     S [H, P, N]; A [H]; x [m, H, P]; delta [m, H]; Bh [m, H, N] (B expanded to heads).
@@ -101,13 +116,21 @@ def mamba2_fold(S: torch.Tensor, A: torch.Tensor, x: torch.Tensor, delta: torch.
     """
     if x.shape[0] == 0:
         return S.clone()
-    c = torch.cumsum(delta * A, dim=0)                             # [m, H]
-    w = torch.exp(c[-1] - c)[..., None] * delta[..., None] * x     # [m, H, P]
+    c = torch.cumsum(delta * A, dim=0)  # [m, H]
+    w = torch.exp(c[-1] - c)[..., None] * delta[..., None] * x  # [m, H, P]
     return torch.exp(c[-1])[:, None, None] * S + torch.einsum("jhp,jhn->hpn", w, Bh)
 
 
-def mamba2_replay_outputs(S_c: torch.Tensor, A: torch.Tensor, x: torch.Tensor, delta: torch.Tensor,
-                          Bh: torch.Tensor, Cq: torch.Tensor, m: int, parents: Sequence[int]) -> torch.Tensor:
+def mamba2_replay_outputs(
+    S_c: torch.Tensor,
+    A: torch.Tensor,
+    x: torch.Tensor,
+    delta: torch.Tensor,
+    Bh: torch.Tensor,
+    Cq: torch.Tensor,
+    m: int,
+    parents: Sequence[int],
+) -> torch.Tensor:
     """Output-only evaluation of T drafts after m committed records (no state is formed).
 
     S_c [H, P, N] checkpoint as read (hp or lp copy); A [H];
@@ -115,14 +138,14 @@ def mamba2_replay_outputs(S_c: torch.Tensor, A: torch.Tensor, x: torch.Tensor, d
     Cq [T, H, N] the drafts' read vectors (C expanded to heads); parents: T ints, the draft tree
     (``[-1, 0, 1, ...]`` for a chain). Returns the SSM part of the outputs [T, H, P] (no D skip, no gate).
     """
-    M = window_visibility(m, parents)                              # [n, n]
-    cum = M.to(x.dtype) @ (delta * A)                              # [n, H]: c_r per record
-    cq = cum[m:]                                                   # [T, H]
+    M = window_visibility(m, parents)  # [n, n]
+    cum = M.to(x.dtype) @ (delta * A)  # [n, H]: c_r per record
+    cq = cum[m:]  # [T, H]
     decay = torch.where(M[m:, :, None], torch.exp(cq[:, None, :] - cum[None]), torch.zeros((), dtype=x.dtype))
-    Ct = Cq.transpose(0, 1)                                        # [H, T, N]
-    kq = (Ct @ Bh.permute(1, 2, 0)).permute(1, 2, 0)               # [T, n, H]: B_j · C_i
-    xv = (delta[..., None] * x).transpose(0, 1)                    # [H, n, P]
-    y_ckpt = (Ct @ S_c.transpose(1, 2)).transpose(0, 1)            # [T, H, P]: S_c C_i (one read)
+    Ct = Cq.transpose(0, 1)  # [H, T, N]
+    kq = (Ct @ Bh.permute(1, 2, 0)).permute(1, 2, 0)  # [T, n, H]: B_j · C_i
+    xv = (delta[..., None] * x).transpose(0, 1)  # [H, n, P]
+    y_ckpt = (Ct @ S_c.transpose(1, 2)).transpose(0, 1)  # [T, H, P]: S_c C_i (one read)
     y_ring = ((decay * kq).permute(2, 0, 1) @ xv).transpose(0, 1)  # [T, H, P]
     return torch.exp(cq)[..., None] * y_ckpt + y_ring
 
@@ -139,8 +162,18 @@ class Mamba2ReplayRef(ReplayPool):
     family = "Mamba2ReplayRef"
     state_dims = ("H", "P", "N")
 
-    def __init__(self, num_slots: int, H: int, P: int, N: int, G: int, L: int, max_draft: int = 1,
-                 dtype: torch.dtype = torch.float64, read_format: str | None = None):
+    def __init__(
+        self,
+        num_slots: int,
+        H: int,
+        P: int,
+        N: int,
+        G: int,
+        L: int,
+        max_draft: int = 1,
+        dtype: torch.dtype = torch.float64,
+        read_format: str | None = None,
+    ):
         for name, v in (("H", H), ("P", P), ("N", N), ("G", G)):
             positive_int(self.family, name, v)
         _check_groups(self.family, H, G)
@@ -148,8 +181,9 @@ class Mamba2ReplayRef(ReplayPool):
             raise ValueError(f"{self.family}: read_format 'nvfp4' needs N to be a multiple of 16, got N={N}")
         self.H, self.P, self.N, self.G = H, P, N, G
         self.A: torch.Tensor | None = None
-        super().__init__(num_slots, (H, P, N), {"x": (H, P), "delta": (H,), "B": (G, N)},
-                         L, max_draft, dtype, read_format)
+        super().__init__(
+            num_slots, (H, P, N), {"x": (H, P), "delta": (H,), "B": (G, N)}, L, max_draft, dtype, read_format
+        )
         self._grp = group_index(H, G)
 
     # -------------------------------------------------------------- hooks
@@ -176,8 +210,9 @@ class Mamba2ReplayRef(ReplayPool):
             x = torch.cat([com["x"], t["x"][r]])
             delta = torch.cat([com["delta"], t["delta"][r]])
             B = torch.cat([com["B"], t["B"][r]])
-            y = mamba2_replay_outputs(S_read, self.A, x, delta, B[:, self._grp], t["C"][r][:, self._grp],
-                                      com["x"].shape[0], row_parents)
+            y = mamba2_replay_outputs(
+                S_read, self.A, x, delta, B[:, self._grp], t["C"][r][:, self._grp], com["x"].shape[0], row_parents
+            )
             z = None if t["z"] is None else t["z"][r]
             y = _finish(y, t["x"][r], t["D"], z)
             return y, {"x": t["x"][r], "delta": t["delta"][r], "B": t["B"][r]}
@@ -193,15 +228,17 @@ class Mamba2ReplayRef(ReplayPool):
         where = f"{self.family}.step"
         sl = slot_list(where, slots, self.num_slots)
         names, sizes = prefix(len(sl), None)
-        t = _prep(where, names, sizes, self.H, self.P, self.N, self.G, self.dtype,
-                  x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        t = _prep(
+            where, names, sizes, self.H, self.P, self.N, self.G, self.dtype, x, dt, A, B, C, D, z, dt_bias, dt_softplus
+        )
         t = {k: (v.unsqueeze(1) if v is not None and k not in ("A", "D") else v) for k, v in t.items()}
         y = self._run(where, sl, 1, self._parents(where, None, len(sl), 1), t)
         self._commit_one(sl)
         return y[:, 0]
 
-    def verify(self, slots, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=True,
-               parents=None) -> torch.Tensor:
+    def verify(
+        self, slots, x, dt, A, B, C, D=None, z=None, dt_bias=None, dt_softplus=True, parents=None
+    ) -> torch.Tensor:
         """Append T draft tokens per row and return all T outputs, output-only.
 
         slots int [batch]; x [batch, T, H, P]; dt [batch, T, H]; A [H]; B, C [batch, T, G, N];
@@ -214,7 +251,8 @@ class Mamba2ReplayRef(ReplayPool):
         T = verify_T(where, x, "x")
         self._check_T(where, T)
         names, sizes = prefix(len(sl), T)
-        t = _prep(where, names, sizes, self.H, self.P, self.N, self.G, self.dtype,
-                  x, dt, A, B, C, D, z, dt_bias, dt_softplus)
+        t = _prep(
+            where, names, sizes, self.H, self.P, self.N, self.G, self.dtype, x, dt, A, B, C, D, z, dt_bias, dt_softplus
+        )
         par = self._parents(where, parents, len(sl), T)
         return self._run(where, sl, T, par, t)

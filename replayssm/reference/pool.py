@@ -48,8 +48,16 @@ class ReplayPool:
     family = "replay"
     state_dims: tuple[str, ...] = ()
 
-    def __init__(self, num_slots: int, state_shape: Sequence[int], ring_shapes: dict[str, Sequence[int]],
-                 L: int, max_draft: int, dtype: torch.dtype, read_format: str | None):
+    def __init__(
+        self,
+        num_slots: int,
+        state_shape: Sequence[int],
+        ring_shapes: dict[str, Sequence[int]],
+        L: int,
+        max_draft: int,
+        dtype: torch.dtype,
+        read_format: str | None,
+    ):
         where = f"{type(self).__name__}"
         positive_int(where, "num_slots", num_slots)
         positive_int(where, "L", L)
@@ -119,7 +127,7 @@ class ReplayPool:
         for sp in self._spans(slot, offset, count):
             width = sp.stop - sp.start
             for name, t in self.ring.items():
-                t[slot, sp] = recs[name][done:done + width]
+                t[slot, sp] = recs[name][done : done + width]
             done += width
 
     def _committed(self, slot: int) -> Records:
@@ -212,8 +220,7 @@ class ReplayPool:
             n = int(n_acc[r])
             if not 1 <= n <= T:
                 raise ValueError(
-                    f"{where}: argument 'num_accepted' must be in [1, T={T}] for row {r} "
-                    f"(slot {s}), got {n}"
+                    f"{where}: argument 'num_accepted' must be in [1, T={T}] for row {r} (slot {s}), got {n}"
                 )
             par = self.draft_parents[s, :n]
             if not torch.equal(par, chain_parents(n)):
@@ -239,8 +246,7 @@ class ReplayPool:
         if not isinstance(paths, (list, tuple)) or len(paths) != len(sl):
             got = len(paths) if isinstance(paths, (list, tuple)) else type(paths).__name__
             raise ValueError(
-                f"{where}: argument 'paths' must be a list with one path per row "
-                f"({len(sl)} rows), got {got}"
+                f"{where}: argument 'paths' must be a list with one path per row ({len(sl)} rows), got {got}"
             )
         plan = []
         for r, s in enumerate(sl):
@@ -255,8 +261,7 @@ class ReplayPool:
             for k, node in enumerate(path.tolist()):
                 if not 0 <= node < T:
                     raise ValueError(
-                        f"{where}: argument 'paths[{r}]' holds node {node}, expected a draft index "
-                        f"in [0, {T})"
+                        f"{where}: argument 'paths[{r}]' holds node {node}, expected a draft index in [0, {T})"
                     )
                 if int(par[node]) != prev:
                     raise ValueError(
@@ -268,7 +273,7 @@ class ReplayPool:
         for s, path in plan:
             m = int(self.ring_len[s])
             start = int(self.ring_start[s])
-            src = (start + m + path) % self.R             # draft node j lives at offset m + j
+            src = (start + m + path) % self.R  # draft node j lives at offset m + j
             dst = self._phys(s, m, path.numel())
             # Gather (a copy) before writing, so overlapping source/destination entries are safe.
             self._write(s, dst, self._read(s, src))
@@ -321,13 +326,16 @@ class ReplayPool:
 
     def _check_T(self, where: str, T: int) -> None:
         if T < 1 or T > self.max_draft:
-            raise ValueError(
-                f"{where}: draft count T must be in [1, max_draft={self.max_draft}], got T={T}"
-            )
+            raise ValueError(f"{where}: draft count T must be in [1, max_draft={self.max_draft}], got T={T}")
 
-    def _verify_rows(self, slots: Sequence[int], T: int, parents: torch.Tensor, out_shape: Sequence[int],
-                     row_fn: Callable[[int, int, torch.Tensor, Records, tuple[int, ...]], tuple[torch.Tensor, Records]]
-                     ) -> torch.Tensor:
+    def _verify_rows(
+        self,
+        slots: Sequence[int],
+        T: int,
+        parents: torch.Tensor,
+        out_shape: Sequence[int],
+        row_fn: Callable[[int, int, torch.Tensor, Records, tuple[int, ...]], tuple[torch.Tensor, Records]],
+    ) -> torch.Tensor:
         """Run one verify over a batch (slots already validated).
 
         For each non-pad row r with slot s: drop pending drafts, flush if ``m + T > L``, call

@@ -71,8 +71,9 @@ def quantize_fp8_e4m3_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return codes, scale
 
 
-def dequantize_fp8_e4m3_rows(codes: torch.Tensor, scale: torch.Tensor,
-                             dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_fp8_e4m3_rows(
+    codes: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Inverse of :func:`quantize_fp8_e4m3_rows`: codes [..., D] e4m3, scale [..., 1] fp32 ->
     [..., D] in ``dtype`` (product taken in fp32)."""
     return (codes.to(torch.float32) * scale.to(torch.float32)).to(dtype)
@@ -118,8 +119,9 @@ def _nvfp4_combined_scale(block_scale: torch.Tensor, row_scale: torch.Tensor) ->
     return (block_scale.to(torch.float32) * row_scale.to(torch.float32)).unsqueeze(-1)
 
 
-def dequantize_nvfp4(codes: torch.Tensor, block_scale: torch.Tensor, row_scale: torch.Tensor,
-                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def dequantize_nvfp4(
+    codes: torch.Tensor, block_scale: torch.Tensor, row_scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
     """Inverse of :func:`quantize_nvfp4`; returns [..., D] in ``dtype``."""
     D = codes.shape[-1]
     cb = codes.to(torch.float32).reshape(*codes.shape[:-1], D // NVFP4_BLOCK, NVFP4_BLOCK)
@@ -134,9 +136,7 @@ def fake_quant_nvfp4(x: torch.Tensor) -> torch.Tensor:
 def check_read_format(where: str, read_format: str | None) -> str | None:
     """Validate a ``read_format`` argument (one of :data:`READ_FORMATS`)."""
     if read_format not in READ_FORMATS:
-        raise ValueError(
-            f"{where}: argument 'read_format' must be one of {READ_FORMATS}, got {read_format!r}"
-        )
+        raise ValueError(f"{where}: argument 'read_format' must be one of {READ_FORMATS}, got {read_format!r}")
     return read_format
 
 

@@ -26,8 +26,9 @@ class RecordingModule:
         tile = KernelLaunch(kernel=C.constants()["kKernelTile"], rows_per_cta=rows, grid=1, threads=128)
         main = tile
         if query.persistent == C.PERSISTENT_ON:
-            main = KernelLaunch(kernel=C.constants()["kKernelPersistent"], rows_per_cta=rows, heads_per_unit=1,
-                                grid=1, threads=160)
+            main = KernelLaunch(
+                kernel=C.constants()["kKernelPersistent"], rows_per_cta=rows, heads_per_unit=1, grid=1, threads=160
+            )
         return ScheduleStruct(main=main, tile=tile)
 
     def launch_step(self, params, schedule, stream):

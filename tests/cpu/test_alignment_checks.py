@@ -34,12 +34,12 @@ def offset_view(shape, dtype, elems: int = 1) -> torch.Tensor:
         n *= s
     buf = torch.zeros(n + 64, dtype=dtype)
     assert buf.data_ptr() % 64 == 0
-    return buf[elems:elems + n].view(shape)
+    return buf[elems : elems + n].view(shape)
 
 
 def padded_rows(shape, dtype, pad: int = 1) -> torch.Tensor:
     """``shape`` with every innermost row followed by ``pad`` unused elements (outer strides off)."""
-    return torch.zeros(*shape[:-1], shape[-1] + pad, dtype=dtype)[..., :shape[-1]]
+    return torch.zeros(*shape[:-1], shape[-1] + pad, dtype=dtype)[..., : shape[-1]]
 
 
 class TestMisalignment:
@@ -94,7 +94,7 @@ class TestCheckAligned:
         assert msg.startswith("state: ") and "16-byte aligned" in msg and f"{t.data_ptr():#x}" in msg
 
     def test_names_stride(self):
-        t = torch.zeros(5, 2 * 8 * 16 + 1)[:, :2 * 8 * 16].view(5, 2, 8, 16)
+        t = torch.zeros(5, 2 * 8 * 16 + 1)[:, : 2 * 8 * 16].view(5, 2, 8, 16)
         with pytest.raises(ValueError) as ei:
             check_aligned("state", t, 4, (0, 1))
         msg = str(ei.value)
@@ -161,9 +161,9 @@ def packed_qkv(offset: int, pad: int = 0):
     """q, k, v as views of one packed row [offset | q | k | v | pad] per batch row."""
     width = offset + 2 * HK * K + HV * V + pad
     buf = torch.zeros(BATCH, width, dtype=BF16)
-    q = buf[:, offset:offset + HK * K].view(BATCH, HK, K)
-    k = buf[:, offset + HK * K:offset + 2 * HK * K].view(BATCH, HK, K)
-    v = buf[:, offset + 2 * HK * K:offset + 2 * HK * K + HV * V].view(BATCH, HV, V)
+    q = buf[:, offset : offset + HK * K].view(BATCH, HK, K)
+    k = buf[:, offset + HK * K : offset + 2 * HK * K].view(BATCH, HK, K)
+    v = buf[:, offset + 2 * HK * K : offset + 2 * HK * K + HV * V].view(BATCH, HV, V)
     return q, k, v
 
 
@@ -178,8 +178,11 @@ class TestDeltaPersistentRule:
 
     @pytest.mark.parametrize("name", ["q", "k", "v"])
     def test_each_input(self, name):
-        t = {"q": torch.zeros(BATCH, HK, K, dtype=BF16), "k": torch.zeros(BATCH, HK, K, dtype=BF16),
-             "v": torch.zeros(BATCH, HV, V, dtype=BF16)}
+        t = {
+            "q": torch.zeros(BATCH, HK, K, dtype=BF16),
+            "k": torch.zeros(BATCH, HK, K, dtype=BF16),
+            "v": torch.zeros(BATCH, HV, V, dtype=BF16),
+        }
         t[name] = offset_view(tuple(t[name].shape), BF16)
         assert not gdn_ops.persistent_inputs_aligned(t["q"], t["k"], t["v"])
 
@@ -188,8 +191,9 @@ class TestDeltaPersistentRule:
         q, k, v = packed_qkv(1, pad=3)
         gshape = (BATCH, HV, K) if per_channel else (BATCH, HV)
         g = offset_view(gshape, BF16)  # gates are read as (aligned words holding) elements: any offset
-        s, out = gdn_ops.step_inputs(GDIMS, BF16, CPU, BATCH, q, k, v, g=g, beta=torch.zeros(BATCH, HV),
-                                     per_channel=per_channel)
+        s, out = gdn_ops.step_inputs(
+            GDIMS, BF16, CPU, BATCH, q, k, v, g=g, beta=torch.zeros(BATCH, HV), per_channel=per_channel
+        )
         assert (s.q, s.k, s.v) == (q.data_ptr(), k.data_ptr(), v.data_ptr())
         assert s.q_stride_batch == q.stride(0) == 1 + 2 * HK * K + HV * V + 3
         assert s.g.ptr == g.data_ptr()
@@ -216,8 +220,11 @@ def _cases():
 def _fields(prefix, t, second):
     if t is None:
         return [f"p.in.{prefix} = nullptr;"]
-    return [f"p.in.{prefix} = reinterpret_cast<const void*>(uintptr_t{{{t.data_ptr():#x}ull}});",
-            f"p.in.{prefix}_stride_batch = {t.stride(0)};", f"p.in.{prefix}_stride_{second} = {t.stride(1)};"]
+    return [
+        f"p.in.{prefix} = reinterpret_cast<const void*>(uintptr_t{{{t.data_ptr():#x}ull}});",
+        f"p.in.{prefix}_stride_batch = {t.stride(0)};",
+        f"p.in.{prefix}_stride_{second} = {t.stride(1)};",
+    ]
 
 
 @needs_nvcc
@@ -239,17 +246,26 @@ def test_launcher_rule_matches_the_python_predicate(tmp_path):
             lines += [f"p.nv_heads = {HV};", f"p.nk_heads = {HK};"]
             for prefix, t in zip(("q", "k", "v"), ts):
                 lines += _fields(prefix, t, "head")
-        lines.append(f"std::printf(\"%d\\n\", int({fam}::persistent_inputs_aligned<__nv_bfloat16>(p)));")
+        lines.append(f'std::printf("%d\\n", int({fam}::persistent_inputs_aligned<__nv_bfloat16>(p)));')
         body.append("{ " + " ".join(lines) + " }")
     src = tmp_path / "rule.cu"
-    src.write_text("#include <cstdio>\n#include <cstdint>\n#include <replayssm/mamba2/launch.cuh>\n"
-                   "#include <replayssm/gdn/launch.cuh>\nusing namespace replayssm;\nint main() {\n"
-                   + "\n".join(body) + "\nreturn 0;\n}\n")
+    src.write_text(
+        "#include <cstdio>\n#include <cstdint>\n#include <replayssm/mamba2/launch.cuh>\n"
+        "#include <replayssm/gdn/launch.cuh>\nusing namespace replayssm;\nint main() {\n"
+        + "\n".join(body)
+        + "\nreturn 0;\n}\n"
+    )
     exe = tmp_path / "rule"
-    subprocess.run([str(env.find_nvcc()), "-std=c++17", "-O0", "-I", str(REPO / "include"), "-o", str(exe),
-                    str(src)], check=True, capture_output=True, timeout=600)
-    got = [bool(int(s)) for s in subprocess.run([str(exe)], check=True, capture_output=True, text=True,
-                                               timeout=60).stdout.split()]
+    subprocess.run(
+        [str(env.find_nvcc()), "-std=c++17", "-O0", "-I", str(REPO / "include"), "-o", str(exe), str(src)],
+        check=True,
+        capture_output=True,
+        timeout=600,
+    )
+    got = [
+        bool(int(s))
+        for s in subprocess.run([str(exe)], check=True, capture_output=True, text=True, timeout=60).stdout.split()
+    ]
     assert got == [c[2] for c in cases]
 
 
@@ -263,7 +279,12 @@ def test_duplicate_slot_error_bit_is_described():
 
 def test_error_bit_values_match_the_header():
     src = (REPO / "include" / "replayssm" / "common" / "constants.h").read_text()
-    for name, bit in (("kErrSlotOutOfRange", 1), ("kErrCorruptCursor", 2), ("kErrBadDrafts", 4),
-                      ("kErrBadCommit", 8), ("kErrDuplicateSlot", 16)):
+    for name, bit in (
+        ("kErrSlotOutOfRange", 1),
+        ("kErrCorruptCursor", 2),
+        ("kErrBadDrafts", 4),
+        ("kErrBadCommit", 8),
+        ("kErrDuplicateSlot", 16),
+    ):
         assert f"{name} = {bit};" in src
         assert bit in ERROR_BITS

@@ -31,9 +31,14 @@ class TestAotProgress:
     def test_one_line_per_finished_module_and_a_total(self, tmp_path):
         cuda = fake_toolchain(tmp_path / "cuda", sleep=SLEEP)
         out = tmp_path / "aot"
-        r = subprocess.run([PYTHON, "-m", "replayssm.aot", "--arch", "9.0a", "--out", str(out), "--only", ONLY,
-                            "--jobs", "2"], capture_output=True, text=True, timeout=120, cwd=REPO,
-                           env=subprocess_env(CUDA_HOME=cuda))
+        r = subprocess.run(
+            [PYTHON, "-m", "replayssm.aot", "--arch", "9.0a", "--out", str(out), "--only", ONLY, "--jobs", "2"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(CUDA_HOME=cuda),
+        )
         assert r.returncode == 0, r.stderr
         names = sorted(s.name for s in aot_specializations() if re.fullmatch(ONLY.replace("*", ".*"), s.name))
         assert len(names) == 3
@@ -44,8 +49,14 @@ class TestAotProgress:
         assert re.search(r"^replayssm\.aot: compiled 3 module\(s\) in \d+\.\d s$", r.stderr, re.M), r.stderr
         assert r.stdout.startswith("3 built, 0 already current")
         # nothing to do on a second run: no progress lines
-        r = subprocess.run([PYTHON, "-m", "replayssm.aot", "--arch", "9.0a", "--out", str(out), "--only", ONLY],
-                           capture_output=True, text=True, timeout=120, cwd=REPO, env=subprocess_env(CUDA_HOME=cuda))
+        r = subprocess.run(
+            [PYTHON, "-m", "replayssm.aot", "--arch", "9.0a", "--out", str(out), "--only", ONLY],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(CUDA_HOME=cuda),
+        )
         assert r.returncode == 0 and not PROGRESS.search(r.stderr) and r.stdout.startswith("0 built, 3 already current")
 
     def test_progress_arrives_while_the_build_runs(self, jit_env, tmp_path, monkeypatch):
@@ -53,8 +64,12 @@ class TestAotProgress:
         specs = [mamba2_decode_spec("conventional_decode", 64, N, "float32", "bfloat16") for N in (64, 128, 256)]
         calls = []
         t0 = time.perf_counter()
-        jb.compile_into(tmp_path / "out", [jb.plan(s) for s in specs], jobs=1,
-                        progress=lambda *a: calls.append((time.perf_counter() - t0, *a)))
+        jb.compile_into(
+            tmp_path / "out",
+            [jb.plan(s) for s in specs],
+            jobs=1,
+            progress=lambda *a: calls.append((time.perf_counter() - t0, *a)),
+        )
         end = time.perf_counter() - t0
         assert [c[1:3] for c in calls] == [(1, 3), (2, 3), (3, 3)]
         assert sorted(c[3] for c in calls) == sorted(s.name for s in specs)
@@ -74,5 +89,7 @@ class TestAotProgress:
         caplog.set_level(logging.INFO, "replayssm.aot")
         aot.log_progress(2, 2, specs[1].name, 1.04, False)
         aot.log_progress(1, 2, specs[0].name, 2.06, True)
-        assert [r.getMessage() for r in caplog.records] == [f"[2/2] {specs[1].name} 1.0 s FAILED",
-                                                            f"[1/2] {specs[0].name} 2.1 s"]
+        assert [r.getMessage() for r in caplog.records] == [
+            f"[2/2] {specs[1].name} 1.0 s FAILED",
+            f"[1/2] {specs[0].name} 2.1 s",
+        ]

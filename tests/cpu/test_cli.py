@@ -25,8 +25,14 @@ HAS_GPU = torch.cuda.is_available()
 
 
 def run(args, timeout=300, **env_extra):
-    return subprocess.run([PYTHON, "-m", *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-                          env=subprocess_env(**env_extra))
+    return subprocess.run(
+        [PYTHON, "-m", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=REPO,
+        env=subprocess_env(**env_extra),
+    )
 
 
 def fake_module(root: Path, version: str, arch: str, name: str, size: int = 3000, meta: bool = True) -> Path:
@@ -46,8 +52,23 @@ def test_info_reports_versions_toolchain_and_cache(tmp_path):
     r = run(["replayssm", "info"], REPLAYSSM_CACHE_DIR=cache, REPLAYSSM_CUDA_ARCH_LIST="9.0a")
     assert r.returncode == 0, r.stderr
     out = r.stdout
-    for key in ("replayssm", "kernel sources", "python", "torch", "CUDA driver", "GPUs", "nvcc", "ninja",
-                "target archs", "JIT", "max jobs", "AOT dirs", "cache root", "cache dir", "cache content"):
+    for key in (
+        "replayssm",
+        "kernel sources",
+        "python",
+        "torch",
+        "CUDA driver",
+        "GPUs",
+        "nvcc",
+        "ninja",
+        "target archs",
+        "JIT",
+        "max jobs",
+        "AOT dirs",
+        "cache root",
+        "cache dir",
+        "cache content",
+    ):
         assert re.search(rf"^{re.escape(key)}\s", out, re.M), (key, out)
     assert __version__ in out and torch.__version__ in out
     assert str(cache) in out and f"{cache / __version__ / '90a'}" in out
@@ -171,8 +192,11 @@ def test_aot_argument_errors(tmp_path):
     r = run(["replayssm.aot", "--arch", "hopper", "--out", str(tmp_path)])
     assert r.returncode == 2 and "--arch: expected CUDA archs" in r.stderr and "got 'hopper'" in r.stderr
     # an arch no GPU has, or one the kernels cannot use: an error before anything is created
-    for arch, why in (("99.9", "sm_999 is not a CUDA arch"), ("8.0", "sm_80 is older than sm_90"),
-                      ("9.0a,7.5", "sm_75 is older than sm_90")):
+    for arch, why in (
+        ("99.9", "sm_999 is not a CUDA arch"),
+        ("8.0", "sm_80 is older than sm_90"),
+        ("9.0a,7.5", "sm_75 is older than sm_90"),
+    ):
         out = tmp_path / f"out-{arch}"
         r = run(["replayssm.aot", "--arch", arch, "--out", str(out)])
         assert r.returncode == 2 and r.stderr.startswith("error: --arch: expected CUDA archs"), r.stderr
@@ -208,13 +232,25 @@ def test_aot_build_is_used_by_the_runtime(tmp_path):
     r = run(args)
     assert r.returncode == 0 and "0 built, 1 already current" in r.stdout
 
-    code = ("from replayssm.jit import get_module\n"
-            "from replayssm.ops.generators import mamba2_decode_spec\n"
-            "print(get_module(mamba2_decode_spec('conventional_decode', 64, 128, 'float32', 'bfloat16')).path)\n")
+    code = (
+        "from replayssm.jit import get_module\n"
+        "from replayssm.ops.generators import mamba2_decode_spec\n"
+        "print(get_module(mamba2_decode_spec('conventional_decode', 64, 128, 'float32', 'bfloat16')).path)\n"
+    )
     for aot_dir in (out, out / "90a"):
-        r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120, cwd=REPO,
-                           env=subprocess_env(REPLAYSSM_AOT_DIR=aot_dir, REPLAYSSM_DISABLE_JIT=1,
-                                              REPLAYSSM_CACHE_DIR=tmp_path / "empty", REPLAYSSM_CUDA_ARCH_LIST="9.0a"))
+        r = subprocess.run(
+            [PYTHON, "-c", code],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(
+                REPLAYSSM_AOT_DIR=aot_dir,
+                REPLAYSSM_DISABLE_JIT=1,
+                REPLAYSSM_CACHE_DIR=tmp_path / "empty",
+                REPLAYSSM_CUDA_ARCH_LIST="9.0a",
+            ),
+        )
         assert r.returncode == 0, r.stderr
         assert Path(r.stdout.strip()) == mod / f"{name}.so"
     assert not (tmp_path / "empty").exists()  # nothing compiled into the cache

@@ -62,7 +62,9 @@ def test_reads_devices_from_the_driver(monkeypatch):
     d = driver.query()
     assert d.available and d.version_text == "12.8" and d.reason == ""
     assert [(g.index, g.name, g.capability, g.sm_count) for g in d.gpus] == [
-        (0, "NVIDIA H200", "9.0", 132), (1, "NVIDIA RTX PRO 6000", "12.0", 188)]
+        (0, "NVIDIA H200", "9.0", 132),
+        (1, "NVIDIA RTX PRO 6000", "12.0", 188),
+    ]
     assert d.gpus[0].total_memory == 141 * 2**30
 
 

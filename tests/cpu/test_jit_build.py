@@ -25,9 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from replayssm.jit import CompileError, MissingModuleError, ToolchainError
+from replayssm.jit import CompileError, MissingModuleError, ToolchainError, env
 from replayssm.jit import builder as jb
-from replayssm.jit import env
 from replayssm.jit.loader import ModuleLoadError, load_module
 from replayssm.ops.generators import mamba2_decode_spec
 
@@ -290,9 +289,13 @@ def test_disabled_jit_from_the_environment(tmp_path):
         "s = mamba2_decode_spec('replay_decode', 80, 128, 'bfloat16', 'bfloat16', L=32)\n"
         "try:\n    get_module(s)\nexcept MissingModuleError as e:\n    print('MISSING', e.spec_name)\n"
     )
-    r = subprocess.run([PYTHON, "-c", code], capture_output=True, text=True, timeout=120,
-                       env=subprocess_env(REPLAYSSM_CACHE_DIR=tmp_path, REPLAYSSM_DISABLE_JIT=1,
-                                          REPLAYSSM_CUDA_ARCH_LIST="9.0a"))
+    r = subprocess.run(
+        [PYTHON, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=subprocess_env(REPLAYSSM_CACHE_DIR=tmp_path, REPLAYSSM_DISABLE_JIT=1, REPLAYSSM_CUDA_ARCH_LIST="9.0a"),
+    )
     assert r.returncode == 0, r.stderr
     assert r.stdout.strip() == "MISSING mamba2_replay_decode_P80_N128_L32_T1_bf16_bf16"
 
@@ -370,8 +373,17 @@ def test_two_processes_building_one_module_end_with_one_good_module(tmp_path):
     cache = tmp_path / "cache"
     go = tmp_path / "go"
     e = subprocess_env(REPLAYSSM_CACHE_DIR=cache, REPLAYSSM_CUDA_ARCH_LIST="9.0a")
-    procs = [subprocess.Popen([PYTHON, "-c", _RACE, str(go), str(tmp_path / f"ready{i}")], env=e, cwd=REPO,
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    procs = [
+        subprocess.Popen(
+            [PYTHON, "-c", _RACE, str(go), str(tmp_path / f"ready{i}")],
+            env=e,
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for i in range(2)
+    ]
     deadline = time.time() + 60
     while not all((tmp_path / f"ready{i}").exists() for i in range(2)):
         assert time.time() < deadline, "children did not start"
@@ -379,7 +391,7 @@ def test_two_processes_building_one_module_end_with_one_good_module(tmp_path):
         time.sleep(0.01)
     go.touch()
     results = [p.communicate(timeout=180) for p in procs]
-    for p, (out, err) in zip(procs, results):
+    for p, (_out, err) in zip(procs, results):
         assert p.returncode == 0, err
     outs = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
     assert outs[0]["path"] == outs[1]["path"]
@@ -413,8 +425,9 @@ def test_parallel_compiles_are_bounded(jit_env, monkeypatch, caplog):
     monkeypatch.setattr(jb, "compile_into", fake_compile_into)
     monkeypatch.setattr(env, "find_nvcc", lambda: None)  # no compiler-version probe needed
     caplog.set_level(logging.INFO, "replayssm.jit")
-    specs = [mamba2_decode_spec("replay_decode", P, N, "float32", "bfloat16", L=16)
-             for P in (64, 80, 128) for N in (64, 128)]
+    specs = [
+        mamba2_decode_spec("replay_decode", P, N, "float32", "bfloat16", L=16) for P in (64, 80, 128) for N in (64, 128)
+    ]
     for max_jobs in (1, 2):
         env.configure(max_jobs=max_jobs)
         state["peak"] = 0
@@ -441,8 +454,9 @@ def test_ninja_file_quotes_paths_and_bounds_jobs(jit_env, monkeypatch, tmp_path)
     # a stand-in ninja that records its arguments and fails like a compile error
     args_file = tmp_path / "ninja.args"
     fake_ninja = tmp_path / "fake-ninja"
-    fake_ninja.write_text(f"#!/bin/sh\necho \"$@\" > '{args_file}'\n"
-                          "echo 'FAILED: x.so'\necho 'fake compiler error 42' >&2\nexit 1\n")
+    fake_ninja.write_text(
+        f"#!/bin/sh\necho \"$@\" > '{args_file}'\necho 'FAILED: x.so'\necho 'fake compiler error 42' >&2\nexit 1\n"
+    )
     fake_ninja.chmod(0o755)
     monkeypatch.setattr(env, "find_ninja", lambda: str(fake_ninja))
     monkeypatch.setattr(jb, "require_nvcc", lambda: (nvcc, "nvcc test"))
@@ -473,15 +487,23 @@ print(json.dumps({"import": t1 - t0, "load": t2 - t1, "path": str(m.path)}))
 def test_warm_load_in_a_fresh_process_under_100ms(seeded):
     runs = []
     for _ in range(3):
-        r = subprocess.run([PYTHON, "-c", _WARM], capture_output=True, text=True, timeout=120, cwd=REPO,
-                           env=subprocess_env(REPLAYSSM_CACHE_DIR=seeded.parent.parent, REPLAYSSM_CUDA_ARCH_LIST="9.0a",
-                                              REPLAYSSM_DISABLE_JIT=1))
+        r = subprocess.run(
+            [PYTHON, "-c", _WARM],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(
+                REPLAYSSM_CACHE_DIR=seeded.parent.parent, REPLAYSSM_CUDA_ARCH_LIST="9.0a", REPLAYSSM_DISABLE_JIT=1
+            ),
+        )
         assert r.returncode == 0, r.stderr
         runs.append(json.loads(r.stdout.strip().splitlines()[-1]))
     assert all(Path(x["path"]).parent == seeded / REPLAY.name for x in runs)
     best = min(runs, key=lambda x: x["load"])
     FIGURES[f"warm load {REPLAY.name} (fresh process, best of 3)"] = (
-        f"{best['load'] * 1e3:.1f} ms get_module + {best['import'] * 1e3:.1f} ms importing replayssm.jit")
+        f"{best['load'] * 1e3:.1f} ms get_module + {best['import'] * 1e3:.1f} ms importing replayssm.jit"
+    )
     print(f"warm load: {best['load'] * 1e3:.1f} ms (+ {best['import'] * 1e3:.1f} ms import)")
     assert best["load"] < WARM_LIMIT_S, runs
 

@@ -19,15 +19,19 @@ from pathlib import Path
 import pytest
 
 from replayssm import cli
-from replayssm.jit import SettingsError, SettingsTypeError, ToolchainError
+from replayssm.jit import SettingsError, SettingsTypeError, ToolchainError, env
 from replayssm.jit import builder as jb
-from replayssm.jit import env
 
 from .conftest import PYTHON, REPO, subprocess_env
 from .test_parallel_builds import fake_toolchain
 
-ENV_VARS = ("REPLAYSSM_CACHE_DIR", "REPLAYSSM_CUDA_ARCH_LIST", "REPLAYSSM_DISABLE_JIT", "REPLAYSSM_MAX_JOBS",
-            "REPLAYSSM_AOT_DIR")
+ENV_VARS = (
+    "REPLAYSSM_CACHE_DIR",
+    "REPLAYSSM_CUDA_ARCH_LIST",
+    "REPLAYSSM_DISABLE_JIT",
+    "REPLAYSSM_MAX_JOBS",
+    "REPLAYSSM_AOT_DIR",
+)
 
 
 @pytest.fixture
@@ -43,16 +47,19 @@ def from_env(monkeypatch, tmp_path):
 
 # ------------------------------------------------------------------------------ configure(...)
 class TestConfigureArchList:
-    @pytest.mark.parametrize("value,archs", [
-        ("9.0a", ("90a",)),
-        ("9.0", ("90a",)),
-        ("9.0a,12.0", ("90a", "120")),
-        ("9.0a 12.0", ("90a", "120")),
-        (" sm_100a , 9.0a ", ("100a", "90a")),
-        (["9.0a", "sm_120"], ("90a", "120")),
-        (("10.0",), ("100a",)),
-        (["9.0a", "9.0"], ("90a",)),
-    ])
+    @pytest.mark.parametrize(
+        "value,archs",
+        [
+            ("9.0a", ("90a",)),
+            ("9.0", ("90a",)),
+            ("9.0a,12.0", ("90a", "120")),
+            ("9.0a 12.0", ("90a", "120")),
+            (" sm_100a , 9.0a ", ("100a", "90a")),
+            (["9.0a", "sm_120"], ("90a", "120")),
+            (("10.0",), ("100a",)),
+            (["9.0a", "9.0"], ("90a",)),
+        ],
+    )
     def test_accepts_a_string_or_a_list(self, jit_env, value, archs):
         assert env.configure(arch_list=value).arch_list == archs
         assert env.target_archs() == tuple(sorted(archs))
@@ -62,18 +69,21 @@ class TestConfigureArchList:
         assert env.configure(arch_list=None).arch_list is None
         assert env.target_archs() == ("120",)
 
-    @pytest.mark.parametrize("value,exc,why", [
-        ("hopper", SettingsError, "got 'hopper'"),
-        ("8.0", SettingsError, "sm_80 is older than sm_90"),
-        ("99.9", SettingsError, "sm_999 is not a CUDA arch"),
-        ("9.0f", SettingsError, "sm_90f does not exist"),
-        ("9.0a,hopper", SettingsError, "'hopper' is not a CUDA arch"),
-        ("", SettingsError, "at least one CUDA arch"),
-        ([], SettingsError, "at least one CUDA arch"),
-        ([90], SettingsTypeError, "got 90 (int)"),
-        (9.0, SettingsTypeError, "got 9.0 (float)"),
-        ({"9.0a"}, SettingsTypeError, "(set)"),
-    ])
+    @pytest.mark.parametrize(
+        "value,exc,why",
+        [
+            ("hopper", SettingsError, "got 'hopper'"),
+            ("8.0", SettingsError, "sm_80 is older than sm_90"),
+            ("99.9", SettingsError, "sm_999 is not a CUDA arch"),
+            ("9.0f", SettingsError, "sm_90f does not exist"),
+            ("9.0a,hopper", SettingsError, "'hopper' is not a CUDA arch"),
+            ("", SettingsError, "at least one CUDA arch"),
+            ([], SettingsError, "at least one CUDA arch"),
+            ([90], SettingsTypeError, "got 90 (int)"),
+            (9.0, SettingsTypeError, "got 9.0 (float)"),
+            ({"9.0a"}, SettingsTypeError, "(set)"),
+        ],
+    )
     def test_rejects(self, jit_env, value, exc, why):
         with pytest.raises(exc) as ei:
             env.configure(arch_list=value)
@@ -86,7 +96,9 @@ class TestConfigureArchList:
 class TestConfigureKeywords:
     def test_every_keyword(self, jit_env, tmp_path, monkeypatch):
         monkeypatch.setenv("HOME", str(tmp_path))
-        s = env.configure(cache_root="~/c", disable_jit=True, max_jobs=3, aot_dirs=[tmp_path / "a", str(tmp_path / "b")])
+        s = env.configure(
+            cache_root="~/c", disable_jit=True, max_jobs=3, aot_dirs=[tmp_path / "a", str(tmp_path / "b")]
+        )
         assert s.cache_root == tmp_path / "c" and s.disable_jit is True and s.max_jobs == 3
         assert s.aot_dirs == (tmp_path / "a", tmp_path / "b")
         assert env.configure(aot_dirs=str(tmp_path)).aot_dirs == (tmp_path,)  # one path
@@ -94,21 +106,24 @@ class TestConfigureKeywords:
         assert env.configure(disable_jit=False).disable_jit is False
         assert env.settings() == s.__class__(tmp_path / "c", ("90a",), False, 3, ())
 
-    @pytest.mark.parametrize("kw,value,exc,message", [
-        ("disable_jit", "no", SettingsTypeError, "disable_jit: expected True or False, got 'no' (str)"),
-        ("disable_jit", 0, SettingsTypeError, "disable_jit: expected True or False, got 0 (int)"),
-        ("disable_jit", None, SettingsTypeError, "disable_jit: expected True or False, got None (NoneType)"),
-        ("max_jobs", 0, SettingsError, "max_jobs: expected an int >= 1, got 0"),
-        ("max_jobs", -2, SettingsError, "max_jobs: expected an int >= 1, got -2"),
-        ("max_jobs", "4", SettingsTypeError, "max_jobs: expected an int >= 1, got '4' (str)"),
-        ("max_jobs", 2.0, SettingsTypeError, "max_jobs: expected an int >= 1, got 2.0 (float)"),
-        ("max_jobs", True, SettingsTypeError, "max_jobs: expected an int >= 1, got True (bool)"),
-        ("cache_root", 42, SettingsTypeError, "cache_root: expected a path (str or os.PathLike), got 42 (int)"),
-        ("cache_root", "", SettingsError, "cache_root: expected a non-empty path, got ''"),
-        ("aot_dirs", 42, SettingsTypeError, "aot_dirs: expected a path or a list/tuple of paths, got 42 (int)"),
-        ("aot_dirs", ["x", 1], SettingsTypeError, "aot_dirs: expected a path (str or os.PathLike), got 1 (int)"),
-        ("aot_dirs", [""], SettingsError, "aot_dirs: expected a non-empty path, got ''"),
-    ])
+    @pytest.mark.parametrize(
+        "kw,value,exc,message",
+        [
+            ("disable_jit", "no", SettingsTypeError, "disable_jit: expected True or False, got 'no' (str)"),
+            ("disable_jit", 0, SettingsTypeError, "disable_jit: expected True or False, got 0 (int)"),
+            ("disable_jit", None, SettingsTypeError, "disable_jit: expected True or False, got None (NoneType)"),
+            ("max_jobs", 0, SettingsError, "max_jobs: expected an int >= 1, got 0"),
+            ("max_jobs", -2, SettingsError, "max_jobs: expected an int >= 1, got -2"),
+            ("max_jobs", "4", SettingsTypeError, "max_jobs: expected an int >= 1, got '4' (str)"),
+            ("max_jobs", 2.0, SettingsTypeError, "max_jobs: expected an int >= 1, got 2.0 (float)"),
+            ("max_jobs", True, SettingsTypeError, "max_jobs: expected an int >= 1, got True (bool)"),
+            ("cache_root", 42, SettingsTypeError, "cache_root: expected a path (str or os.PathLike), got 42 (int)"),
+            ("cache_root", "", SettingsError, "cache_root: expected a non-empty path, got ''"),
+            ("aot_dirs", 42, SettingsTypeError, "aot_dirs: expected a path or a list/tuple of paths, got 42 (int)"),
+            ("aot_dirs", ["x", 1], SettingsTypeError, "aot_dirs: expected a path (str or os.PathLike), got 1 (int)"),
+            ("aot_dirs", [""], SettingsError, "aot_dirs: expected a non-empty path, got ''"),
+        ],
+    )
     def test_rejects_bad_values(self, jit_env, kw, value, exc, message):
         before = env.settings()
         with pytest.raises(exc) as ei:
@@ -147,8 +162,8 @@ class TestConfigureKeywords:
         for kw in keywords:
             assert f"``{kw}``" in doc and env.ENV_VARS[kw] in doc, kw
         readme = (REPO / "README.md").read_text()
-        table = readme[readme.index("Settings:"):]
-        table = table[:table.index("\n\n", table.index("| variable"))]
+        table = readme[readme.index("Settings:") :]
+        table = table[: table.index("\n\n", table.index("| variable"))]
         for kw, var in env.ENV_VARS.items():
             row = next((ln for ln in table.splitlines() if ln.startswith(f"| `{var}`")), None)
             assert row is not None and f"`{kw}=" in row, (var, kw, table)
@@ -156,19 +171,22 @@ class TestConfigureKeywords:
 
 # ------------------------------------------------------------------------------ environment variables
 class TestEnvironmentVariables:
-    @pytest.mark.parametrize("var,value", [
-        ("REPLAYSSM_DISABLE_JIT", "maybe"),
-        ("REPLAYSSM_DISABLE_JIT", "2"),
-        ("REPLAYSSM_DISABLE_JIT", "enabled"),
-        ("REPLAYSSM_MAX_JOBS", "0"),
-        ("REPLAYSSM_MAX_JOBS", "-3"),
-        ("REPLAYSSM_MAX_JOBS", "1.5"),
-        ("REPLAYSSM_MAX_JOBS", "abc"),
-        ("REPLAYSSM_CUDA_ARCH_LIST", "bogus"),
-        ("REPLAYSSM_CUDA_ARCH_LIST", "99.9"),
-        ("REPLAYSSM_CUDA_ARCH_LIST", "8.0"),
-        ("REPLAYSSM_CUDA_ARCH_LIST", ","),
-    ])
+    @pytest.mark.parametrize(
+        "var,value",
+        [
+            ("REPLAYSSM_DISABLE_JIT", "maybe"),
+            ("REPLAYSSM_DISABLE_JIT", "2"),
+            ("REPLAYSSM_DISABLE_JIT", "enabled"),
+            ("REPLAYSSM_MAX_JOBS", "0"),
+            ("REPLAYSSM_MAX_JOBS", "-3"),
+            ("REPLAYSSM_MAX_JOBS", "1.5"),
+            ("REPLAYSSM_MAX_JOBS", "abc"),
+            ("REPLAYSSM_CUDA_ARCH_LIST", "bogus"),
+            ("REPLAYSSM_CUDA_ARCH_LIST", "99.9"),
+            ("REPLAYSSM_CUDA_ARCH_LIST", "8.0"),
+            ("REPLAYSSM_CUDA_ARCH_LIST", ","),
+        ],
+    )
     def test_bad_values_raise_one_error_naming_the_variable(self, from_env, var, value):
         from_env.setenv(var, value)
         with pytest.raises(SettingsError) as ei:
@@ -240,9 +258,24 @@ class TestArchs:
             jb.check_nvcc_archs(nvcc, "nvcc test", ("90a", "103a"))
         jb.check_nvcc_archs(nvcc, "nvcc test", ("90a", "100f", "120a"))
         out = tmp_path / "aot"
-        r = subprocess.run([PYTHON, "-m", "replayssm.aot", "--arch", "10.3a", "--out", str(out), "--only",
-                            "mamba2_conventional_decode_P64_N128_T1_f32_bf16"], capture_output=True, text=True,
-                           timeout=120, cwd=REPO, env=subprocess_env(CUDA_HOME=cuda))
+        r = subprocess.run(
+            [
+                PYTHON,
+                "-m",
+                "replayssm.aot",
+                "--arch",
+                "10.3a",
+                "--out",
+                str(out),
+                "--only",
+                "mamba2_conventional_decode_P64_N128_T1_f32_bf16",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(CUDA_HOME=cuda),
+        )
         assert r.returncode == 1 and "cannot build sm_103a" in r.stderr and "Traceback" not in r.stderr, r.stderr
         assert not out.exists()
 
@@ -259,18 +292,23 @@ def _info(monkeypatch) -> tuple[int, str, str]:
 
 
 class TestInfoWithBadSettings:
-    @pytest.mark.parametrize("var,value,row", [
-        ("REPLAYSSM_CUDA_ARCH_LIST", "bogus", "target archs"),
-        ("REPLAYSSM_CUDA_ARCH_LIST", "99.9", "target archs"),
-        ("REPLAYSSM_MAX_JOBS", "abc", "max jobs"),
-        ("REPLAYSSM_MAX_JOBS", "0", "max jobs"),
-        ("REPLAYSSM_DISABLE_JIT", "maybe", "JIT"),
-    ])
+    @pytest.mark.parametrize(
+        "var,value,row",
+        [
+            ("REPLAYSSM_CUDA_ARCH_LIST", "bogus", "target archs"),
+            ("REPLAYSSM_CUDA_ARCH_LIST", "99.9", "target archs"),
+            ("REPLAYSSM_MAX_JOBS", "abc", "max jobs"),
+            ("REPLAYSSM_MAX_JOBS", "0", "max jobs"),
+            ("REPLAYSSM_DISABLE_JIT", "maybe", "JIT"),
+        ],
+    )
     def test_marks_the_row_and_fails(self, from_env, var, value, row):
         from_env.setenv(var, value)
         rc, out, err = _info(from_env)
         assert rc == 2
-        assert re.search(rf"^{re.escape(row)}\s+invalid: {var}: expected .*got {re.escape(repr(value))}", out, re.M), out
+        assert re.search(rf"^{re.escape(row)}\s+invalid: {var}: expected .*got {re.escape(repr(value))}", out, re.M), (
+            out
+        )
         assert err.startswith(f"error: {var}: expected ") and err.count("\n") == 1, err
         for key in ("replayssm", "nvcc", "cache root", "cache content"):  # the rest is still reported
             assert re.search(rf"^{re.escape(key)}\s", out, re.M), (key, out)
@@ -286,15 +324,29 @@ class TestInfoWithBadSettings:
 
     def test_no_traceback_from_the_command_line(self, tmp_path):
         e = dict(REPLAYSSM_CACHE_DIR=tmp_path, REPLAYSSM_MAX_JOBS="abc", REPLAYSSM_CUDA_ARCH_LIST="bogus")
-        r = subprocess.run([PYTHON, "-m", "replayssm", "info"], capture_output=True, text=True, timeout=120, cwd=REPO,
-                           env=subprocess_env(**e))
+        r = subprocess.run(
+            [PYTHON, "-m", "replayssm", "info"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(**e),
+        )
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
         assert r.stderr.splitlines() == [
-            line for line in r.stderr.splitlines() if line.startswith(("error: REPLAYSSM_CUDA_ARCH_LIST: expected",
-                                                                       "error: REPLAYSSM_MAX_JOBS: expected"))]
+            line
+            for line in r.stderr.splitlines()
+            if line.startswith(("error: REPLAYSSM_CUDA_ARCH_LIST: expected", "error: REPLAYSSM_MAX_JOBS: expected"))
+        ]
         assert len(r.stderr.splitlines()) == 2
         assert re.search(r"^max jobs\s+invalid: REPLAYSSM_MAX_JOBS", r.stdout, re.M), r.stdout
-        r = subprocess.run([PYTHON, "-m", "replayssm", "cache", "list"], capture_output=True, text=True, timeout=120,
-                           cwd=REPO, env=subprocess_env(**e))
+        r = subprocess.run(
+            [PYTHON, "-m", "replayssm", "cache", "list"],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            cwd=REPO,
+            env=subprocess_env(**e),
+        )
         assert r.returncode == 2 and "Traceback" not in r.stderr and r.stderr.startswith("error: "), r.stderr
         assert "REPLAYSSM_MAX_JOBS: expected" in r.stderr and "REPLAYSSM_CUDA_ARCH_LIST: expected" in r.stderr

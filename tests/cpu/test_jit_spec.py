@@ -14,8 +14,16 @@ import torch
 from replayssm._version import __version__
 from replayssm.jit import env
 from replayssm.jit.spec import CTYPES, Specialization, dtype_code, fingerprint, header_digest, render, source_hash
-from replayssm.ops.generators import (DECODE_OPS, MAMBA2_MODEL_SHAPES, MAMBA2_N, MAMBA2_P, WINDOWS, aot_specializations,
-                                      compile_check_specializations, mamba2_decode_spec)
+from replayssm.ops.generators import (
+    DECODE_OPS,
+    MAMBA2_MODEL_SHAPES,
+    MAMBA2_N,
+    MAMBA2_P,
+    WINDOWS,
+    aot_specializations,
+    compile_check_specializations,
+    mamba2_decode_spec,
+)
 
 REPLAY = mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16)
 CONV = mamba2_decode_spec("conventional_decode", 80, 256, torch.bfloat16, torch.float16)
@@ -35,15 +43,29 @@ def test_conventional_ignores_window():
 
 def test_name_changes_with_every_key_field():
     base = dict(op="replay_decode", P=64, N=128, state_dtype="float32", io_dtype="bfloat16", L=16)
-    variants = [dict(op="conventional_decode"), dict(P=80), dict(N=256), dict(state_dtype="float16"),
-                dict(io_dtype="float32"), dict(L=32)]
+    variants = [
+        dict(op="conventional_decode"),
+        dict(P=80),
+        dict(N=256),
+        dict(state_dtype="float16"),
+        dict(io_dtype="float32"),
+        dict(L=32),
+    ]
     names = {mamba2_decode_spec(**{**base, **v}).name for v in variants} | {mamba2_decode_spec(**base).name}
     assert len(names) == len(variants) + 1
 
 
 def test_flags_enter_the_name():
-    s = Specialization("mamba2", "replay_decode", "mamba2_decode.cu.jinja", (("P", 64), ("N", 128)),
-                       "f32", "bf16", L=16, flags=("nogate",))
+    s = Specialization(
+        "mamba2",
+        "replay_decode",
+        "mamba2_decode.cu.jinja",
+        (("P", 64), ("N", 128)),
+        "f32",
+        "bf16",
+        L=16,
+        flags=("nogate",),
+    )
     assert s.name.endswith("_f32_bf16_nogate")
 
 
@@ -59,11 +81,21 @@ def test_declared_sets_have_unique_names():
 
 
 # ------------------------------------------------------------------------------ dtypes
-@pytest.mark.parametrize("given,code", [
-    (torch.float32, "f32"), (torch.bfloat16, "bf16"), (torch.float16, "f16"),
-    ("float32", "f32"), ("bfloat16", "bf16"), ("float16", "f16"),
-    ("torch.bfloat16", "bf16"), ("f32", "f32"), ("bf16", "bf16"), ("f16", "f16"),
-])
+@pytest.mark.parametrize(
+    "given,code",
+    [
+        (torch.float32, "f32"),
+        (torch.bfloat16, "bf16"),
+        (torch.float16, "f16"),
+        ("float32", "f32"),
+        ("bfloat16", "bf16"),
+        ("float16", "f16"),
+        ("torch.bfloat16", "bf16"),
+        ("f32", "f32"),
+        ("bf16", "bf16"),
+        ("f16", "f16"),
+    ],
+)
 def test_dtype_code(given, code):
     assert dtype_code(given) == code
 
@@ -85,15 +117,18 @@ def test_ctypes_cover_every_code():
 
 
 # ------------------------------------------------------------------------------ generator validation
-@pytest.mark.parametrize("kwargs,arg,got", [
-    (dict(op="prefill"), "op", "'prefill'"),
-    (dict(P=96), "P (head dim)", "96"),
-    (dict(N=32), "N (state dim)", "32"),
-    (dict(L=12), "L (window)", "12"),
-    (dict(L=None), "L (window)", "None"),
-    (dict(state_dtype=torch.float64), "dtype", "torch.float64"),
-    (dict(io_dtype="int8"), "dtype", "'int8'"),
-])
+@pytest.mark.parametrize(
+    "kwargs,arg,got",
+    [
+        (dict(op="prefill"), "op", "'prefill'"),
+        (dict(P=96), "P (head dim)", "96"),
+        (dict(N=32), "N (state dim)", "32"),
+        (dict(L=12), "L (window)", "12"),
+        (dict(L=None), "L (window)", "None"),
+        (dict(state_dtype=torch.float64), "dtype", "torch.float64"),
+        (dict(io_dtype="int8"), "dtype", "'int8'"),
+    ],
+)
 def test_generator_rejects_unsupported(kwargs, arg, got):
     args = {**dict(op="replay_decode", P=64, N=128, state_dtype="float32", io_dtype="bfloat16", L=16), **kwargs}
     with pytest.raises(ValueError) as ei:
@@ -127,14 +162,18 @@ def test_aot_set_covers_the_benchmark_model_shapes():
     assert shapes == {(64, 128), (64, 256), (80, 128)} == set(MAMBA2_MODEL_SHAPES.values())
     for P, N in shapes:
         for op in ("replay_decode", "conventional_decode"):
-            assert any(s.op == op and dict(s.dims) == {"P": P, "N": N} and s.state_dtype == "f32"
-                       and s.io_dtype == "bf16" for s in specs), (op, P, N)
+            assert any(
+                s.op == op and dict(s.dims) == {"P": P, "N": N} and s.state_dtype == "f32" and s.io_dtype == "bf16"
+                for s in specs
+            ), (op, P, N)
     assert REPLAY.name in {s.name for s in specs}
     # Qwen3-Next / Qwen3.5 (GDN) and Kimi-Linear (KDA): K = V = 128, both ops, fp32 checkpoint
     for family in ("gdn", "kda"):
         for op in ("replay_decode", "conventional_decode"):
-            assert any(s.family == family and s.op == op and dict(s.dims) == {"K": 128, "V": 128}
-                       and s.state_dtype == "f32" for s in specs), (family, op)
+            assert any(
+                s.family == family and s.op == op and dict(s.dims) == {"K": 128, "V": 128} and s.state_dtype == "f32"
+                for s in specs
+            ), (family, op)
     # Speculative decoding: the replay verify (with its commit) at draft capacities 4 and 8.
     for family in ("mamba2", "gdn", "kda"):
         assert {s.T for s in specs if s.family == family and s.op == "replay_verify"} == {4, 8}, family
@@ -167,8 +206,12 @@ def test_render_fixes_the_specialization(spec):
         assert "kL" not in src
     if spec.op.endswith("verify"):
         assert _constant(src, "kT") == spec.T
-    op_class = {"replay_decode": "ReplayDecode<", "conventional_decode": "ConventionalDecode<",
-                "replay_verify": "ReplayVerify<", "conventional_verify": "ConventionalVerify<"}
+    op_class = {
+        "replay_decode": "ReplayDecode<",
+        "conventional_decode": "ConventionalDecode<",
+        "replay_verify": "ReplayVerify<",
+        "conventional_verify": "ConventionalVerify<",
+    }
     for op, cls in op_class.items():
         assert (cls in src) == (op == spec.op), f"{cls} in the source of {spec.op}"
     assert "REPLAYSSM_DEFINE_MODULE" in src
@@ -223,10 +266,21 @@ def test_header_digest_sees_content_and_names(tmp_path):
 
 
 # ------------------------------------------------------------------------------ archs and settings
-@pytest.mark.parametrize("given,arch", [
-    ("9.0", "90a"), ("9.0a", "90a"), ("sm_90a", "90a"), ("90", "90a"), ("compute_90", "90a"),
-    ("8.0", "80"), ("8.6", "86"), ("sm_80", "80"), ("10.0", "100a"), ("12.0", "120"),
-])
+@pytest.mark.parametrize(
+    "given,arch",
+    [
+        ("9.0", "90a"),
+        ("9.0a", "90a"),
+        ("sm_90a", "90a"),
+        ("90", "90a"),
+        ("compute_90", "90a"),
+        ("8.0", "80"),
+        ("8.6", "86"),
+        ("sm_80", "80"),
+        ("10.0", "100a"),
+        ("12.0", "120"),
+    ],
+)
 def test_normalize_arch(given, arch):
     assert env.normalize_arch(given) == arch
 
@@ -257,8 +311,13 @@ def test_settings_from_environment(monkeypatch, tmp_path):
 
 
 def test_settings_defaults(monkeypatch):
-    for var in ("REPLAYSSM_CACHE_DIR", "REPLAYSSM_CUDA_ARCH_LIST", "REPLAYSSM_DISABLE_JIT", "REPLAYSSM_MAX_JOBS",
-                "REPLAYSSM_AOT_DIR"):
+    for var in (
+        "REPLAYSSM_CACHE_DIR",
+        "REPLAYSSM_CUDA_ARCH_LIST",
+        "REPLAYSSM_DISABLE_JIT",
+        "REPLAYSSM_MAX_JOBS",
+        "REPLAYSSM_AOT_DIR",
+    ):
         monkeypatch.delenv(var, raising=False)
     s = env._settings_from_env()
     assert s.cache_root == Path.home() / ".cache" / "replayssm"
@@ -266,20 +325,36 @@ def test_settings_defaults(monkeypatch):
     assert 1 <= s.max_jobs <= (__import__("os").cpu_count() or 1)
 
 
-@pytest.mark.parametrize("value,disabled", [("0", False), ("", False), ("false", False), ("off", False),
-                                            ("No", False), (" OFF ", False), ("1", True), ("yes", True),
-                                            ("true", True), ("On", True), ("TRUE", True)])
+@pytest.mark.parametrize(
+    "value,disabled",
+    [
+        ("0", False),
+        ("", False),
+        ("false", False),
+        ("off", False),
+        ("No", False),
+        (" OFF ", False),
+        ("1", True),
+        ("yes", True),
+        ("true", True),
+        ("On", True),
+        ("TRUE", True),
+    ],
+)
 def test_disable_jit_parsing(monkeypatch, value, disabled):
     monkeypatch.setenv("REPLAYSSM_DISABLE_JIT", value)
     assert env._settings_from_env().disable_jit is disabled
 
 
-@pytest.mark.parametrize("var,value,match", [
-    ("REPLAYSSM_MAX_JOBS", "many", "REPLAYSSM_MAX_JOBS: expected a positive integer, got 'many'"),
-    ("REPLAYSSM_MAX_JOBS", "0", "REPLAYSSM_MAX_JOBS: expected a positive integer, got '0'"),
-    ("REPLAYSSM_DISABLE_JIT", "maybe", "REPLAYSSM_DISABLE_JIT: expected 1/0, true/false, yes/no or on/off"),
-    ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "REPLAYSSM_CUDA_ARCH_LIST: expected CUDA archs of sm_90 or newer"),
-])
+@pytest.mark.parametrize(
+    "var,value,match",
+    [
+        ("REPLAYSSM_MAX_JOBS", "many", "REPLAYSSM_MAX_JOBS: expected a positive integer, got 'many'"),
+        ("REPLAYSSM_MAX_JOBS", "0", "REPLAYSSM_MAX_JOBS: expected a positive integer, got '0'"),
+        ("REPLAYSSM_DISABLE_JIT", "maybe", "REPLAYSSM_DISABLE_JIT: expected 1/0, true/false, yes/no or on/off"),
+        ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "REPLAYSSM_CUDA_ARCH_LIST: expected CUDA archs of sm_90 or newer"),
+    ],
+)
 def test_bad_environment_values_are_named(monkeypatch, var, value, match):
     monkeypatch.setenv(var, value)
     with pytest.raises(ValueError, match=re.escape(match)) as ei:

@@ -46,8 +46,21 @@ def _inputs(io=BF16, **override):
 
 def _step(io=BF16, device=CPU, **override):
     t = _inputs(io, **override)
-    return m2.step_inputs(DIMS, io, device, BATCH, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"],
-                          dt_bias=t["dt_bias"], out=override.get("out"))
+    return m2.step_inputs(
+        DIMS,
+        io,
+        device,
+        BATCH,
+        t["x"],
+        t["dt"],
+        t["A"],
+        t["B"],
+        t["C"],
+        D=t["D"],
+        z=t["z"],
+        dt_bias=t["dt_bias"],
+        out=override.get("out"),
+    )
 
 
 def _assert_names(err: Exception, arg: str, *fragments: str) -> None:
@@ -61,8 +74,9 @@ def _assert_names(err: Exception, arg: str, *fragments: str) -> None:
 # ------------------------------------------------------------------------------ step_inputs: accepted
 def test_step_inputs_fill_pointers_and_strides():
     t = _inputs()
-    s, out = m2.step_inputs(DIMS, BF16, CPU, BATCH, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"],
-                            dt_bias=t["dt_bias"])
+    s, out = m2.step_inputs(
+        DIMS, BF16, CPU, BATCH, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], z=t["z"], dt_bias=t["dt_bias"]
+    )
     assert out.shape == (BATCH, H, P) and out.dtype == BF16 and out.device == CPU
     assert (s.x, s.x_stride_batch, s.x_stride_head) == (t["x"].data_ptr(), H * P, P)
     assert (s.z, s.z_stride_batch, s.z_stride_head) == (t["z"].data_ptr(), H * P, P)
@@ -87,10 +101,16 @@ def test_step_inputs_accept_stride0_expansions_and_padded_rows():
     dt = torch.randn(BATCH, H, generator=g, dtype=torch.float32).to(BF16)
     D = torch.randn(H, generator=g).to(F16)
     x_wide = torch.randn(BATCH, H, 2 * P, generator=g).to(BF16)
-    t = _inputs(A=A[:, None, None].expand(H, P, N), dt=dt[:, :, None].expand(BATCH, H, P),
-                D=D[:, None].expand(H, P), dt_bias=D[:, None].expand(H, P), x=x_wide[..., :P])
-    s, _ = m2.step_inputs(DIMS, BF16, CPU, BATCH, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"],
-                          dt_bias=t["dt_bias"])
+    t = _inputs(
+        A=A[:, None, None].expand(H, P, N),
+        dt=dt[:, :, None].expand(BATCH, H, P),
+        D=D[:, None].expand(H, P),
+        dt_bias=D[:, None].expand(H, P),
+        x=x_wide[..., :P],
+    )
+    s, _ = m2.step_inputs(
+        DIMS, BF16, CPU, BATCH, t["x"], t["dt"], t["A"], t["B"], t["C"], D=t["D"], dt_bias=t["dt_bias"]
+    )
     assert s.A.stride0 == 1 and s.A.dtype == DTYPE_CODE[F32]
     assert (s.dt.stride0, s.dt.stride1, s.dt.dtype) == (H, 1, DTYPE_CODE[BF16])
     assert s.D.stride0 == 1 and s.D.dtype == DTYPE_CODE[F16]
@@ -135,8 +155,7 @@ REJECTED = [
 ]
 
 
-@pytest.mark.parametrize("override,exc,arg,fragments", REJECTED,
-                         ids=[f"{r[2]}-{i}" for i, r in enumerate(REJECTED)])
+@pytest.mark.parametrize("override,exc,arg,fragments", REJECTED, ids=[f"{r[2]}-{i}" for i, r in enumerate(REJECTED)])
 def test_step_inputs_reject_and_name_the_argument(override, exc, arg, fragments):
     with pytest.raises(exc) as ei:
         _step(**override)
@@ -190,13 +209,16 @@ def test_slot_indices_validation():
 
 
 # ------------------------------------------------------------------------------ dims and tiling
-@pytest.mark.parametrize("dims,arg,fragments", [
-    ((8, 96, 128, 2), "head_dim (P)", ["[64, 80, 128]", "96"]),
-    ((8, 64, 100, 2), "state_dim (N)", ["[64, 128, 256]", "100"]),
-    ((0, 64, 128, 1), "nheads", ["positive int", "0"]),
-    ((8, 64, 128, 0), "ngroups", ["positive int", "0"]),
-    ((8, 64, 128, 3), "nheads % ngroups", ["expected 0", "nheads=8, ngroups=3"]),
-])
+@pytest.mark.parametrize(
+    "dims,arg,fragments",
+    [
+        ((8, 96, 128, 2), "head_dim (P)", ["[64, 80, 128]", "96"]),
+        ((8, 64, 100, 2), "state_dim (N)", ["[64, 128, 256]", "100"]),
+        ((0, 64, 128, 1), "nheads", ["positive int", "0"]),
+        ((8, 64, 128, 0), "ngroups", ["positive int", "0"]),
+        ((8, 64, 128, 3), "nheads % ngroups", ["expected 0", "nheads=8, ngroups=3"]),
+    ],
+)
 def test_dims_validate(dims, arg, fragments):
     with pytest.raises(ValueError) as ei:
         m2.Mamba2Dims(*dims).validate()
@@ -214,7 +236,9 @@ def test_check_rows_per_cta():
             assert m2.check_rows_per_cta(rows, P_) == rows
     with pytest.raises(ValueError, match=re.escape("rows_per_cta: expected one of [16, 80] for head_dim 80, got 64")):
         m2.check_rows_per_cta(64, 80)
-    with pytest.raises(ValueError, match=re.escape("rows_per_cta: expected one of [16, 32, 64] for head_dim 64, got 48")):
+    with pytest.raises(
+        ValueError, match=re.escape("rows_per_cta: expected one of [16, 32, 64] for head_dim 64, got 48")
+    ):
         m2.check_rows_per_cta(48, 64)
 
 
@@ -226,7 +250,7 @@ def test_check_state_pool():
     pool = torch.zeros(5, H, P, N)
     assert m2.check_state_pool("state", pool, DIMS, F32, CPU) is pool
     m2.check_state_pool("state", pool, DIMS, F32, CPU, num_slots=5)
-    padded = torch.zeros(5, H * P * N + 4)[:, :H * P * N].view(5, H, P, N)  # free slot stride, 16-byte multiple
+    padded = torch.zeros(5, H * P * N + 4)[:, : H * P * N].view(5, H, P, N)  # free slot stride, 16-byte multiple
     m2.check_state_pool("state", padded, DIMS, F32, CPU)
     cases = [
         (torch.zeros(5, H, N, P), ValueError, ["[*, 8, 64, 128]", "[5, 8, 128, 64]"]),
@@ -234,8 +258,11 @@ def test_check_state_pool():
         (pool.to(BF16), TypeError, ["float32", "bfloat16"]),
         (torch.zeros(5, H, N, P).transpose(2, 3), ValueError, ["contiguous"]),
         (torch.zeros(5 * H * P * N + 1)[1:].view(5, H, P, N), ValueError, ["16-byte aligned", "address"]),
-        (torch.zeros(5, H * P * N + 1)[:, :H * P * N].view(5, H, P, N), ValueError,
-         ["stride of dim 0", "multiple of 4", str(H * P * N + 1)]),
+        (
+            torch.zeros(5, H * P * N + 1)[:, : H * P * N].view(5, H, P, N),
+            ValueError,
+            ["stride of dim 0", "multiple of 4", str(H * P * N + 1)],
+        ),
     ]
     for t, exc, fragments, *num_slots in cases:
         with pytest.raises(exc) as ei:
@@ -244,26 +271,32 @@ def test_check_state_pool():
 
 
 # ------------------------------------------------------------------------------ supported()
-@pytest.mark.parametrize("P_,N_,L,state,io", list(itertools.product(
-    (64, 80, 128), (64, 128, 256), (8, 16, 32), (F32, BF16, F16), (BF16, F16, F32))))
+@pytest.mark.parametrize(
+    "P_,N_,L,state,io",
+    list(itertools.product((64, 80, 128), (64, 128, 256), (8, 16, 32), (F32, BF16, F16), (BF16, F16, F32))),
+)
 def test_supported_configurations(P_, N_, L, state, io):
-    assert supported("mamba2", nheads=128, head_dim=P_, state_dim=N_, ngroups=8, window=L, state_dtype=state,
-                     io_dtype=io) == (True, "ok")
+    assert supported(
+        "mamba2", nheads=128, head_dim=P_, state_dim=N_, ngroups=8, window=L, state_dtype=state, io_dtype=io
+    ) == (True, "ok")
 
 
-@pytest.mark.parametrize("family,config,fragments", [
-    ("mamba3", dict(nheads=32, head_dim=128, state_dim=128), ["'mamba3'", "no kernels"]),
-    ("gdn", dict(nheads=32, head_dim=128, state_dim=128), ["missing", "num_v_heads"]),
-    ("gdn", dict(num_v_heads=32, num_k_heads=12, head_k_dim=128, head_v_dim=128), ["num_v_heads % num_k_heads"]),
-    ("gdn", dict(num_v_heads=32, num_k_heads=16, head_k_dim=96, head_v_dim=128), ["head_k_dim (K)", "96"]),
-    ("mamba2", dict(nheads=128, head_dim=96, state_dim=128, ngroups=8), ["head_dim (P)", "96"]),
-    ("mamba2", dict(nheads=128, head_dim=64, state_dim=32, ngroups=8), ["state_dim (N)", "32"]),
-    ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, ngroups=3), ["ngroups", "ngroups=3"]),
-    ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, window=12), ["window", "12"]),
-    ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, state_dtype=torch.float64), ["state_dtype", "float64"]),
-    ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, io_dtype=torch.int8), ["io_dtype", "int8"]),
-    ("mamba2", dict(head_dim=64, state_dim=128), ["nheads"]),
-])
+@pytest.mark.parametrize(
+    "family,config,fragments",
+    [
+        ("mamba3", dict(nheads=32, head_dim=128, state_dim=128), ["'mamba3'", "no kernels"]),
+        ("gdn", dict(nheads=32, head_dim=128, state_dim=128), ["missing", "num_v_heads"]),
+        ("gdn", dict(num_v_heads=32, num_k_heads=12, head_k_dim=128, head_v_dim=128), ["num_v_heads % num_k_heads"]),
+        ("gdn", dict(num_v_heads=32, num_k_heads=16, head_k_dim=96, head_v_dim=128), ["head_k_dim (K)", "96"]),
+        ("mamba2", dict(nheads=128, head_dim=96, state_dim=128, ngroups=8), ["head_dim (P)", "96"]),
+        ("mamba2", dict(nheads=128, head_dim=64, state_dim=32, ngroups=8), ["state_dim (N)", "32"]),
+        ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, ngroups=3), ["ngroups", "ngroups=3"]),
+        ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, window=12), ["window", "12"]),
+        ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, state_dtype=torch.float64), ["state_dtype", "float64"]),
+        ("mamba2", dict(nheads=128, head_dim=64, state_dim=128, io_dtype=torch.int8), ["io_dtype", "int8"]),
+        ("mamba2", dict(head_dim=64, state_dim=128), ["nheads"]),
+    ],
+)
 def test_unsupported_configurations_say_why(family, config, fragments):
     ok, why = supported(family, **config)
     assert ok is False
@@ -295,22 +328,32 @@ def test_cache_construction_on_cpu():
     assert ctypes.sizeof(m2.DecodeParams) > ctypes.sizeof(m2.Ring)
 
 
-@pytest.mark.parametrize("kwargs,exc,arg,fragments", [
-    (dict(num_slots=0), ValueError, "num_slots", ["positive int", "0"]),
-    (dict(num_slots=2.5), TypeError, "num_slots", ["positive int", "2.5"]),
-    (dict(max_draft=0), ValueError, "max_draft", ["[1, 16]", "0"]),
-    (dict(max_draft=17), ValueError, "max_draft", ["[1, 16]", "17"]),
-    (dict(head_dim=96), ValueError, "head_dim (P)", ["96"]),
-    (dict(state_dim=16), ValueError, "state_dim (N)", ["16"]),
-    (dict(ngroups=3), ValueError, "nheads % ngroups", ["ngroups=3"]),
-])
+@pytest.mark.parametrize(
+    "kwargs,exc,arg,fragments",
+    [
+        (dict(num_slots=0), ValueError, "num_slots", ["positive int", "0"]),
+        (dict(num_slots=2.5), TypeError, "num_slots", ["positive int", "2.5"]),
+        (dict(max_draft=0), ValueError, "max_draft", ["[1, 16]", "0"]),
+        (dict(max_draft=17), ValueError, "max_draft", ["[1, 16]", "17"]),
+        (dict(head_dim=96), ValueError, "head_dim (P)", ["96"]),
+        (dict(state_dim=16), ValueError, "state_dim (N)", ["16"]),
+        (dict(ngroups=3), ValueError, "nheads % ngroups", ["ngroups=3"]),
+    ],
+)
 def test_cache_construction_errors(kwargs, exc, arg, fragments):
     args = dict(num_slots=4, nheads=H, head_dim=P, state_dim=N, ngroups=G)
     args.update(kwargs)
     extra = {k: args.pop(k) for k in ("max_draft",) if k in args}
     with pytest.raises(exc) as ei:
-        Mamba2Cache(args["num_slots"], args["nheads"], args["head_dim"], args["state_dim"], args["ngroups"],
-                    device="cpu", **extra)
+        Mamba2Cache(
+            args["num_slots"],
+            args["nheads"],
+            args["head_dim"],
+            args["state_dim"],
+            args["ngroups"],
+            device="cpu",
+            **extra,
+        )
     _assert_names(ei.value, arg, *fragments)
 
 
@@ -370,13 +413,26 @@ def test_materialize_folds_the_ring_like_the_reference(expanded_A):
     c = Mamba2Cache(3, Hs, Ps, Ns, Gs, window=L, state_dtype=F32, io_dtype=BF16, device="cpu")
     c.checkpoint.copy_(torch.randn(3, Hs, Ps, Ns, generator=g))
     A = -torch.empty(Hs).uniform_(1.0, 16.0, generator=g)
-    recs = [(torch.randn(Hs, Ps, generator=g).to(BF16), torch.rand(Hs, generator=g) * 0.1,
-             torch.randn(Gs, Ns, generator=g).to(BF16)) for _ in range(6)]
+    recs = [
+        (
+            torch.randn(Hs, Ps, generator=g).to(BF16),
+            torch.rand(Hs, generator=g) * 0.1,
+            torch.randn(Gs, Ns, generator=g).to(BF16),
+        )
+        for _ in range(6)
+    ]
     _fill_ring(c, 2, 6, recs)  # wraps around the end of the 9-record ring
     S = c.checkpoint[2].double()[None]
     for x, delta, B in recs:
-        _, S = mamba2_step(S, x.double()[None], delta.double()[None], A.double(), B.double()[None],
-                           torch.zeros(1, Gs, Ns, dtype=torch.float64), dt_softplus=False)
+        _, S = mamba2_step(
+            S,
+            x.double()[None],
+            delta.double()[None],
+            A.double(),
+            B.double()[None],
+            torch.zeros(1, Gs, Ns, dtype=torch.float64),
+            dt_softplus=False,
+        )
     A_arg = A[:, None, None].expand(Hs, Ps, Ns) if expanded_A else A
     got = c.materialize([2, 0], A_arg)
     assert got.dtype == F32 and got.shape == (2, Hs, Ps, Ns)
@@ -394,12 +450,15 @@ def test_materialize_needs_A_for_pending_records():
         c.materialize([1])
 
 
-@pytest.mark.parametrize("dims, arg", [
-    (("8", 64, 128, 1), "nheads"),
-    ((8.0, 64, 128, 2), "nheads"),
-    ((8, True, 128, 2), "head_dim"),
-    ((8, 64, 128.0, 2), "state_dim"),
-])
+@pytest.mark.parametrize(
+    "dims, arg",
+    [
+        (("8", 64, 128, 1), "nheads"),
+        ((8.0, 64, 128, 2), "nheads"),
+        ((8, True, 128, 2), "head_dim"),
+        ((8, 64, 128.0, 2), "state_dim"),
+    ],
+)
 def test_dims_must_be_ints(dims, arg):
     with pytest.raises(TypeError, match=f"{arg}: expected a positive int"):
         m2.Mamba2Dims(*dims).validate()
@@ -408,8 +467,9 @@ def test_dims_must_be_ints(dims, arg):
 def test_supported_accepts_dtype_names_and_names_missing_keys():
     from replayssm.wrappers import supported
 
-    ok, why = supported("mamba2", nheads=8, head_dim=64, state_dim=128, ngroups=2, state_dtype="float32",
-                        io_dtype="torch.bfloat16")
+    ok, why = supported(
+        "mamba2", nheads=8, head_dim=64, state_dim=128, ngroups=2, state_dtype="float32", io_dtype="torch.bfloat16"
+    )
     assert ok, why
     ok, why = supported("mamba2", head_dim=64, state_dim=128)
     assert not ok and "missing" in why and "nheads" in why
@@ -417,12 +477,15 @@ def test_supported_accepts_dtype_names_and_names_missing_keys():
     assert not ok and "io_dtype" in why and "float64" in why
 
 
-@pytest.mark.parametrize("kw, exc, arg", [
-    (dict(window=12), ValueError, "window"),
-    (dict(state_dtype=torch.float64), ValueError, "state_dtype"),
-    (dict(io_dtype=torch.int8), ValueError, "io_dtype"),
-    (dict(io_dtype="nonsense"), TypeError, "io_dtype"),
-])
+@pytest.mark.parametrize(
+    "kw, exc, arg",
+    [
+        (dict(window=12), ValueError, "window"),
+        (dict(state_dtype=torch.float64), ValueError, "state_dtype"),
+        (dict(io_dtype=torch.int8), ValueError, "io_dtype"),
+        (dict(io_dtype="nonsense"), TypeError, "io_dtype"),
+    ],
+)
 def test_cache_rejects_unsupported_window_and_dtypes(kw, exc, arg):
     from replayssm.cache import Mamba2Cache
 
@@ -441,10 +504,23 @@ def test_kda_gate_operands_are_per_channel_with_contiguous_channels():
     v = torch.zeros(B_, 4, 128, dtype=bf)
     a = torch.zeros(B_, 4, 128)
     dt_bias = torch.zeros(4, 128)
-    s, _ = gdn.step_inputs(dims, bf, CPU, B_, q, q, v, a=a, A_log=torch.zeros(4), dt_bias=dt_bias,
-                           b=torch.zeros(B_, 4), per_channel=True)
+    s, _ = gdn.step_inputs(
+        dims, bf, CPU, B_, q, q, v, a=a, A_log=torch.zeros(4), dt_bias=dt_bias, b=torch.zeros(B_, 4), per_channel=True
+    )
     assert (s.a.stride0, s.a.stride1) == (4 * 128, 128)
     assert (s.dt_bias.stride0, s.dt_bias.stride1) == (128, 0)
     with pytest.raises(ValueError, match="dt_bias"):
-        gdn.step_inputs(dims, bf, CPU, B_, q, q, v, a=a, A_log=torch.zeros(4), dt_bias=torch.zeros(128, 4).t(),
-                        b=torch.zeros(B_, 4), per_channel=True)
+        gdn.step_inputs(
+            dims,
+            bf,
+            CPU,
+            B_,
+            q,
+            q,
+            v,
+            a=a,
+            A_log=torch.zeros(4),
+            dt_bias=torch.zeros(128, 4).t(),
+            b=torch.zeros(B_, 4),
+            per_channel=True,
+        )

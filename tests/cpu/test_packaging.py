@@ -34,8 +34,12 @@ def _source_copy(dst: Path) -> Path:
 
 
 def _wheel(src: Path, out: Path) -> Path:
-    r = subprocess.run([PYTHON, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(out)],
-                       capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [PYTHON, "-m", "pip", "wheel", str(src), "--no-deps", "--no-build-isolation", "-w", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     if r.returncode != 0 and "No module named pip" in r.stderr:
         pytest.skip("pip not available")
     assert r.returncode == 0, r.stdout + r.stderr

@@ -103,11 +103,20 @@ class TestParallelBuilds:
         cuda = fake_toolchain(tmp_path / "cuda")
         cache = tmp_path / "cache"
         go = tmp_path / "go"
-        e = subprocess_env(REPLAYSSM_CACHE_DIR=cache, REPLAYSSM_CUDA_ARCH_LIST="9.0a", REPLAYSSM_MAX_JOBS=2,
-                           CUDA_HOME=cuda)
-        procs = [subprocess.Popen([PYTHON, "-c", _CHILD, str(go), str(tmp_path / f"ready{i}"), str(i), str(self.OWN)],
-                                  env=e, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-                 for i in range(self.PROCS)]
+        e = subprocess_env(
+            REPLAYSSM_CACHE_DIR=cache, REPLAYSSM_CUDA_ARCH_LIST="9.0a", REPLAYSSM_MAX_JOBS=2, CUDA_HOME=cuda
+        )
+        procs = [
+            subprocess.Popen(
+                [PYTHON, "-c", _CHILD, str(go), str(tmp_path / f"ready{i}"), str(i), str(self.OWN)],
+                env=e,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.PIPE,
+                text=True,
+            )
+            for i in range(self.PROCS)
+        ]
         deadline = time.time() + 60
         while not all((tmp_path / f"ready{i}").exists() for i in range(self.PROCS)):
             assert time.time() < deadline, "children did not start"
@@ -115,7 +124,7 @@ class TestParallelBuilds:
             time.sleep(0.01)
         go.touch()
         results = [p.communicate(timeout=120) for p in procs]
-        for p, (out, err) in zip(procs, results):
+        for p, (_out, err) in zip(procs, results):
             assert p.returncode == 0, err
         built = [json.loads(out.strip().splitlines()[-1]) for out, _ in results]
 

@@ -31,7 +31,7 @@ CPU = torch.device("cpu")
 F32, BF16 = "float32", "bfloat16"
 
 SPECS = {
-    "m2": mamba2_decode_spec("replay_decode", 64, 128, F32, BF16, L=16),          # Nemotron-3-Super
+    "m2": mamba2_decode_spec("replay_decode", 64, 128, F32, BF16, L=16),  # Nemotron-3-Super
     "m2_p80_f32io_L32": mamba2_decode_spec("replay_decode", 80, 128, F32, F32, L=32),  # buffers too large
     "m2_conv": mamba2_decode_spec("conventional_decode", 64, 128, F32, BF16),
     "m2_verify": mamba2_decode_spec("replay_verify", 64, 128, F32, BF16, L=16, T=4),
@@ -267,8 +267,11 @@ def _wrapper(cls, dims, **kw):
     return w, rec
 
 
-WRAPPERS = [(Mamba2DecodeWrapper, (128, 64, 128, 8)), (GDNDecodeWrapper, (32, 16, 128, 128)),
-            (KDADecodeWrapper, (32, 32, 128, 128))]
+WRAPPERS = [
+    (Mamba2DecodeWrapper, (128, 64, 128, 8)),
+    (GDNDecodeWrapper, (32, 16, 128, 128)),
+    (KDADecodeWrapper, (32, 32, 128, 128)),
+]
 
 
 @pytest.mark.parametrize("cls, dims", WRAPPERS)
@@ -277,8 +280,14 @@ class TestWrapperSchedule:
         w, rec = _wrapper(cls, dims, rows_per_cta=32)
         w.plan(torch.arange(7, dtype=torch.int32))
         q = rec.queries[-1]
-        assert (q.batch, q.heads, q.groups, q.rows_per_cta, q.persistent, q.has_limits) == \
-            (7, dims[0], dims[1] if cls is not Mamba2DecodeWrapper else dims[3], 32, C.PERSISTENT_AUTO, 0)
+        assert (q.batch, q.heads, q.groups, q.rows_per_cta, q.persistent, q.has_limits) == (
+            7,
+            dims[0],
+            dims[1] if cls is not Mamba2DecodeWrapper else dims[3],
+            32,
+            C.PERSISTENT_AUTO,
+            0,
+        )
         assert w.schedule.kernel == "tile" and not w.persistent and w.schedule.rows_per_cta == 32
 
     def test_forced_persistent_reaches_the_query_and_the_launch(self, cls, dims):
@@ -295,7 +304,7 @@ class TestWrapperSchedule:
     def test_schedule_before_plan(self, cls, dims):
         w, _ = _wrapper(cls, dims)
         with pytest.raises(RuntimeError, match="plan"):
-            w.schedule
+            _ = w.schedule
         assert not w.persistent
 
     def test_bad_persistent_argument(self, cls, dims):
@@ -319,12 +328,22 @@ def _run(w, cache, batch):
     io = w.io_dtype
     if isinstance(w, Mamba2DecodeWrapper):
         H, P, N, G = w.dims.nheads, w.dims.head_dim, w.dims.state_dim, w.dims.ngroups
-        w.run(cache, torch.zeros(batch, H, P, dtype=io), torch.zeros(batch, H, dtype=io), -torch.ones(H),
-              torch.zeros(batch, G, N, dtype=io), torch.zeros(batch, G, N, dtype=io))
+        w.run(
+            cache,
+            torch.zeros(batch, H, P, dtype=io),
+            torch.zeros(batch, H, dtype=io),
+            -torch.ones(H),
+            torch.zeros(batch, G, N, dtype=io),
+            torch.zeros(batch, G, N, dtype=io),
+        )
     else:
         d = w.dims
         gate = (batch, d.num_v_heads, d.head_k_dim) if isinstance(w, KDADecodeWrapper) else (batch, d.num_v_heads)
-        w.run(cache, torch.zeros(batch, d.num_k_heads, d.head_k_dim, dtype=io),
-              torch.zeros(batch, d.num_k_heads, d.head_k_dim, dtype=io),
-              torch.zeros(batch, d.num_v_heads, d.head_v_dim, dtype=io), g=-torch.ones(gate),
-              beta=torch.ones(batch, d.num_v_heads))
+        w.run(
+            cache,
+            torch.zeros(batch, d.num_k_heads, d.head_k_dim, dtype=io),
+            torch.zeros(batch, d.num_k_heads, d.head_k_dim, dtype=io),
+            torch.zeros(batch, d.num_v_heads, d.head_v_dim, dtype=io),
+            g=-torch.ones(gate),
+            beta=torch.ones(batch, d.num_v_heads),
+        )

@@ -19,7 +19,7 @@ HV, HK, K, V = 4, 2, 16, 16
 FAMS = {"gdn": delta_family("gdn", HV, HK, K, V), "kda": delta_family("kda", HV, HK, K, V)}
 CLS = {"gdn": GDNReplayRef, "kda": KDAReplayRef}
 STEP = {"gdn": gdn_step, "kda": kda_step}
-EXACT = 1e-12          # float64 replay vs float64 conventional recurrence
+EXACT = 1e-12  # float64 replay vs float64 conventional recurrence
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -30,7 +30,7 @@ def _naive_step(kind, S, q, k, v, A_log, a, dt_bias, b, use_l2norm=True, scale=N
     """Per-head loop transcription of docs/design.md §1.2/§1.3 (independent of the vectorised code)."""
     S = S.clone()
     o = torch.zeros_like(v)
-    scale = K ** -0.5 if scale is None else scale
+    scale = K**-0.5 if scale is None else scale
     for bb in range(S.shape[0]):
         for hv in range(HV):
             h = hv // (HV // HK)
@@ -41,9 +41,9 @@ def _naive_step(kind, S, q, k, v, A_log, a, dt_bias, b, use_l2norm=True, scale=N
             qv = qv * scale
             x = a[bb, hv] + dt_bias[hv]
             sp = torch.log1p(torch.exp(x))
-            g = -math.exp(float(A_log[hv])) * sp                     # scalar (GDN) or [K] (KDA)
+            g = -math.exp(float(A_log[hv])) * sp  # scalar (GDN) or [K] (KDA)
             beta = 1.0 / (1.0 + math.exp(-float(b[bb, hv])))
-            St = S[bb, hv] * torch.exp(g)                             # along K (broadcast for GDN)
+            St = S[bb, hv] * torch.exp(g)  # along K (broadcast for GDN)
             u = beta * (v[bb, hv] - St @ kv)
             S[bb, hv] = St + torch.outer(u, kv)
             o[bb, hv] = S[bb, hv] @ qv
@@ -189,7 +189,7 @@ def test_lowprec_flush_recomputes_u(seed):
         tok = delta_tokens(gen, (1,), HV, HK, K, V, False)
         ref.step([0], **tok, **lay)
         _, S = gdn_step(S, **tok, **lay)
-    naive = ref._fold(0, ref.checkpoint[0], ref._committed(0))          # fold with stored (lp) u
+    naive = ref._fold(0, ref.checkpoint[0], ref._committed(0))  # fold with stored (lp) u
     naive_err = float((naive - S[0]).abs().max() / S.abs().max())
     assert naive_err > 1e-6, f"stored u should be approximate in lp mode (err {naive_err:.2e}, seed={seed})"
     ref.flush([0])
@@ -226,8 +226,11 @@ def test_input_errors(kind):
     ref = CLS[kind](3, HV, HK, K, V, L=4, max_draft=2)
     tok = delta_tokens(gen, (2,), HV, HK, K, V, pc)
     name = CLS[kind].__name__
-    with pytest.raises(ValueError, match=rf"{name}.step: argument 'q' must have shape \[batch, HK, K\] = "
-                                         r"\(2, 2, 16\), got \(2, 2, 15\)"):
+    with pytest.raises(
+        ValueError,
+        match=rf"{name}.step: argument 'q' must have shape \[batch, HK, K\] = "
+        r"\(2, 2, 16\), got \(2, 2, 15\)",
+    ):
         ref.step([0, 1], **dict(tok, q=tok["q"][..., :15]), **lay)
     with pytest.raises(ValueError, match=r"argument 'v' must have shape \[batch, HV, V\]"):
         ref.step([0, 1], **dict(tok, v=tok["v"][:, :3]), **lay)
@@ -256,10 +259,12 @@ def test_input_errors(kind):
     with pytest.raises(ValueError, match=r"'parents' must have shape \[T\] = \(2,\) or \[batch, T\] = \(2, 2\)"):
         ref.verify([0, 1], **delta_tokens(gen, (2, 2), HV, HK, K, V, pc), **lay, parents=torch.tensor([[-1, 0]]))
     with pytest.raises(ValueError, match=r"got parents\[1\] = 1"):
-        ref.verify([0, 1], **delta_tokens(gen, (2, 2), HV, HK, K, V, pc), **lay,
-                   parents=torch.tensor([[-1, 0], [-1, 1]]))
-    with pytest.raises(ValueError,
-                       match=r"load_state: argument 'S' must have shape \[batch, HV, V, K\] = \(1, 4, 16, 16\)"):
+        ref.verify(
+            [0, 1], **delta_tokens(gen, (2, 2), HV, HK, K, V, pc), **lay, parents=torch.tensor([[-1, 0], [-1, 1]])
+        )
+    with pytest.raises(
+        ValueError, match=r"load_state: argument 'S' must have shape \[batch, HV, V, K\] = \(1, 4, 16, 16\)"
+    ):
         ref.load_state([0], torch.zeros(1, HV, K, V + 1, dtype=torch.float64))
     with pytest.raises(ValueError, match=rf"{kind}_step: argument 'k' must have shape"):
         STEP[kind](torch.zeros(2, HV, V, K, dtype=torch.float64), **dict(tok, k=tok["k"][:, :1]), **lay)

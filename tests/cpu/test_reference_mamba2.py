@@ -17,7 +17,7 @@ from ..reference_testing import assert_close, generator, mamba2_family, mamba2_l
 
 H, P, N, G = 4, 8, 16, 2
 FAM = mamba2_family(H, P, N, G)
-EXACT = 1e-12          # float64 replay vs float64 conventional recurrence
+EXACT = 1e-12  # float64 replay vs float64 conventional recurrence
 
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -51,7 +51,7 @@ def test_conventional_step_matches_scalar_loop(seed, dt_softplus):
     lay = mamba2_layer(gen, H)
     tok = mamba2_tokens(gen, (2,), H, P, N, G)
     if dt_softplus:
-        tok["dt"][0, 0] = 25.0 - lay["dt_bias"][0]      # exercise the softplus threshold (x > 20 -> x)
+        tok["dt"][0, 0] = 25.0 - lay["dt_bias"][0]  # exercise the softplus threshold (x > 20 -> x)
     else:
         tok["dt"] = tok["dt"].abs() * 0.1
     S = torch.randn(2, H, P, N, generator=gen, dtype=torch.float64)
@@ -68,8 +68,9 @@ def test_conventional_step_optional_args(seed):
     tok = mamba2_tokens(gen, (3,), H, P, N, G, gate=False)
     S = torch.randn(3, H, P, N, generator=gen, dtype=torch.float64)
     y0, S0 = mamba2_step(S, **tok, A=lay["A"])
-    y1, S1 = mamba2_step(S, **tok, A=lay["A"], D=torch.zeros(H, dtype=torch.float64),
-                         dt_bias=torch.zeros(H, dtype=torch.float64))
+    y1, S1 = mamba2_step(
+        S, **tok, A=lay["A"], D=torch.zeros(H, dtype=torch.float64), dt_bias=torch.zeros(H, dtype=torch.float64)
+    )
     assert torch.equal(y0, y1) and torch.equal(S0, S1), f"seed={seed}"
     y32, _ = mamba2_step(S.float(), **tok, A=lay["A"])
     assert y32.dtype == torch.float32, f"output dtype follows S (seed={seed})"
@@ -181,7 +182,7 @@ def test_pad_rows_zero_and_untouched(seed):
     assert bool((yv[0] == 0).all()) and bool(yv[1].abs().sum() > 0), f"seed={seed}"
     assert torch.equal(ref.checkpoint, before[0]) and torch.equal(ref.ring_start, before[2]), f"seed={seed}"
     assert ref.ring_len.tolist() == before[1].tolist(), f"verify must not move committed cursors (seed={seed})"
-    ref.commit([-1, 1], [0, 2])                     # pad row's num_accepted is ignored
+    ref.commit([-1, 1], [0, 2])  # pad row's num_accepted is ignored
     assert ref.ring_len.tolist() == [1, 3, 1], f"seed={seed}"
 
 
@@ -249,8 +250,9 @@ def test_shape_and_type_errors(pool):
     ref, lay, gen = pool
     tok = _tok(gen, 2)
     bad = dict(tok, x=tok["x"][..., :-1])
-    with pytest.raises(ValueError,
-                       match=r"argument 'x' must have shape \[batch, H, P\] = \(2, 4, 8\), got \(2, 4, 7\)"):
+    with pytest.raises(
+        ValueError, match=r"argument 'x' must have shape \[batch, H, P\] = \(2, 4, 8\), got \(2, 4, 7\)"
+    ):
         ref.step([0, 1], **bad, **lay)
     with pytest.raises(ValueError, match=r"argument 'B' must have shape \[batch, G, N\]"):
         ref.step([0, 1], **dict(tok, B=tok["B"][:, :1]), **lay)
@@ -259,14 +261,15 @@ def test_shape_and_type_errors(pool):
     with pytest.raises(ValueError, match=r"argument 'A' must have shape \[H\] = \(4\), got \(3,\)"):
         ref.step([0, 1], **tok, **dict(lay, A=lay["A"][:3]))
     with pytest.raises(ValueError, match=r"argument 'x' must have shape \[batch, H, P\] = \(3, 4, 8\)"):
-        ref.step([0, 1, 2], **tok, **lay)          # batch of slots != batch of inputs
+        ref.step([0, 1, 2], **tok, **lay)  # batch of slots != batch of inputs
     with pytest.raises(TypeError, match="argument 'x' must be a torch.Tensor, got list"):
         ref.step([0, 1], **dict(tok, x=tok["x"].tolist()), **lay)
     with pytest.raises(TypeError, match="argument 'C' must have a floating dtype, got torch.int64"):
         ref.step([0, 1], **dict(tok, C=tok["C"].long()), **lay)
-    with pytest.raises(ValueError,
-                       match=r"argument 'dt' must have shape \[batch, T, H\] = \(2, 3, 4\), got \(2, 2, 4\)"):
-        ref.verify([0, 1], **dict(_tok(gen, 2, 2), x=_tok(gen, 2, 3)["x"]), **lay)   # T is read from x
+    with pytest.raises(
+        ValueError, match=r"argument 'dt' must have shape \[batch, T, H\] = \(2, 3, 4\), got \(2, 2, 4\)"
+    ):
+        ref.verify([0, 1], **dict(_tok(gen, 2, 2), x=_tok(gen, 2, 3)["x"]), **lay)  # T is read from x
     with pytest.raises(TypeError, match="'dt_softplus' must be a bool"):
         ref.step([0, 1], **tok, **lay, dt_softplus=1)
     with pytest.raises(ValueError, match=r"mamba2_step: argument 'x' must have shape"):
@@ -303,10 +306,10 @@ def test_spec_errors(pool):
     assert ref.ring_len.tolist() == [0, 0, 0], "a rejected commit must not move any cursor"
     ref.commit([0, 1], [2, 3])
     with pytest.raises(ValueError, match="slot 0 has no pending drafts"):
-        ref.commit([0], [1])                          # only once
+        ref.commit([0], [1])  # only once
     ref.step([2], **_tok(gen, 1), **lay)
     with pytest.raises(ValueError, match="slot 2 has no pending drafts"):
-        ref.commit([2], [1])                          # a step commits itself
+        ref.commit([2], [1])  # a step commits itself
     with pytest.raises(ValueError, match="argument 'A' differs"):
         ref.step([0], **_tok(gen, 1), **dict(lay, A=lay["A"] * 2))
 
@@ -337,5 +340,5 @@ def test_tree_errors(pool):
         ref.commit_path([0], [[]])
     with pytest.raises(ValueError, match="one path per row"):
         ref.commit_path([0], [[0], [0]])
-    ref.commit([0], [2])                              # nodes 0, 1 form a chain: allowed
+    ref.commit([0], [2])  # nodes 0, 1 form a chain: allowed
     assert int(ref.ring_len[0]) == 2

@@ -56,7 +56,7 @@ def test_fp8_roundtrip_error_bound(seed, dtype):
     err = (d.double() - x.double()).abs()
     amax = x.double().abs().amax(-1, keepdim=True)
     scale = amax / 448
-    bound = x.double().abs() * 2.0 ** -4 + scale * 2.0 ** -10 + 1e-6 * x.double().abs()
+    bound = x.double().abs() * 2.0**-4 + scale * 2.0**-10 + 1e-6 * x.double().abs()
     assert bool((err <= bound).all()), f"fp8 element bound violated by {float((err - bound).max()):.3e} (seed={seed})"
     assert bool((err <= 0.0625 * amax * (1 + 1e-6)).all()), f"fp8 row-max bound violated (seed={seed})"
     rel = float((err / amax.clamp_min(1e-300)).max())
@@ -89,9 +89,9 @@ def test_fp8_rows_are_independent(seed):
     gen = generator(seed)
     x = _wide(gen, (4, 16))
     y = x.clone()
-    y[2] *= 2.0 ** 7
+    y[2] *= 2.0**7
     dx, dy = fake_quant_fp8_e4m3(x), fake_quant_fp8_e4m3(y)
-    assert torch.equal(dy[2], dx[2] * 2.0 ** 7) and torch.equal(dy[[0, 1, 3]], dx[[0, 1, 3]]), f"seed={seed}"
+    assert torch.equal(dy[2], dx[2] * 2.0**7) and torch.equal(dy[[0, 1, 3]], dx[[0, 1, 3]]), f"seed={seed}"
 
 
 def test_zero_rows():
@@ -107,7 +107,7 @@ def test_e2m1_rounding_table():
     vals = torch.tensor(E2M1, dtype=torch.float64)
     assert torch.equal(round_to_e2m1(vals), vals) and torch.equal(round_to_e2m1(-vals), -vals)
     ties = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0], dtype=torch.float64)
-    even = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0], dtype=torch.float64)   # ties to even mantissa
+    even = torch.tensor([0.0, 1.0, 1.0, 2.0, 2.0, 4.0, 4.0], dtype=torch.float64)  # ties to even mantissa
     assert torch.equal(round_to_e2m1(ties), even) and torch.equal(round_to_e2m1(-ties), -even)
     near = torch.tensor([0.26, 0.74, 1.3, 2.49, 2.51, 4.9, 5.1, 6.0, 7.5, 100.0], dtype=torch.float64)
     assert round_to_e2m1(near).tolist() == [0.5, 0.5, 1.5, 2.0, 3.0, 4.0, 6.0, 6.0, 6.0, 6.0]
@@ -126,7 +126,7 @@ def test_nvfp4_roundtrip_error_bound(seed, dtype):
     xb = x.double().reshape(4, 8, 4, 16)
     bmax = xb.abs().amax(-1, keepdim=True).expand_as(xb).reshape(x.shape)
     rmax = x.double().abs().amax(-1, keepdim=True)
-    bound = (1 + 2.0 ** -4) * bmax / 6 + 3e-6 * rmax
+    bound = (1 + 2.0**-4) * bmax / 6 + 3e-6 * rmax
     assert bool((err <= bound).all()), f"nvfp4 bound violated by {float((err - bound).max()):.3e} (seed={seed})"
     e_fp8 = (fake_quant_fp8_e4m3(x).double() - x.double()).abs().mean()
     assert float(err.mean()) > float(e_fp8), f"nvfp4 should be coarser than fp8 (seed={seed})"
@@ -153,7 +153,7 @@ def test_nvfp4_exact_on_representable_values(seed):
     codes = codes * torch.where(torch.rand(rows, nb, 16, generator=gen) < 0.5, -1.0, 1.0)
     codes[..., 3] = 6.0
     bs = _e4m3_values(gen, (rows, nb)).abs()
-    bs = torch.where(bs < 2.0 ** -6, torch.ones_like(bs), bs)     # normal block scales
+    bs = torch.where(bs < 2.0**-6, torch.ones_like(bs), bs)  # normal block scales
     bs[:, 0] = 448.0
     r = 2.0 ** torch.randint(-16, 4, (rows, 1, 1), generator=gen).to(torch.float32)
     x = (codes * bs[..., None] * r).reshape(rows, nb * 16).to(torch.float64)

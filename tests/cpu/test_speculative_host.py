@@ -114,8 +114,12 @@ class TestCommitParams:
         assert isinstance(p, CommitParams) and p.num_arrays == 3 and p.capacity == 20 and p.T == 4
         assert p.num_accepted == acc.data_ptr() and p.paths is None and p.parents == d.parents.data_ptr()
         x = p.arrays[0]
-        assert (x.heads, x.record_words, x.stride_head, x.stride_slot) == (H, P * 2 // 4, 20 * P * 2 // 4,
-                                                                             H * 20 * P * 2 // 4)
+        assert (x.heads, x.record_words, x.stride_head, x.stride_slot) == (
+            H,
+            P * 2 // 4,
+            20 * P * 2 // 4,
+            H * 20 * P * 2 // 4,
+        )
         assert p.arrays[2].record_words == 1  # dt: one fp32 per record
         path = torch.full((3, 4), -1, dtype=torch.int32)
         assert d.commit_params(cache, slots, 3, None, path).paths == path.data_ptr()
@@ -176,12 +180,14 @@ class TestTokenRows:
         v = torch.randn(b, T, 4, 128).to(BF16)
         a = torch.randn(b, T, 4, 128)
         beta = torch.rand(b, T, 4)
-        s, out = gdn_ops.verify_inputs(dims, BF16, CPU, b, T, q, q, v, a=a, A_log=torch.zeros(4), beta=beta,
-                                       per_channel=True)
+        s, out = gdn_ops.verify_inputs(
+            dims, BF16, CPU, b, T, q, q, v, a=a, A_log=torch.zeros(4), beta=beta, per_channel=True
+        )
         assert out.shape == (b, T, 4, 128) and s.a.stride0 == 4 * 128 and s.beta.stride0 == 4
         with pytest.raises(ValueError, match="a: expected shape"):
-            gdn_ops.verify_inputs(dims, BF16, CPU, b, T, q, q, v, a=a[..., :64], A_log=torch.zeros(4), beta=beta,
-                                  per_channel=True)
+            gdn_ops.verify_inputs(
+                dims, BF16, CPU, b, T, q, q, v, a=a[..., :64], A_log=torch.zeros(4), beta=beta, per_channel=True
+            )
 
 
 class TestWrapperPlumbing:
@@ -190,8 +196,7 @@ class TestWrapperPlumbing:
     def wrapper(self, cls, *dims, **kw):
         w = cls(*dims, window=16, max_batch=4, device=CPU, **kw)
         rec = RecordingModule()
-        for key in (("replay_decode", 1), ("replay_verify", 4), ("conventional_decode", 1),
-                    ("conventional_verify", 4)):
+        for key in (("replay_decode", 1), ("replay_verify", 4), ("conventional_decode", 1), ("conventional_verify", 4)):
             w._modules[key] = rec
         return w, rec
 
@@ -246,5 +251,5 @@ class TestWrapperPlumbing:
         w.run(cache, q, q, v, g=-torch.rand(2, 4, 4, 128), beta=torch.rand(2, 4, 4))
         entry, kind, p = rec.launches[-1]
         assert (entry, kind, p.drafts.T, p.d.batch, p.d.nv_heads, p.d.nk_heads) == (0, "VerifyParams", 4, 2, 4, 2)
-        assert p.d.use_l2norm == 1 and abs(p.d.scale - 128 ** -0.5) < 1e-7 and p.drafts.counts is not None
+        assert p.d.use_l2norm == 1 and abs(p.d.scale - 128**-0.5) < 1e-7 and p.drafts.counts is not None
         assert p.d.ring.g == cache.g_ring.data_ptr() and p.d.inputs.g.stride0 == 4 * 128

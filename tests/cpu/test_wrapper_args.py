@@ -99,13 +99,16 @@ class TestNormalizeDevice:
         assert devices.normalize_device("device", "cpu") == CPU
         assert devices.normalize_device("device", torch.device("meta")) == torch.device("meta")
 
-    @pytest.mark.parametrize("bad, exc, fragments", [
-        (True, TypeError, ["bool", "True"]),
-        (1.5, TypeError, ["float", "1.5"]),
-        ([0], TypeError, ["list"]),
-        ("gpu0", ValueError, ["'cuda:0'", "'gpu0'"]),
-        (-1, ValueError, [">= 0", "-1"]),
-    ])
+    @pytest.mark.parametrize(
+        "bad, exc, fragments",
+        [
+            (True, TypeError, ["bool", "True"]),
+            (1.5, TypeError, ["float", "1.5"]),
+            ([0], TypeError, ["list"]),
+            ("gpu0", ValueError, ["'cuda:0'", "'gpu0'"]),
+            (-1, ValueError, [">= 0", "-1"]),
+        ],
+    )
     def test_bad_spellings_name_the_argument(self, bad, exc, fragments):
         with pytest.raises(exc) as ei:
             devices.normalize_device("device", bad)
@@ -225,8 +228,11 @@ WRAPPER_CASES = [(cls, *rest) for classes, *rest in WRAPPER_REJECTED for cls in 
 
 
 class TestConstructorArguments:
-    @pytest.mark.parametrize("cls, kw, exc, arg, fragments", WRAPPER_CASES,
-                             ids=[f"{c[0].__name__}-{c[3]}-{i}" for i, c in enumerate(WRAPPER_CASES)])
+    @pytest.mark.parametrize(
+        "cls, kw, exc, arg, fragments",
+        WRAPPER_CASES,
+        ids=[f"{c[0].__name__}-{c[3]}-{i}" for i, c in enumerate(WRAPPER_CASES)],
+    )
     def test_rejected_before_any_device_use(self, monkeypatch, cls, kw, exc, arg, fragments):
         no_cuda_build(monkeypatch)  # the device check would fail; the argument's check must come first
         args = {"max_batch": 4, **kw}
@@ -241,12 +247,15 @@ class TestConstructorArguments:
         m = Mamba2DecodeWrapper(H, P, N, G, max_batch=4, dt_softplus=False, debug=True, device=CPU)
         assert m.dt_softplus is False and m.debug is True
 
-    @pytest.mark.parametrize("kw, exc, arg", [
-        (dict(window=16.0), TypeError, "window (L)"),
-        (dict(max_draft=99), ValueError, "max_draft"),
-        (dict(max_draft=2.0), TypeError, "max_draft"),
-        (dict(num_slots=-1), ValueError, "num_slots"),
-    ])
+    @pytest.mark.parametrize(
+        "kw, exc, arg",
+        [
+            (dict(window=16.0), TypeError, "window (L)"),
+            (dict(max_draft=99), ValueError, "max_draft"),
+            (dict(max_draft=2.0), TypeError, "max_draft"),
+            (dict(num_slots=-1), ValueError, "num_slots"),
+        ],
+    )
     @pytest.mark.parametrize("cls", list(CACHES))
     def test_cache_arguments(self, monkeypatch, cls, kw, exc, arg):
         no_cuda_build(monkeypatch)
@@ -269,37 +278,42 @@ DELTA = dict(num_v_heads=HV, num_k_heads=HK, head_k_dim=K, head_v_dim=V)
 
 
 class TestSupported:
-    @pytest.mark.parametrize("family, cls", [("mamba2", Mamba2DecodeWrapper), ("gdn", GDNDecodeWrapper),
-                                             ("kda", KDADecodeWrapper)])
+    @pytest.mark.parametrize(
+        "family, cls", [("mamba2", Mamba2DecodeWrapper), ("gdn", GDNDecodeWrapper), ("kda", KDADecodeWrapper)]
+    )
     def test_accepts_every_constructor_and_cache_keyword(self, family, cls):
         params = inspect.signature(cls.__init__).parameters
-        config = {name: p.default for name, p in params.items()
-                  if name != "self" and p.default is not inspect.Parameter.empty}
+        config = {
+            name: p.default for name, p in params.items() if name != "self" and p.default is not inspect.Parameter.empty
+        }
         config.update(MAMBA2 if family == "mamba2" else DELTA)
         config.update(max_batch=8, device="cpu", num_slots=16, max_draft=4)  # CPU: allowed in this suite
         assert set(config) - {"max_batch", "device"} >= set(params) - {"self", "max_batch", "device"}
         assert supported(family, **config) == (True, "ok")
 
-    @pytest.mark.parametrize("family, config, fragments", [
-        ("mamba2", dict(MAMBA2, head_dims=96), ["unknown", "head_dims"]),
-        ("mamba2", dict(MAMBA2, use_l2norm=True), ["unknown", "use_l2norm"]),
-        ("gdn", dict(DELTA, dt_softplus=True), ["unknown", "dt_softplus"]),
-        ("mamba2", dict(MAMBA2, max_batch=-1), ["max_batch", "-1"]),
-        ("mamba2", dict(MAMBA2, max_batch=2.5), ["max_batch", "2.5"]),
-        ("gdn", dict(DELTA, max_draft=99), ["max_draft", "99"]),
-        ("mamba2", dict(MAMBA2, num_slots=0), ["num_slots", "0"]),
-        ("mamba2", dict(MAMBA2, window=16.0), ["window", "16.0"]),
-        ("mamba2", dict(MAMBA2, dt_softplus="no"), ["dt_softplus", "'no'"]),
-        ("gdn", dict(DELTA, use_l2norm="no"), ["use_l2norm", "'no'"]),
-        ("kda", dict(DELTA, scale=True), ["scale", "bool"]),
-        ("mamba2", dict(MAMBA2, pad_slot_id="x"), ["pad_slot_id", "'x'"]),
-        ("mamba2", dict(MAMBA2, debug="yes"), ["debug", "'yes'"]),
-        ("mamba2", dict(MAMBA2, algorithm="fast"), ["algorithm", "'fast'"]),
-        ("mamba2", dict(MAMBA2, persistent="yes"), ["persistent"]),
-        ("mamba2", dict(MAMBA2, rows_per_cta=48), ["rows_per_cta", "48"]),
-        ("mamba2", dict(MAMBA2, head_dim=80, rows_per_cta=32), ["rows_per_cta", "head_dim 80"]),
-        ("gdn", dict(DELTA, head_v_dim=64, rows_per_cta=128), ["rows_per_cta", "head_v_dim 64"]),
-    ])
+    @pytest.mark.parametrize(
+        "family, config, fragments",
+        [
+            ("mamba2", dict(MAMBA2, head_dims=96), ["unknown", "head_dims"]),
+            ("mamba2", dict(MAMBA2, use_l2norm=True), ["unknown", "use_l2norm"]),
+            ("gdn", dict(DELTA, dt_softplus=True), ["unknown", "dt_softplus"]),
+            ("mamba2", dict(MAMBA2, max_batch=-1), ["max_batch", "-1"]),
+            ("mamba2", dict(MAMBA2, max_batch=2.5), ["max_batch", "2.5"]),
+            ("gdn", dict(DELTA, max_draft=99), ["max_draft", "99"]),
+            ("mamba2", dict(MAMBA2, num_slots=0), ["num_slots", "0"]),
+            ("mamba2", dict(MAMBA2, window=16.0), ["window", "16.0"]),
+            ("mamba2", dict(MAMBA2, dt_softplus="no"), ["dt_softplus", "'no'"]),
+            ("gdn", dict(DELTA, use_l2norm="no"), ["use_l2norm", "'no'"]),
+            ("kda", dict(DELTA, scale=True), ["scale", "bool"]),
+            ("mamba2", dict(MAMBA2, pad_slot_id="x"), ["pad_slot_id", "'x'"]),
+            ("mamba2", dict(MAMBA2, debug="yes"), ["debug", "'yes'"]),
+            ("mamba2", dict(MAMBA2, algorithm="fast"), ["algorithm", "'fast'"]),
+            ("mamba2", dict(MAMBA2, persistent="yes"), ["persistent"]),
+            ("mamba2", dict(MAMBA2, rows_per_cta=48), ["rows_per_cta", "48"]),
+            ("mamba2", dict(MAMBA2, head_dim=80, rows_per_cta=32), ["rows_per_cta", "head_dim 80"]),
+            ("gdn", dict(DELTA, head_v_dim=64, rows_per_cta=128), ["rows_per_cta", "head_v_dim 64"]),
+        ],
+    )
     def test_rejects_and_says_why(self, family, config, fragments):
         ok, why = supported(family, **config)
         assert ok is False
@@ -341,9 +355,17 @@ class TestCacheMethods:
         _assert_names(ei.value, "slots", "distinct", "slot 2 2 times")
         assert int(c.checkpoint.abs().sum()) == 0 and c.ring_len.tolist() == [3] * 4
 
-    @pytest.mark.parametrize("slots, fragments", [("0,1", ["str", "'0,1'"]), (1, ["int"]), (None, ["NoneType"]),
-                                                  ([[0, 1]], ["[1, 2]"]), ([0.0, 1.0], ["float32"]),
-                                                  (["a"], ["list"])])
+    @pytest.mark.parametrize(
+        "slots, fragments",
+        [
+            ("0,1", ["str", "'0,1'"]),
+            (1, ["int"]),
+            (None, ["NoneType"]),
+            ([[0, 1]], ["[1, 2]"]),
+            ([0.0, 1.0], ["float32"]),
+            (["a"], ["list"]),
+        ],
+    )
     def test_slots_of_the_wrong_kind(self, cls, slots, fragments):
         c = self.cache(cls)
         state = torch.zeros(2, *c.checkpoint.shape[1:])
@@ -421,16 +443,22 @@ class TestMamba2A:
         with pytest.raises(AttributeError):
             c.A = self.A
 
-    @pytest.mark.parametrize("A, exc, fragments", [
-        ([1.0] * H, TypeError, ["torch.Tensor", "list"]),
-        (torch.zeros(H, dtype=torch.int32), TypeError, ["floating", "int32"]),
-        (torch.zeros(H + 1), ValueError, ["[8]", "[9]"]),
-        (torch.zeros(H, P, N), ValueError, ["per head", "stride-0"]),
-    ])
+    @pytest.mark.parametrize(
+        "A, exc, fragments",
+        [
+            ([1.0] * H, TypeError, ["torch.Tensor", "list"]),
+            (torch.zeros(H, dtype=torch.int32), TypeError, ["floating", "int32"]),
+            (torch.zeros(H + 1), ValueError, ["[8]", "[9]"]),
+            (torch.zeros(H, P, N), ValueError, ["per head", "stride-0"]),
+        ],
+    )
     def test_bad_A(self, A, exc, fragments):
         c = self.filled()
-        for call in (lambda: c.set_A(A), lambda: c.materialize([1], A=A),
-                     lambda: Mamba2Cache(2, H, P, N, G, device=CPU, A=A)):
+        for call in (
+            lambda: c.set_A(A),
+            lambda: c.materialize([1], A=A),
+            lambda: Mamba2Cache(2, H, P, N, G, device=CPU, A=A),
+        ):
             with pytest.raises(exc) as ei:
                 call()
             _assert_names(ei.value, "A", *fragments)
@@ -447,6 +475,7 @@ def _wrapper(cls=Mamba2DecodeWrapper, keys=(("replay_decode", 1),), **kw):
 
 def _broken_load(monkeypatch):
     """Module loads fail the way a missing toolchain does."""
+
     def fail(*args, **kwargs):
         raise RuntimeError("replayssm: nvcc not found (toolchain)")
 
@@ -523,8 +552,12 @@ class TestPlanDebugChecks:
         _broken_load(monkeypatch)
         w = Mamba2DecodeWrapper(H, P, N, G, max_batch=4, device=CPU, debug=True, algorithm="conventional")
         slots = torch.tensor([0, 1])
-        cases = [([[2, 3], [4, 2]], "distinct"), ([[2, 3], [4, 1]], "own slot"), ([[2, -3], [4, 5]], ">= 0"),
-                 ([[2, 3], [4, 9]], "num_slots=8")]
+        cases = [
+            ([[2, 3], [4, 2]], "distinct"),
+            ([[2, 3], [4, 1]], "own slot"),
+            ([[2, -3], [4, 5]], ">= 0"),
+            ([[2, 3], [4, 9]], "num_slots=8"),
+        ]
         for ss, fragment in cases:
             with pytest.raises(ValueError) as ei:
                 w.plan(slots, draft_len=2, state_slots=ss, num_slots=8)

@@ -57,8 +57,10 @@ def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
 def snapshot(cache, slots) -> list[torch.Tensor]:
     """Copies of everything a cache keeps for ``slots`` (state, rings, cursors)."""
     s = torch.as_tensor(slots, device=cache.device)
-    return [t[s].clone() for t in (cache.checkpoint, *cache.rings(), cache.ring_start, cache.ring_len,
-                                   cache.ring_done, cache.ring_draft)]
+    return [
+        t[s].clone()
+        for t in (cache.checkpoint, *cache.rings(), cache.ring_start, cache.ring_len, cache.ring_done, cache.ring_draft)
+    ]
 
 
 def tolerances(cfg) -> tuple[float, float]:

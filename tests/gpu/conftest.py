@@ -30,8 +30,13 @@ def pytest_runtest_makereport(item, call):
     n = drawn(item.nodeid)
     if n and report.failed:
         seed = seed_for(item.nodeid)
-        report.sections.append(("seed", f"seed: {seed} ({n} generator(s): seeds {seed}..{seed + n - 1}; "
-                                        f"rerun with {SEED_ENV}={seed} to force it)"))
+        report.sections.append(
+            (
+                "seed",
+                f"seed: {seed} ({n} generator(s): seeds {seed}..{seed + n - 1}; "
+                f"rerun with {SEED_ENV}={seed} to force it)",
+            )
+        )
 
 
 def _mamba2_specs():
@@ -55,8 +60,9 @@ def _mamba2_verify_specs():
 
     specs = {}
     for cfg in VERIFY_CONFIGS + [{**BASE, "T": 8}]:
-        s = mamba2_decode_spec("replay_verify", cfg["P"], cfg["N"], cfg["state"], cfg["io"], cfg["L"],
-                               verify_capacity(cfg["T"]))
+        s = mamba2_decode_spec(
+            "replay_verify", cfg["P"], cfg["N"], cfg["state"], cfg["io"], cfg["L"], verify_capacity(cfg["T"])
+        )
         specs[s.name] = s
     s = mamba2_decode_spec("conventional_verify", 64, 128, BASE["state"], BASE["io"], T=4)
     specs[s.name] = s
@@ -83,8 +89,16 @@ def _delta_verify_specs():
 
     specs = {}
     for cfg in CONFIGS + [{**BASE, "T": 8}, {**KDA, "T": 4}, {**KDA, "T": 8}]:
-        s = gdn_decode_spec("replay_verify", cfg["K"], cfg["V"], cfg["state"], cfg["io"], cfg["L"], cfg["family"],
-                            verify_capacity(cfg["T"]))
+        s = gdn_decode_spec(
+            "replay_verify",
+            cfg["K"],
+            cfg["V"],
+            cfg["state"],
+            cfg["io"],
+            cfg["L"],
+            cfg["family"],
+            verify_capacity(cfg["T"]),
+        )
         specs[s.name] = s
     for family in ("gdn", "kda"):
         s = gdn_decode_spec("conventional_verify", 128, 128, BASE["state"], BASE["io"], family=family, T=4)
@@ -105,8 +119,9 @@ def _base_specs():
     specs.append(mamba2_decode_spec("replay_verify", 64, 128, f32, bf16, 16, cap))
     specs.append(mamba2_decode_spec("conventional_verify", 64, 128, f32, bf16, T=4))
     for family in ("gdn", "kda"):
-        specs += [gdn_decode_spec(op, 128, 128, f32, bf16, 16, family)
-                  for op in ("replay_decode", "conventional_decode")]
+        specs += [
+            gdn_decode_spec(op, 128, 128, f32, bf16, 16, family) for op in ("replay_decode", "conventional_decode")
+        ]
         specs.append(gdn_decode_spec("replay_verify", 128, 128, f32, bf16, 16, family, cap))
         specs.append(gdn_decode_spec("conventional_verify", 128, 128, f32, bf16, family=family, T=4))
     return specs

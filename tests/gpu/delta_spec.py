@@ -22,8 +22,18 @@ class DeltaSpec:
 
         c = self.cfg
         cls = KDADecodeWrapper if self.kda else GDNDecodeWrapper
-        return cls(c["HV"], c["HK"], c["K"], c["V"], window=c["L"], state_dtype=c["state"], io_dtype=c["io"],
-                   max_batch=max_batch, algorithm=algorithm, **kw)
+        return cls(
+            c["HV"],
+            c["HK"],
+            c["K"],
+            c["V"],
+            window=c["L"],
+            state_dtype=c["state"],
+            io_dtype=c["io"],
+            max_batch=max_batch,
+            algorithm=algorithm,
+            **kw,
+        )
 
     def reference(self, num_slots, max_draft):
         from replayssm.reference import GDNReplayRef, KDAReplayRef
@@ -37,20 +47,29 @@ class DeltaSpec:
         lead = (batch,) if T is None else (batch, T)
         rnd = lambda *s: torch.randn(*lead, *s, device=DEV, generator=g).to(c["io"])  # noqa: E731
         gate = (c["HV"], c["K"]) if self.kda else (c["HV"],)
-        return dict(q=rnd(c["HK"], c["K"]), k=rnd(c["HK"], c["K"]), v=rnd(c["HV"], c["V"]), a=rnd(*gate),
-                    b=rnd(c["HV"]))
+        return dict(
+            q=rnd(c["HK"], c["K"]), k=rnd(c["HK"], c["K"]), v=rnd(c["HV"], c["V"]), a=rnd(*gate), b=rnd(c["HV"])
+        )
 
     def out_like(self, inp):
         return torch.full_like(inp["v"], float("nan"))
 
     def run(self, w, cache, inp, out):
-        return w.run(cache, inp["q"], inp["k"], inp["v"], a=inp["a"], b=inp["b"], A_log=self.A_log,
-                     dt_bias=self.dt_bias, out=out)
+        return w.run(
+            cache, inp["q"], inp["k"], inp["v"], a=inp["a"], b=inp["b"], A_log=self.A_log, dt_bias=self.dt_bias, out=out
+        )
 
     def _ref_args(self, inp, rows, n=None):
         t = {k: (v[rows] if n is None else v[rows, :n]).double().cpu() for k, v in inp.items()}
-        return dict(q=t["q"], k=t["k"], v=t["v"], a=t["a"], b=t["b"], A_log=self.A_log.double().cpu(),
-                    dt_bias=self.dt_bias.double().cpu())
+        return dict(
+            q=t["q"],
+            k=t["k"],
+            v=t["v"],
+            a=t["a"],
+            b=t["b"],
+            A_log=self.A_log.double().cpu(),
+            dt_bias=self.dt_bias.double().cpu(),
+        )
 
     def ref_step(self, ref, slots, inp, rows):
         return ref.step(slots, **self._ref_args(inp, rows))

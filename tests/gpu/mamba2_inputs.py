@@ -18,8 +18,19 @@ def layer_weights(H: int, gen: torch.Generator, device, *, expanded: bool = Fals
     return A, D, dt_bias
 
 
-def step_inputs(batch: int, H: int, P: int, N: int, G: int, io_dtype, gen: torch.Generator, device,
-                *, with_z: bool = True, expanded_dt: bool = False):
+def step_inputs(
+    batch: int,
+    H: int,
+    P: int,
+    N: int,
+    G: int,
+    io_dtype,
+    gen: torch.Generator,
+    device,
+    *,
+    with_z: bool = True,
+    expanded_dt: bool = False,
+):
     x = torch.randn(batch, H, P, device=device, generator=gen).to(io_dtype)
     dt = (0.5 * torch.randn(batch, H, device=device, generator=gen)).to(io_dtype)
     B = torch.randn(batch, G, N, device=device, generator=gen).to(io_dtype)

@@ -46,8 +46,18 @@ class Mamba2Spec:
         from replayssm import Mamba2DecodeWrapper
 
         c = self.cfg
-        return Mamba2DecodeWrapper(c["H"], c["P"], c["N"], c["G"], window=c["L"], state_dtype=c["state"],
-                                   io_dtype=c["io"], max_batch=max_batch, algorithm=algorithm, **kw)
+        return Mamba2DecodeWrapper(
+            c["H"],
+            c["P"],
+            c["N"],
+            c["G"],
+            window=c["L"],
+            state_dtype=c["state"],
+            io_dtype=c["io"],
+            max_batch=max_batch,
+            algorithm=algorithm,
+            **kw,
+        )
 
     def reference(self, num_slots, max_draft):
         from replayssm.reference import Mamba2ReplayRef
@@ -59,20 +69,34 @@ class Mamba2Spec:
         c, g = self.cfg, self.gen
         lead = (batch,) if T is None else (batch, T)
         rnd = lambda *s: torch.randn(*lead, *s, device=DEV, generator=g).to(c["io"])  # noqa: E731
-        return dict(x=rnd(c["H"], c["P"]), dt=(0.5 * torch.randn(*lead, c["H"], device=DEV, generator=g)).to(c["io"]),
-                    B=rnd(c["G"], c["N"]), C=rnd(c["G"], c["N"]), z=rnd(c["H"], c["P"]))
+        return dict(
+            x=rnd(c["H"], c["P"]),
+            dt=(0.5 * torch.randn(*lead, c["H"], device=DEV, generator=g)).to(c["io"]),
+            B=rnd(c["G"], c["N"]),
+            C=rnd(c["G"], c["N"]),
+            z=rnd(c["H"], c["P"]),
+        )
 
     def out_like(self, inp):
         return torch.full_like(inp["x"], float("nan"))
 
     def run(self, w, cache, inp, out):
-        return w.run(cache, inp["x"], inp["dt"], self.A, inp["B"], inp["C"], D=self.D, z=inp["z"],
-                     dt_bias=self.dt_bias, out=out)
+        return w.run(
+            cache, inp["x"], inp["dt"], self.A, inp["B"], inp["C"], D=self.D, z=inp["z"], dt_bias=self.dt_bias, out=out
+        )
 
     def _ref_args(self, inp, rows, n=None):
         t = {k: (v[rows] if n is None else v[rows, :n]).double().cpu() for k, v in inp.items()}
-        return dict(x=t["x"], dt=t["dt"], A=self.A.double().cpu(), B=t["B"], C=t["C"], D=self.D.double().cpu(),
-                    z=t["z"], dt_bias=self.dt_bias.double().cpu())
+        return dict(
+            x=t["x"],
+            dt=t["dt"],
+            A=self.A.double().cpu(),
+            B=t["B"],
+            C=t["C"],
+            D=self.D.double().cpu(),
+            z=t["z"],
+            dt_bias=self.dt_bias.double().cpu(),
+        )
 
     def ref_step(self, ref, slots, inp, rows):
         return ref.step(slots, **self._ref_args(inp, rows))
@@ -84,8 +108,20 @@ class Mamba2Spec:
         return cache.materialize(slots, A=self.A)
 
 
-def run_spec_sequence(fam, *, steps, batch, num_slots, T, gen, tree=False, varlen=False, p_verify=0.7,
-                      repeat_commit=True, rows_per_cta=None):
+def run_spec_sequence(
+    fam,
+    *,
+    steps,
+    batch,
+    num_slots,
+    T,
+    gen,
+    tree=False,
+    varlen=False,
+    p_verify=0.7,
+    repeat_commit=True,
+    rows_per_cta=None,
+):
     """Random mix of standard steps and verify+commit rounds; returns the worst output error."""
     cfg = fam.cfg
     w = fam.wrapper("replay", batch, rows_per_cta=rows_per_cta)
@@ -118,13 +154,16 @@ def run_spec_sequence(fam, *, steps, batch, num_slots, T, gen, tree=False, varle
                 worst = max(worst, e)
                 assert e <= out_tol, f"step {step}: output rel err {e:.3e} > {out_tol:.1e}"
             continue
-        counts = [int(torch.randint(1, T + 1, (1,), generator=gen, device=DEV)) if varlen else T
-                  for _ in range(batch)]
+        counts = [int(torch.randint(1, T + 1, (1,), generator=gen, device=DEV)) if varlen else T for _ in range(batch)]
         parents = [random_parents(T, gen) if tree else list(range(-1, T - 1)) for _ in range(batch)]
         inp = fam.inputs(batch, T)
         out = fam.out_like(inp)
-        w.plan(slots, draft_len=T, parents=torch.tensor(parents, dtype=torch.int32) if tree else None,
-               draft_counts=torch.tensor(counts, dtype=torch.int32) if varlen else None)
+        w.plan(
+            slots,
+            draft_len=T,
+            parents=torch.tensor(parents, dtype=torch.int32) if tree else None,
+            draft_counts=torch.tensor(counts, dtype=torch.int32) if varlen else None,
+        )
         fam.run(w, cache, inp, out)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite verify outputs"
@@ -141,7 +180,7 @@ def run_spec_sequence(fam, *, steps, batch, num_slots, T, gen, tree=False, varle
             paths = [random_path(parents[r], counts[r], gen) for r in range(batch)]
             acc = torch.full((batch, T), -1, dtype=torch.int32)
             for r, pth in enumerate(paths):
-                acc[r, :len(pth)] = torch.tensor(pth, dtype=torch.int32)
+                acc[r, : len(pth)] = torch.tensor(pth, dtype=torch.int32)
             acc = acc.to(DEV)
             w.commit(cache, accepted_path=acc)
             if repeat_commit and step % 3 == 0:

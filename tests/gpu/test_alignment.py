@@ -49,11 +49,11 @@ def misaligned(t: torch.Tensor, how: str) -> torch.Tensor:
     """A copy of ``t`` (same shape and values) that 16-byte vectors cannot read (module docstring)."""
     if how == "offset":
         buf = torch.empty(t.numel() + 16, dtype=t.dtype, device=t.device)
-        out = buf[1:1 + t.numel()].view(t.shape)
+        out = buf[1 : 1 + t.numel()].view(t.shape)
     elif t.dim() == 1:
         out = torch.empty(2 * t.numel() + 1, dtype=t.dtype, device=t.device)[1::2]
     else:
-        out = torch.empty(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=t.device)[..., :t.shape[-1]]
+        out = torch.empty(*t.shape[:-1], t.shape[-1] + 1, dtype=t.dtype, device=t.device)[..., : t.shape[-1]]
     out.copy_(t)
     assert out.data_ptr() % 16 or any(out.stride(d) * out.element_size() % 16 for d in range(out.dim() - 1))
     return out
@@ -72,8 +72,18 @@ class Mamba2Family:
         return {"A": self.spec.A, "D": self.spec.D, "dt_bias": self.spec.dt_bias}
 
     def run(self, w, cache, inp, wts, out):
-        return w.run(cache, inp["x"], inp["dt"], wts["A"], inp["B"], inp["C"], D=wts["D"], z=inp["z"],
-                     dt_bias=wts["dt_bias"], out=out)
+        return w.run(
+            cache,
+            inp["x"],
+            inp["dt"],
+            wts["A"],
+            inp["B"],
+            inp["C"],
+            D=wts["D"],
+            z=inp["z"],
+            dt_bias=wts["dt_bias"],
+            out=out,
+        )
 
     @staticmethod
     def persistent_ok(inp):
@@ -93,8 +103,17 @@ class DeltaFamily:
         return {"A_log": self.spec.A_log, "dt_bias": self.spec.dt_bias}
 
     def run(self, w, cache, inp, wts, out):
-        return w.run(cache, inp["q"], inp["k"], inp["v"], a=inp["a"], b=inp["b"], A_log=wts["A_log"],
-                     dt_bias=wts["dt_bias"], out=out)
+        return w.run(
+            cache,
+            inp["q"],
+            inp["k"],
+            inp["v"],
+            a=inp["a"],
+            b=inp["b"],
+            A_log=wts["A_log"],
+            dt_bias=wts["dt_bias"],
+            out=out,
+        )
 
     @staticmethod
     def persistent_ok(inp):
@@ -106,8 +125,7 @@ class KDAFamily(DeltaFamily):
 
 
 FAMILIES = {"mamba2": Mamba2Family, "gdn": DeltaFamily, "kda": KDAFamily}
-CASES = [(f, kind, name, how) for f, cls in FAMILIES.items() for kind in KINDS for name in cls.tensors
-         for how in HOWS]
+CASES = [(f, kind, name, how) for f, cls in FAMILIES.items() for kind in KINDS for name in cls.tensors for how in HOWS]
 
 
 class Case:
@@ -255,9 +273,9 @@ class TestPackedRows:
             inp = c.fam.spec.inputs(c.BATCH)
             width = offset + 2 * HK * K + HV * V + offset
             row = torch.full((c.BATCH, width), float("nan"), dtype=cfg["io"], device=DEV)
-            q = row[:, offset:offset + HK * K].view(c.BATCH, HK, K)
-            k = row[:, offset + HK * K:offset + 2 * HK * K].view(c.BATCH, HK, K)
-            v = row[:, offset + 2 * HK * K:offset + 2 * HK * K + HV * V].view(c.BATCH, HV, V)
+            q = row[:, offset : offset + HK * K].view(c.BATCH, HK, K)
+            k = row[:, offset + HK * K : offset + 2 * HK * K].view(c.BATCH, HK, K)
+            v = row[:, offset + 2 * HK * K : offset + 2 * HK * K + HV * V].view(c.BATCH, HV, V)
             for dst, key in ((q, "q"), (k, "k"), (v, "v")):
                 dst.copy_(inp[key])
             assert gdn_ops.persistent_inputs_aligned(q, k, v) == (offset % 8 == 0)
@@ -282,7 +300,7 @@ class TestPackedRows:
             row = torch.full((c.BATCH, width), float("nan"), dtype=cfg["io"], device=DEV)
             views, o = [], offset
             for s in sizes:
-                views.append(row[:, o:o + s])
+                views.append(row[:, o : o + s])
                 o += s
             z, x = views[0].view(c.BATCH, H, P), views[1].view(c.BATCH, H, P)
             B, C = views[2].view(c.BATCH, G, N), views[3].view(c.BATCH, G, N)

@@ -39,8 +39,19 @@ CONFIGS = [
     {**KDA, "io": F32},
     {**KDA, "K": 256, "V": 64, "L": 32, "T": 16},
 ]
-CONFIG_IDS = ["gdn", "gdn_T2", "gdn_T16", "gdn_io_f32", "gdn_state_bf16", "gdn_K64_V256", "gdn_L8_T8",
-              "kda", "kda_T8", "kda_io_f32", "kda_K256_V64_L32_T16"]
+CONFIG_IDS = [
+    "gdn",
+    "gdn_T2",
+    "gdn_T16",
+    "gdn_io_f32",
+    "gdn_state_bf16",
+    "gdn_K64_V256",
+    "gdn_L8_T8",
+    "kda",
+    "kda_T8",
+    "kda_io_f32",
+    "kda_K256_V64_L32_T16",
+]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=CONFIG_IDS)
@@ -54,19 +65,20 @@ class TestDeltaVerifyConfigs:
 class TestDeltaVerifyFeatures:
     def test_trees_and_per_row_counts(self, cfg):
         gen = seeded_generator()
-        run_spec_sequence(DeltaSpec(cfg, gen), steps=40, batch=5, num_slots=9, T=8, gen=gen, tree=True,
-                          varlen=True)
+        run_spec_sequence(DeltaSpec(cfg, gen), steps=40, batch=5, num_slots=9, T=8, gen=gen, tree=True, varlen=True)
 
     @pytest.mark.parametrize("rows", [16, 64])
     def test_every_tiling(self, cfg, rows):
         gen = seeded_generator()
-        run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=8, gen=gen, tree=True,
-                          varlen=True, rows_per_cta=rows)
+        run_spec_sequence(
+            DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=8, gen=gen, tree=True, varlen=True, rows_per_cta=rows
+        )
 
     def test_thousands_of_steps(self, cfg):
         gen = seeded_generator()
-        run_spec_sequence(DeltaSpec({**cfg, "T": 4}, gen), steps=1000, batch=3, num_slots=5, T=4, gen=gen,
-                          varlen=True, p_verify=0.8)
+        run_spec_sequence(
+            DeltaSpec({**cfg, "T": 4}, gen), steps=1000, batch=3, num_slots=5, T=4, gen=gen, varlen=True, p_verify=0.8
+        )
 
     def test_verify_and_commit_in_one_graph(self, cfg):
         gen = seeded_generator()
@@ -93,7 +105,7 @@ class TestDeltaVerifyFeatures:
             pick = [choices[int(torch.randint(0, len(choices), (1,), generator=gen, device=DEV))] for _ in rows]
             path.fill_(-1)
             for r, pth in zip(rows, pick):
-                path[r, :len(pth)] = torch.tensor(pth, dtype=torch.int32)
+                path[r, : len(pth)] = torch.tensor(pth, dtype=torch.int32)
             out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
@@ -125,9 +137,16 @@ class TestDeltaVerifyFeatures:
         step = kda_step if fam.kda else gdn_step
         S = S0.double()
         for i in range(T):
-            y, S = step(S, inp["q"][:, i].double(), inp["k"][:, i].double(), inp["v"][:, i].double(),
-                        a=inp["a"][:, i].double(), b=inp["b"][:, i].double(), A_log=fam.A_log.double(),
-                        dt_bias=fam.dt_bias.double())
+            y, S = step(
+                S,
+                inp["q"][:, i].double(),
+                inp["k"][:, i].double(),
+                inp["v"][:, i].double(),
+                a=inp["a"][:, i].double(),
+                b=inp["b"][:, i].double(),
+                A_log=fam.A_log.double(),
+                dt_bias=fam.dt_bias.double(),
+            )
             for b in range(batch):
                 snap = cache.checkpoint[int(state_slots[b, i])]
                 if i < counts[b]:
@@ -159,7 +178,9 @@ class TestDeltaVerifyBadInput:
         w.commit(cache, num_accepted=torch.tensor([5, 1, 2], dtype=torch.int32, device=DEV))
         assert cache.check_errors() == 8  # row 0: 5 > 4; row 1: nothing pending; row 2: not a chain
         assert cache.ring_len.tolist()[:3] == [0, 0, 0]
-        w.commit(cache, accepted_path=torch.tensor([[0, 1, 2, -1], [0, -1, -1, -1], [1, 3, -1, -1]],
-                                                    dtype=torch.int32, device=DEV))
+        w.commit(
+            cache,
+            accepted_path=torch.tensor([[0, 1, 2, -1], [0, -1, -1, -1], [1, 3, -1, -1]], dtype=torch.int32, device=DEV),
+        )
         assert cache.check_errors() == 8  # row 1 still has nothing pending
         assert cache.ring_len.tolist()[:3] == [3, 0, 2]

@@ -11,8 +11,8 @@ counter (nothing to detect or to get stuck).
 
 All units of the small batches here are resident at once, the case the detection covers
 (cursors.cuh): every unit counts itself in right after reading the cursors, the row's mover
-releases the count only at its end, so the second row's arrivals find more than a row's count. Base specializations only (those of
-test_mamba2_decode.py, test_gdn_decode.py and the T = 4 verify modules).
+releases the count only at its end, so the second row's arrivals find more than a row's count.
+Base specializations only (those of test_mamba2_decode.py, test_gdn_decode.py and the T = 4 verify modules).
 """
 
 from __future__ import annotations

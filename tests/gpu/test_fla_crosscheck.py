@@ -39,12 +39,30 @@ def test_matches_fla_recurrent(family, algorithm):
 
     if family == "gdn":
         o_fla, S_fla = fla_gdn.fused_recurrent_gated_delta_rule(
-            q, k, v, g=g, beta=beta, scale=K ** -0.5, initial_state=S0.clone(), output_final_state=True,
-            use_qk_l2norm_in_kernel=True, state_v_first=True)
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            scale=K**-0.5,
+            initial_state=S0.clone(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=True,
+        )
     else:
         o_fla, S_fla = fla_kda.fused_recurrent_kda(
-            q, k, v, g=g, beta=beta, scale=K ** -0.5, initial_state=S0.clone(), output_final_state=True,
-            use_qk_l2norm_in_kernel=True, state_v_first=True)
+            q,
+            k,
+            v,
+            g=g,
+            beta=beta,
+            scale=K**-0.5,
+            initial_state=S0.clone(),
+            output_final_state=True,
+            use_qk_l2norm_in_kernel=True,
+            state_v_first=True,
+        )
 
     cls = GDNDecodeWrapper if family == "gdn" else KDADecodeWrapper
     w = cls(HV, HK, K, V, window=16, max_batch=B, algorithm=algorithm)
@@ -54,8 +72,16 @@ def test_matches_fla_recurrent(family, algorithm):
     w.plan(slots)
     outs = []
     for t in range(T):
-        outs.append(w.run(cache, q[:, t].contiguous(), k[:, t].contiguous(), v[:, t].contiguous(),
-                          g=g[:, t].contiguous(), beta=beta[:, t].contiguous()))
+        outs.append(
+            w.run(
+                cache,
+                q[:, t].contiguous(),
+                k[:, t].contiguous(),
+                v[:, t].contiguous(),
+                g=g[:, t].contiguous(),
+                beta=beta[:, t].contiguous(),
+            )
+        )
     o_ours = torch.stack(outs, dim=1)
     assert torch.isfinite(o_ours).all() and torch.isfinite(o_fla).all()
     e_out = rel_err(o_ours, o_fla)

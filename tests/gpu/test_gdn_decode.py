@@ -47,8 +47,24 @@ CONFIGS = [
     {**KDA, "K": 64, "V": 256},
     {**KDA, "L": 8},
 ]
-CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "K64", "V64", "KV256", "HV_eq_HK", "L8", "L32",
-              "kda", "kda_io_f32", "kda_state_bf16", "kda_K64_V256", "kda_L8"]
+CONFIG_IDS = [
+    "base",
+    "io_f16",
+    "io_f32",
+    "state_bf16",
+    "state_f16",
+    "K64",
+    "V64",
+    "KV256",
+    "HV_eq_HK",
+    "L8",
+    "L32",
+    "kda",
+    "kda_io_f32",
+    "kda_state_bf16",
+    "kda_K64_V256",
+    "kda_L8",
+]
 STEP = {"gdn": gdn_step, "kda": kda_step}
 ALGORITHMS = ["replay", "conventional"]
 
@@ -57,8 +73,18 @@ def make(cfg, algorithm, num_slots, max_batch, **kw):
     from replayssm import GDNDecodeWrapper, KDADecodeWrapper
 
     cls = {"gdn": GDNDecodeWrapper, "kda": KDADecodeWrapper}[cfg["family"]]
-    w = cls(cfg["HV"], cfg["HK"], cfg["K"], cfg["V"], window=cfg["L"], state_dtype=cfg["state"],
-            io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
+    w = cls(
+        cfg["HV"],
+        cfg["HK"],
+        cfg["K"],
+        cfg["V"],
+        window=cfg["L"],
+        state_dtype=cfg["state"],
+        io_dtype=cfg["io"],
+        max_batch=max_batch,
+        algorithm=algorithm,
+        **kw,
+    )
     return w, w.create_cache(num_slots)
 
 
@@ -81,22 +107,39 @@ def step_inputs(batch, cfg, gen, *, gates="raw"):
     v = torch.randn(batch, cfg["HV"], cfg["V"], device=dev, generator=gen).to(io)
     gshape = (batch, cfg["HV"], cfg["K"]) if cfg.get("family") == "kda" else (batch, cfg["HV"])
     if gates == "raw":
-        gate = dict(a=torch.randn(gshape, device=dev, generator=gen).to(io),
-                    b=torch.randn(batch, cfg["HV"], device=dev, generator=gen).to(io))
+        gate = dict(
+            a=torch.randn(gshape, device=dev, generator=gen).to(io),
+            b=torch.randn(batch, cfg["HV"], device=dev, generator=gen).to(io),
+        )
     else:
-        gate = dict(g=-torch.rand(gshape, device=dev, generator=gen) * 0.5,
-                    beta=torch.rand(batch, cfg["HV"], device=dev, generator=gen))
+        gate = dict(
+            g=-torch.rand(gshape, device=dev, generator=gen) * 0.5,
+            beta=torch.rand(batch, cfg["HV"], device=dev, generator=gen),
+        )
     return q, k, v, gate
 
 
-def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", use_l2norm=True, rows_per_cta=None,
-                 churn=True, persistent=None):
+def run_sequence(
+    cfg,
+    algorithm,
+    *,
+    steps,
+    batch,
+    num_slots,
+    gen,
+    gates="raw",
+    use_l2norm=True,
+    rows_per_cta=None,
+    churn=True,
+    persistent=None,
+):
     """Continuous batching over a pool (random permutations, pad rows, sequences reset or loaded
     mid-window); returns the worst output error and the state error."""
     dev = torch.device("cuda")
-    HV, HK, K, V = cfg["HV"], cfg["HK"], cfg["K"], cfg["V"]
-    w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm,
-                    persistent=persistent)
+    HV, _HK, K, V = cfg["HV"], cfg["HK"], cfg["K"], cfg["V"]
+    w, cache = make(
+        cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm, persistent=persistent
+    )
     A_log, dt_bias = layer_weights(cfg, gen)
     unused = list(range(num_slots - 2, num_slots))
     active = list(range(num_slots - 2))
@@ -133,8 +176,16 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, gates="raw", u
         sv = slots[sel].long()
         ref_gate = {n: t[sel].double() for n, t in gate.items()}
         ref_extra = {n: t.double() for n, t in extra.items()}
-        o_ref, S_new = STEP[cfg["family"]](S_ref[sv], q[sel].double(), k[sel].double(), v[sel].double(),
-                                           use_l2norm=use_l2norm, scale=K ** -0.5, **ref_gate, **ref_extra)
+        o_ref, S_new = STEP[cfg["family"]](
+            S_ref[sv],
+            q[sel].double(),
+            k[sel].double(),
+            v[sel].double(),
+            use_l2norm=use_l2norm,
+            scale=K**-0.5,
+            **ref_gate,
+            **ref_extra,
+        )
         S_ref[sv] = S_new
         if sel.any():
             e = rel_err(out[sel], o_ref)
@@ -162,15 +213,24 @@ class TestGDNDecodeFeatures:
         run_sequence(cfg, algorithm, steps=20, batch=4, num_slots=8, gen=seeded_generator(), gates="given")
 
     def test_without_l2norm(self, algorithm):
-        run_sequence({**BASE, "io": F32}, algorithm, steps=20, batch=4, num_slots=8, gen=seeded_generator(),
-                     gates="given", use_l2norm=False)
+        run_sequence(
+            {**BASE, "io": F32},
+            algorithm,
+            steps=20,
+            batch=4,
+            num_slots=8,
+            gen=seeded_generator(),
+            gates="given",
+            use_l2norm=False,
+        )
 
     @pytest.mark.parametrize("rows", [16, 32, 64])
     def test_every_tiling(self, algorithm, rows):
         run_sequence(BASE, algorithm, steps=20, batch=4, num_slots=8, gen=seeded_generator(), rows_per_cta=rows)
 
-    @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
-                             ids=["qwen3-next", "kimi-linear"])
+    @pytest.mark.parametrize(
+        "cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}], ids=["qwen3-next", "kimi-linear"]
+    )
     def test_large_batch_model_shape(self, algorithm, cfg):
         run_sequence(cfg, algorithm, steps=18, batch=64, num_slots=80, gen=seeded_generator(), churn=False)
 
@@ -180,42 +240,50 @@ class TestGDNPersistentConfigs:
     """The persistent pipelined replay kernel, forced on, on every configuration."""
 
     def test_matches_reference(self, cfg):
-        run_sequence(cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=seeded_generator(),
-                     persistent=True)
+        run_sequence(
+            cfg, "replay", steps=3 * cfg["L"] + 5, batch=6, num_slots=12, gen=seeded_generator(), persistent=True
+        )
 
 
 class TestGDNPersistentFeatures:
     @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
     def test_given_log_decay_and_beta(self, cfg):
-        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), gates="given",
-                     persistent=True)
+        run_sequence(
+            cfg, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), gates="given", persistent=True
+        )
 
     @pytest.mark.parametrize("cfg", [BASE, KDA], ids=["gdn", "kda"])
     def test_without_l2norm(self, cfg):
-        run_sequence(cfg, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), use_l2norm=False,
-                     persistent=True)
+        run_sequence(
+            cfg, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), use_l2norm=False, persistent=True
+        )
 
     @pytest.mark.parametrize("rows", [16, 32, 64])
     def test_every_tiling(self, rows):
-        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), rows_per_cta=rows,
-                     persistent=True)
+        run_sequence(
+            BASE, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), rows_per_cta=rows, persistent=True
+        )
 
     def test_kda_key_head_shared_by_two_value_heads(self):
-        run_sequence({**KDA, "HV": 4, "HK": 2}, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(),
-                     persistent=True)
+        run_sequence(
+            {**KDA, "HV": 4, "HK": 2}, "replay", steps=20, batch=4, num_slots=8, gen=seeded_generator(), persistent=True
+        )
 
-    @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
-                             ids=["qwen3-next", "kimi-linear"])
+    @pytest.mark.parametrize(
+        "cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}], ids=["qwen3-next", "kimi-linear"]
+    )
     def test_many_units_per_cta(self, cfg):
         """More units than resident CTAs: every CTA walks several units and its buffers wrap."""
-        run_sequence(cfg, "replay", steps=20, batch=96, num_slots=100, gen=seeded_generator(), churn=False,
-                     persistent=True)
+        run_sequence(
+            cfg, "replay", steps=20, batch=96, num_slots=100, gen=seeded_generator(), churn=False, persistent=True
+        )
 
 
 class TestGDNFidelity:
     @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])
-    @pytest.mark.parametrize("cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}],
-                             ids=["gdn-qwen3-next", "kda-kimi-linear"])
+    @pytest.mark.parametrize(
+        "cfg", [{**BASE, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}], ids=["gdn-qwen3-next", "kda-kimi-linear"]
+    )
     def test_fp32_checkpoint_4096_steps(self, cfg, persistent):
         """16 sequences, 4,096 steps: replayed state within 2e-5 of the float64 recurrence."""
         gen = seeded_generator()
@@ -229,8 +297,15 @@ class TestGDNFidelity:
         for step in range(4096):
             q, k, v, gate = step_inputs(16, cfg, gen)
             o = w.run(cache, q, k, v, A_log=A_log, dt_bias=dt_bias, **gate)
-            o_ref, S_ref = STEP[cfg["family"]](S_ref, q.double(), k.double(), v.double(), A_log=A_log.double(),
-                                               dt_bias=dt_bias.double(), **{n: t.double() for n, t in gate.items()})
+            o_ref, S_ref = STEP[cfg["family"]](
+                S_ref,
+                q.double(),
+                k.double(),
+                v.double(),
+                A_log=A_log.double(),
+                dt_bias=dt_bias.double(),
+                **{n: t.double() for n, t in gate.items()},
+            )
             if step % 256 == 255:
                 worst = max(worst, rel_err(o, o_ref))
         err = rel_err(cache.materialize(slots), S_ref)
@@ -246,8 +321,7 @@ class TestGDNGraphsAndSlots:
 
         gen = seeded_generator()
         cfg = BASE
-        w, cache = make(cfg, algorithm.removesuffix("-persistent"), 8, 4,
-                        persistent=algorithm.endswith("-persistent"))
+        w, cache = make(cfg, algorithm.removesuffix("-persistent"), 8, 4, persistent=algorithm.endswith("-persistent"))
         A_log, dt_bias = layer_weights(cfg, gen)
         slots = torch.tensor([3, 0, -1, 5], device="cuda", dtype=torch.int32)
         cache.reset([0, 3, 5])
@@ -267,9 +341,15 @@ class TestGDNGraphsAndSlots:
             out.fill_(float("nan"))
             graph.replay()
             torch.cuda.synchronize()
-            o_ref, S_new = gdn_step(S_ref[sv], q[rows].double(), k[rows].double(), v[rows].double(),
-                                    A_log=A_log.double(), dt_bias=dt_bias.double(),
-                                    **{n: t[rows].double() for n, t in gate.items()})
+            o_ref, S_new = gdn_step(
+                S_ref[sv],
+                q[rows].double(),
+                k[rows].double(),
+                v[rows].double(),
+                A_log=A_log.double(),
+                dt_bias=dt_bias.double(),
+                **{n: t[rows].double() for n, t in gate.items()},
+            )
             S_ref[sv] = S_new
             assert torch.isfinite(out).all() and (out[2] == 0).all()
             assert rel_err(out[rows], o_ref) <= 6e-3
@@ -279,8 +359,13 @@ class TestGDNGraphsAndSlots:
     def test_out_of_range_slot_is_skipped_and_flagged(self, algorithm):
         gen = seeded_generator()
         cfg = KDA if algorithm.startswith("kda-") else BASE
-        w, cache = make(cfg, algorithm.removeprefix("kda-").removesuffix("-persistent"), 4, 3,
-                        persistent=algorithm.endswith("-persistent"))
+        w, cache = make(
+            cfg,
+            algorithm.removeprefix("kda-").removesuffix("-persistent"),
+            4,
+            3,
+            persistent=algorithm.endswith("-persistent"),
+        )
         cache.reset([0, 1, 2, 3])
         A_log, dt_bias = layer_weights(cfg, gen)
         before = snapshot(cache, [0, 2, 3])

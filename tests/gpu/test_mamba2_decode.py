@@ -46,13 +46,35 @@ CONFIG_IDS = ["base", "io_f16", "io_f32", "state_bf16", "state_f16", "P80", "P12
 def make(cfg, algorithm, num_slots, max_batch, **kw):
     from replayssm import Mamba2DecodeWrapper
 
-    w = Mamba2DecodeWrapper(cfg["H"], cfg["P"], cfg["N"], cfg["G"], window=cfg["L"], state_dtype=cfg["state"],
-                            io_dtype=cfg["io"], max_batch=max_batch, algorithm=algorithm, **kw)
+    w = Mamba2DecodeWrapper(
+        cfg["H"],
+        cfg["P"],
+        cfg["N"],
+        cfg["G"],
+        window=cfg["L"],
+        state_dtype=cfg["state"],
+        io_dtype=cfg["io"],
+        max_batch=max_batch,
+        algorithm=algorithm,
+        **kw,
+    )
     return w, w.create_cache(num_slots)
 
 
-def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False, with_z=True,
-                 rows_per_cta=None, churn=True, persistent=None):
+def run_sequence(
+    cfg,
+    algorithm,
+    *,
+    steps,
+    batch,
+    num_slots,
+    gen,
+    expanded=False,
+    with_z=True,
+    rows_per_cta=None,
+    churn=True,
+    persistent=None,
+):
     """Continuous batching over a pool: random slot permutations, pad rows, sequences reset or
     loaded mid-window. Returns the worst output error, the state error and the cache."""
     dev = torch.device("cuda")
@@ -91,10 +113,18 @@ def run_sequence(cfg, algorithm, *, steps, batch, num_slots, gen, expanded=False
         assert (out[pad] == 0).all(), f"step {step}: pad rows must be zero"
         v = ~pad
         sv = slots[v].long()
-        y_ref, S_new = mamba2_step(S_ref[sv], x[v].double(), per_head(dt)[v].double(), per_head(A).double(),
-                                   B[v].double(), C[v].double(), D=per_head(D).double(),
-                                   z=None if z is None else z[v].double(), dt_bias=per_head(dt_bias).double(),
-                                   dt_softplus=True)
+        y_ref, S_new = mamba2_step(
+            S_ref[sv],
+            x[v].double(),
+            per_head(dt)[v].double(),
+            per_head(A).double(),
+            B[v].double(),
+            C[v].double(),
+            D=per_head(D).double(),
+            z=None if z is None else z[v].double(),
+            dt_bias=per_head(dt_bias).double(),
+            dt_softplus=True,
+        )
         S_ref[sv] = S_new
         if v.any():
             e = rel_err(out[v], y_ref)
@@ -180,8 +210,7 @@ class TestMamba2PersistentFeatures:
 
     @pytest.mark.parametrize("rows", [16, 32, 64])
     def test_every_tiling(self, rows):
-        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=rows,
-                     persistent=True)
+        run_sequence(BASE, "replay", steps=20, batch=4, num_slots=8, gen=self.gen(), rows_per_cta=rows, persistent=True)
 
     def test_groups_split_into_units(self):
         """Few rows: the launcher splits each group's 16 heads into units of 4 (only the group's
@@ -214,8 +243,18 @@ class TestMamba2Fidelity:
         for step in range(4096):
             x, dt, B, C, z = step_inputs(16, H, P, N, G, BF16, gen, dev)
             y = w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
-            y_ref, S_ref = mamba2_step(S_ref, x.double(), dt.double(), A.double(), B.double(), C.double(),
-                                       D=D.double(), z=z.double(), dt_bias=dt_bias.double(), dt_softplus=True)
+            y_ref, S_ref = mamba2_step(
+                S_ref,
+                x.double(),
+                dt.double(),
+                A.double(),
+                B.double(),
+                C.double(),
+                D=D.double(),
+                z=z.double(),
+                dt_bias=dt_bias.double(),
+                dt_softplus=True,
+            )
             if step % 256 == 255:
                 worst = max(worst, rel_err(y, y_ref))
         err = rel_err(cache.materialize(slots, A=A), S_ref)
@@ -255,7 +294,7 @@ class TestMamba2Graphs:
         S_ref = torch.zeros(8, H, P, N, dtype=torch.float64, device=dev)
         sv = torch.tensor([3, 0, 5], device=dev)
         rows = torch.tensor([0, 1, 3], device=dev)
-        for step in range(2 * cfg["L"] + 3):
+        for _step in range(2 * cfg["L"] + 3):
             fresh = step_inputs(4, H, P, N, G, cfg["io"], gen, dev)
             for dst, src in zip(static, fresh):
                 dst.copy_(src)
@@ -263,9 +302,18 @@ class TestMamba2Graphs:
             graph.replay()
             torch.cuda.synchronize()
             x, dt, B, C, z = static
-            y_ref, S_new = mamba2_step(S_ref[sv], x[rows].double(), dt[rows].double(), A.double(),
-                                       B[rows].double(), C[rows].double(), D=D.double(), z=z[rows].double(),
-                                       dt_bias=dt_bias.double(), dt_softplus=True)
+            y_ref, S_new = mamba2_step(
+                S_ref[sv],
+                x[rows].double(),
+                dt[rows].double(),
+                A.double(),
+                B[rows].double(),
+                C[rows].double(),
+                D=D.double(),
+                z=z[rows].double(),
+                dt_bias=dt_bias.double(),
+                dt_softplus=True,
+            )
             S_ref[sv] = S_new
             assert torch.isfinite(out).all() and (out[2] == 0).all()
             assert rel_err(out[rows], y_ref) <= 6e-3
@@ -351,8 +399,18 @@ class TestMamba2LargePool:
         for _ in range(cfg["L"] + 2):
             x, dt, B, C, z = step_inputs(1, 128, 64, 128, 8, BF16, gen, dev)
             y = w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
-            y_ref, S_ref = mamba2_step(S_ref, x.double(), dt.double(), A.double(), B.double(), C.double(),
-                                       D=D.double(), z=z.double(), dt_bias=dt_bias.double(), dt_softplus=True)
+            y_ref, S_ref = mamba2_step(
+                S_ref,
+                x.double(),
+                dt.double(),
+                A.double(),
+                B.double(),
+                C.double(),
+                D=D.double(),
+                z=z.double(),
+                dt_bias=dt_bias.double(),
+                dt_softplus=True,
+            )
             assert rel_err(y, y_ref) <= 3e-2
         assert rel_err(cache.materialize([last], A=A), S_ref) <= 3e-2
         del cache

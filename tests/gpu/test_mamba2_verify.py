@@ -56,25 +56,35 @@ class TestMamba2VerifyFeatures:
     def test_token_trees(self):
         gen = seeded_generator()
         cfg = {**BASE, "T": 8}
-        run_spec_sequence(Mamba2Spec(cfg, gen), steps=40, batch=5, num_slots=10, T=8, gen=gen, tree=True,
-                          varlen=True)
+        run_spec_sequence(Mamba2Spec(cfg, gen), steps=40, batch=5, num_slots=10, T=8, gen=gen, tree=True, varlen=True)
 
     @pytest.mark.parametrize("rows", [16, 64])
     def test_every_tiling(self, rows):
         gen = seeded_generator()
-        run_spec_sequence(Mamba2Spec(self.cfg, gen), steps=30, batch=4, num_slots=8, T=4, gen=gen, tree=True,
-                          varlen=True, rows_per_cta=rows)
+        run_spec_sequence(
+            Mamba2Spec(self.cfg, gen),
+            steps=30,
+            batch=4,
+            num_slots=8,
+            T=4,
+            gen=gen,
+            tree=True,
+            varlen=True,
+            rows_per_cta=rows,
+        )
 
     def test_whole_head_tile_P80(self):
         gen = seeded_generator()
         cfg = {**self.cfg, "P": 80}
-        run_spec_sequence(Mamba2Spec(cfg, gen), steps=30, batch=4, num_slots=8, T=4, gen=gen, varlen=True,
-                          rows_per_cta=80)
+        run_spec_sequence(
+            Mamba2Spec(cfg, gen), steps=30, batch=4, num_slots=8, T=4, gen=gen, varlen=True, rows_per_cta=80
+        )
 
     def test_thousands_of_steps(self):
         gen = seeded_generator()
-        run_spec_sequence(Mamba2Spec(self.cfg, gen), steps=1000, batch=4, num_slots=6, T=4, gen=gen,
-                          varlen=True, p_verify=0.8)
+        run_spec_sequence(
+            Mamba2Spec(self.cfg, gen), steps=1000, batch=4, num_slots=6, T=4, gen=gen, varlen=True, p_verify=0.8
+        )
 
     def test_flush_at_every_window_position(self):
         """Slot s holds s committed records (s = 0..L) when one T=4 verify runs over all of them:
@@ -183,9 +193,17 @@ class TestMamba2ConventionalVerify:
         S = S0.double()
         A = fam.A.double()
         for i in range(T):
-            y, S = mamba2_step(S, inp["x"][:, i].double(), inp["dt"][:, i].double(), A, inp["B"][:, i].double(),
-                               inp["C"][:, i].double(), D=fam.D.double(), z=inp["z"][:, i].double(),
-                               dt_bias=fam.dt_bias.double())
+            y, S = mamba2_step(
+                S,
+                inp["x"][:, i].double(),
+                inp["dt"][:, i].double(),
+                A,
+                inp["B"][:, i].double(),
+                inp["C"][:, i].double(),
+                D=fam.D.double(),
+                z=inp["z"][:, i].double(),
+                dt_bias=fam.dt_bias.double(),
+            )
             for b in range(batch):
                 if i < counts[b]:
                     assert rel_err(out[b, i], y[b]) <= tol

@@ -30,8 +30,11 @@ GDN = dict(family="gdn", HV=4, HK=2, K=128, V=128, state=F32, io=BF16, L=16)
 KDA = {**GDN, "family": "kda"}
 FAMILIES = {"mamba2": (Mamba2Spec, M2), "gdn": (DeltaSpec, GDN), "kda": (DeltaSpec, KDA)}
 # (algorithm, persistent) of the standard step: tile replay, persistent replay, conventional.
-STEP_KINDS = {"replay_tile": ("replay", False), "replay_persistent": ("replay", True),
-              "conventional": ("conventional", None)}
+STEP_KINDS = {
+    "replay_tile": ("replay", False),
+    "replay_persistent": ("replay", True),
+    "conventional": ("conventional", None),
+}
 
 
 def _state_shape(fam) -> tuple[int, ...]:
@@ -70,8 +73,10 @@ class TestBitIdenticalReruns:
         fam = adapter(cfg, gen)
         w = fam.wrapper(algorithm, self.batch, **kw)
         cache = w.create_cache(self.num_slots, max_draft=max_draft)
-        cache.load_state(list(range(self.num_slots)),
-                         0.1 * torch.randn(self.num_slots, *_state_shape(fam), device=DEV, generator=gen))
+        cache.load_state(
+            list(range(self.num_slots)),
+            0.1 * torch.randn(self.num_slots, *_state_shape(fam), device=DEV, generator=gen),
+        )
         slots = torch.randperm(self.num_slots, generator=gen, device=DEV)[: self.batch].to(torch.int32)
         return fam, w, cache, slots, gen
 
@@ -101,8 +106,10 @@ class TestBitIdenticalReruns:
         fam, w, cache, slots, gen = self._setup(family, seed, "replay", max_draft=T)
         if drafts == "chain":  # random accepted counts, drawn once: both runs commit the same
             plan = dict(draft_len=T)
-            commits = [dict(num_accepted=torch.randint(1, T + 1, (self.batch,), generator=gen, device=DEV,
-                                                       dtype=torch.int32)) for _ in range(6)]
+            commits = [
+                dict(num_accepted=torch.randint(1, T + 1, (self.batch,), generator=gen, device=DEV, dtype=torch.int32))
+                for _ in range(6)
+            ]
         else:  # a token tree and a root path through it
             plan = dict(draft_len=T, parents=torch.tensor([-1, 0, 0, 1], dtype=torch.int32))
             path = torch.tensor([[0, 1, 3, -1]] * self.batch, dtype=torch.int32, device=DEV)
@@ -164,8 +171,9 @@ class TestSixtyFourBitOffsets:
         num_slots = 2**31 // per_slot + 8  # 2,056 slots: 2.16e9 fp32 elements
         algorithm, persistent = STEP_KINDS[kind]
         kw = {} if persistent is None else {"persistent": persistent}
-        w = Mamba2DecodeWrapper(H, P, N, G, window=L, state_dtype=F32, io_dtype=BF16, max_batch=2,
-                                algorithm=algorithm, **kw)
+        w = Mamba2DecodeWrapper(
+            H, P, N, G, window=L, state_dtype=F32, io_dtype=BF16, max_batch=2, algorithm=algorithm, **kw
+        )
         cache = w.create_cache(num_slots)
         assert cache.checkpoint.numel() > 2**31
         slots = torch.tensor([num_slots - 1, num_slots - 3], dtype=torch.int32, device=DEV)
@@ -178,8 +186,18 @@ class TestSixtyFourBitOffsets:
             out = torch.full((2, H, P), float("nan"), dtype=BF16, device=DEV)
             w.plan(slots)
             w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
-            y, S_ref = mamba2_step(S_ref, x.double(), per_head(dt).double(), A.double(), B.double(), C.double(),
-                                   D=D.double(), z=z.double(), dt_bias=dt_bias.double(), dt_softplus=True)
+            y, S_ref = mamba2_step(
+                S_ref,
+                x.double(),
+                per_head(dt).double(),
+                A.double(),
+                B.double(),
+                C.double(),
+                D=D.double(),
+                z=z.double(),
+                dt_bias=dt_bias.double(),
+                dt_softplus=True,
+            )
             e = float((out.double() - y).norm() / y.norm())
             assert torch.isfinite(out).all() and e <= 6e-3, f"seed {seed} step {step}: output rel err {e:.3e}"
         assert cache.check_errors() == 0
@@ -202,8 +220,18 @@ class TestSixtyFourBitOffsets:
         num_slots = 2**31 // per_slot + 8  # 4,104 slots
         algorithm, persistent = STEP_KINDS[kind]
         kw = {} if persistent is None else {"persistent": persistent}
-        w = GDNDecodeWrapper(cfg["HV"], cfg["HK"], cfg["K"], cfg["V"], window=16, state_dtype=F32, io_dtype=BF16,
-                             max_batch=2, algorithm=algorithm, **kw)
+        w = GDNDecodeWrapper(
+            cfg["HV"],
+            cfg["HK"],
+            cfg["K"],
+            cfg["V"],
+            window=16,
+            state_dtype=F32,
+            io_dtype=BF16,
+            max_batch=2,
+            algorithm=algorithm,
+            **kw,
+        )
         cache = w.create_cache(num_slots)
         assert cache.checkpoint.numel() > 2**31
         slots = torch.tensor([num_slots - 1, num_slots - 3], dtype=torch.int32, device=DEV)
@@ -216,13 +244,21 @@ class TestSixtyFourBitOffsets:
             out = torch.full((2, cfg["HV"], cfg["V"]), float("nan"), dtype=BF16, device=DEV)
             w.plan(slots)
             w.run(cache, q, k, v, out=out, A_log=A_log, dt_bias=dt_bias, **gate)
-            y, S_ref = gdn_step(S_ref, q.double(), k.double(), v.double(), a=gate["a"].double(),
-                                b=gate["b"].double(), A_log=A_log.double(), dt_bias=dt_bias.double(),
-                                use_l2norm=True, scale=cfg["K"] ** -0.5)
+            y, S_ref = gdn_step(
+                S_ref,
+                q.double(),
+                k.double(),
+                v.double(),
+                a=gate["a"].double(),
+                b=gate["b"].double(),
+                A_log=A_log.double(),
+                dt_bias=dt_bias.double(),
+                use_l2norm=True,
+                scale=cfg["K"] ** -0.5,
+            )
             e = float((out.double() - y).norm() / y.norm())
             assert torch.isfinite(out).all() and e <= 6e-3, f"seed {seed} step {step}: output rel err {e:.3e}"
         assert cache.check_errors() == 0
         e = float((cache.materialize(slots).double() - S_ref).norm() / S_ref.norm())
         assert e <= 2e-5, f"seed {seed}: state rel err {e:.3e}"
         self._check_untouched_below(cache, num_slots - 3)
-

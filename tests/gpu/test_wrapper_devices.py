@@ -48,8 +48,17 @@ class TestDeviceSpellings:
         from replayssm import Mamba2Cache, Mamba2DecodeWrapper
 
         gen, c = seeded_generator(), M2
-        w = Mamba2DecodeWrapper(c["H"], c["P"], c["N"], c["G"], window=c["L"], state_dtype=F32, io_dtype=BF16,
-                                max_batch=BATCH, device=device)
+        w = Mamba2DecodeWrapper(
+            c["H"],
+            c["P"],
+            c["N"],
+            c["G"],
+            window=c["L"],
+            state_dtype=F32,
+            io_dtype=BF16,
+            max_batch=BATCH,
+            device=device,
+        )
         _expect_cuda0(w)
         A = -torch.empty(c["H"], device="cuda").uniform_(1.0, 16.0, generator=gen)
         dt_bias = torch.full((c["H"],), -3.0, device="cuda")
@@ -69,8 +78,16 @@ class TestDeviceSpellings:
         y = w.run(cache, x, dt, A, B, C, dt_bias=dt_bias)
         torch.cuda.synchronize()
         assert cache.check_errors() == 0
-        y_ref, S_ref = mamba2_step(S0.double(), x.double(), dt.double(), A.double(), B.double(), C.double(),
-                                   dt_bias=dt_bias.double(), dt_softplus=True)
+        y_ref, S_ref = mamba2_step(
+            S0.double(),
+            x.double(),
+            dt.double(),
+            A.double(),
+            B.double(),
+            C.double(),
+            dt_bias=dt_bias.double(),
+            dt_softplus=True,
+        )
         assert rel_err(y, y_ref) <= OUT_TOL
         assert rel_err(cache.materialize(slots), S_ref) <= STATE_TOL
 
@@ -79,10 +96,20 @@ class TestDeviceSpellings:
         from replayssm import GDNCache, GDNDecodeWrapper, KDACache, KDADecodeWrapper
 
         gen, c = seeded_generator(), DELTA
-        wcls, ccls, step = ((GDNDecodeWrapper, GDNCache, gdn_step) if family == "gdn"
-                            else (KDADecodeWrapper, KDACache, kda_step))
-        w = wcls(c["HV"], c["HK"], c["K"], c["V"], window=c["L"], state_dtype=F32, io_dtype=BF16, max_batch=BATCH,
-                 device=device)
+        wcls, ccls, step = (
+            (GDNDecodeWrapper, GDNCache, gdn_step) if family == "gdn" else (KDADecodeWrapper, KDACache, kda_step)
+        )
+        w = wcls(
+            c["HV"],
+            c["HK"],
+            c["K"],
+            c["V"],
+            window=c["L"],
+            state_dtype=F32,
+            io_dtype=BF16,
+            max_batch=BATCH,
+            device=device,
+        )
         _expect_cuda0(w)
         cache = w.create_cache(NUM_SLOTS)
         direct = ccls(NUM_SLOTS, c["HV"], c["HK"], c["K"], c["V"], window=c["L"], device=device)
@@ -102,8 +129,16 @@ class TestDeviceSpellings:
         o = w.run(cache, q, k, v, g=g, beta=beta)
         torch.cuda.synchronize()
         assert cache.check_errors() == 0
-        o_ref, S_ref = step(S0.double(), q.double(), k.double(), v.double(), g=g.double(), beta=beta.double(),
-                            use_l2norm=True, scale=c["K"] ** -0.5)
+        o_ref, S_ref = step(
+            S0.double(),
+            q.double(),
+            k.double(),
+            v.double(),
+            g=g.double(),
+            beta=beta.double(),
+            use_l2norm=True,
+            scale=c["K"] ** -0.5,
+        )
         assert rel_err(o, o_ref) <= OUT_TOL
         assert rel_err(cache.materialize(slots), S_ref) <= STATE_TOL
 

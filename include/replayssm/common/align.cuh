@@ -18,7 +18,9 @@
 namespace replayssm {
 
 // `bytes` rounded up to a multiple of `align` (a power of two).
-__host__ __device__ constexpr size_t align_up(size_t bytes, size_t align) { return (bytes + align - 1) / align * align; }
+__host__ __device__ constexpr size_t align_up(size_t bytes, size_t align) {
+  return (bytes + align - 1) / align * align;
+}
 __host__ __device__ constexpr size_t align16(size_t bytes) { return align_up(bytes, 16); }
 __host__ __device__ constexpr size_t align128(size_t bytes) { return align_up(bytes, 128); }
 
@@ -44,6 +46,8 @@ __host__ __device__ constexpr SmemRegion first_region(size_t bytes, size_t align
 }
 
 // Size of a buffer whose last region is `last`, rounded up to `align` (so buffers can be stacked).
-__host__ __device__ constexpr size_t buffer_bytes(const SmemRegion& last, size_t align) { return align_up(last.end(), align); }
+__host__ __device__ constexpr size_t buffer_bytes(const SmemRegion& last, size_t align) {
+  return align_up(last.end(), align);
+}
 
 }  // namespace replayssm

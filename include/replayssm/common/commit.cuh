@@ -120,7 +120,8 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
           for (int i = threadIdx.x; i < words; i += blockDim.x) {
             const int h = i / ra.record_words, w = i % ra.record_words;
             uint32_t* head = base + h * ra.stride_head;
-            head[static_cast<int64_t>(dst) * ra.record_words + w] = head[static_cast<int64_t>(src) * ra.record_words + w];
+            head[static_cast<int64_t>(dst) * ra.record_words + w] =
+                head[static_cast<int64_t>(src) * ra.record_words + w];
           }
         }
       }

@@ -50,7 +50,7 @@ constexpr int32_t kFallbackNone = 0;
 constexpr int32_t kFallbackLayout = 1;      // its buffers at this tile do not fit two CTAs per SM (compile time)
 constexpr int32_t kFallbackSmemOptin = 2;   // the device's per-block shared memory opt-in is too small
 constexpr int32_t kFallbackOccupancy = 3;   // not one CTA fits an SM of this device
-constexpr int32_t kFallbackTileSmem = 4;    // verify: the default tile's shared memory exceeds the opt-in; smaller tile
+constexpr int32_t kFallbackTileSmem = 4;  // verify: the default tile's shared memory exceeds the opt-in; smaller tile
 
 // PlanQuery::persistent.
 constexpr int32_t kPersistentAuto = -1;
@@ -59,9 +59,9 @@ constexpr int32_t kPersistentOn = 1;
 
 // replayssm_plan error codes (above every cudaError_t).
 constexpr int32_t kPlanErrorBase = 100000;
-constexpr int32_t kPlanBadQuery = 100001;       // batch, heads or groups out of range for this module
-constexpr int32_t kPlanBadRows = 100002;        // rows_per_cta is not a tiling of this module
-constexpr int32_t kPlanSmemTooLarge = 100003;   // the forced tile needs more shared memory than the device allows
-constexpr int32_t kPlanNoEntry = 100004;        // the module has no such entry / the entry takes no plan
+constexpr int32_t kPlanBadQuery = 100001;  // batch, heads or groups out of range for this module
+constexpr int32_t kPlanBadRows = 100002;  // rows_per_cta is not a tiling of this module
+constexpr int32_t kPlanSmemTooLarge = 100003;  // the forced tile needs more shared memory than the device allows
+constexpr int32_t kPlanNoEntry = 100004;  // the module has no such entry / the entry takes no plan
 
 }  // namespace replayssm

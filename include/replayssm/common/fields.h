@@ -27,8 +27,9 @@ struct Describe {
     using Self = T;                          \
     template <class Visitor>                 \
     static void visit(Visitor&& v) {
-#define REPLAYSSM_FIELD(F) \
-  v(#F, offsetof(Self, F), sizeof(decltype(Self::F)), static_cast<std::remove_reference_t<decltype(Self::F)>*>(nullptr));
+#define REPLAYSSM_FIELD(F)                            \
+  v(#F, offsetof(Self, F), sizeof(decltype(Self::F)), \
+    static_cast<std::remove_reference_t<decltype(Self::F)>*>(nullptr));
 #define REPLAYSSM_DESCRIBE_END \
   }                            \
   }                            \

@@ -128,6 +128,18 @@ inline cudaError_t device_smem_optin(int* bytes) {
   return e;
 }
 
+// Opts `kernel` in to `dyn_bytes` of dynamic shared memory when that, plus the kernel's static
+// shared memory, fits the device's per-block opt-in `optin` (the same rule the plan uses); a
+// tiling that does not fit is left alone, and the plan never picks it on this device.
+template <typename Kernel>
+cudaError_t opt_in_dynamic_smem(Kernel kernel, size_t dyn_bytes, int optin) {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncGetAttributes(&a, kernel);
+  if (e != cudaSuccess) return e;
+  if (dyn_bytes + a.sharedSizeBytes > static_cast<size_t>(optin)) return cudaSuccess;
+  return cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(dyn_bytes));
+}
+
 }  // namespace replayssm
 
 namespace replayssm {
@@ -146,8 +158,8 @@ inline int32_t smaller_rows(int32_t rows) {
 // down to smaller ones (*fallback = kFallbackTileSmem). facts(integral_constant<ROWS>, KernelFacts*)
 // -> cudaError_t describes the kernel at a tiling. Returns 0, a cudaError_t or a kPlan* code.
 template <int DIM, typename Facts>
-int plan_tiles(const PlanQuery& q, int32_t kernel, int32_t auto_rows, bool step_down, Facts&& facts,
-               KernelLaunch* out, int32_t* fallback) {
+int plan_tiles(const PlanQuery& q, int32_t kernel, int32_t auto_rows, bool step_down, Facts&& facts, KernelLaunch* out,
+               int32_t* fallback) {
   const bool forced = q.rows_per_cta != 0;
   int32_t rows = forced ? q.rows_per_cta : auto_rows;
   if (!is_row_choice(rows, DIM)) return kPlanBadRows;

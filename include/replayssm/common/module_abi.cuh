@@ -28,8 +28,8 @@
 #include "commit.cuh"
 #include "constants.h"
 #include "fields.h"
-#include "types.cuh"
 #include "schedule.h"
+#include "types.cuh"
 
 #define REPLAYSSM_EXPORT extern "C" __attribute__((visibility("default")))
 
@@ -50,26 +50,45 @@ struct ConstantRow {
   long long value;
 };
 
-#define REPLAYSSM_CONSTANT(C) ConstantRow{#C, static_cast<long long>(C)}
+#define REPLAYSSM_CONSTANT(C) \
+  ConstantRow { #C, static_cast<long long>(C) }
 inline const ConstantRow kConstantTable[] = {
-    REPLAYSSM_CONSTANT(kMaxDrafts),        REPLAYSSM_CONSTANT(kMaxRingExtra),
-    REPLAYSSM_CONSTANT(kMaxRingArrays),    REPLAYSSM_CONSTANT(kNumRowChoices),
-    ConstantRow{"kRowChoices[0]", kRowChoices[0]}, ConstantRow{"kRowChoices[1]", kRowChoices[1]},
-    ConstantRow{"kRowChoices[2]", kRowChoices[2]}, ConstantRow{"kRowChoices[3]", kRowChoices[3]},
-    REPLAYSSM_CONSTANT(kFloat32),          REPLAYSSM_CONSTANT(kBFloat16),
-    REPLAYSSM_CONSTANT(kFloat16),          REPLAYSSM_CONSTANT(kErrSlotOutOfRange),
-    REPLAYSSM_CONSTANT(kErrCorruptCursor), REPLAYSSM_CONSTANT(kErrBadDrafts),
-    REPLAYSSM_CONSTANT(kErrBadCommit),     REPLAYSSM_CONSTANT(kErrDuplicateSlot),
-    REPLAYSSM_CONSTANT(kEntryStep),        REPLAYSSM_CONSTANT(kEntryCommit),
-    REPLAYSSM_CONSTANT(kKernelNone),       REPLAYSSM_CONSTANT(kKernelPersistent),
-    REPLAYSSM_CONSTANT(kKernelTile),       REPLAYSSM_CONSTANT(kKernelConventional),
-    REPLAYSSM_CONSTANT(kKernelVerify),     REPLAYSSM_CONSTANT(kFallbackNone),
-    REPLAYSSM_CONSTANT(kFallbackLayout),   REPLAYSSM_CONSTANT(kFallbackSmemOptin),
-    REPLAYSSM_CONSTANT(kFallbackOccupancy), REPLAYSSM_CONSTANT(kFallbackTileSmem),
-    REPLAYSSM_CONSTANT(kPersistentAuto),   REPLAYSSM_CONSTANT(kPersistentOff),
-    REPLAYSSM_CONSTANT(kPersistentOn),     REPLAYSSM_CONSTANT(kPlanErrorBase),
-    REPLAYSSM_CONSTANT(kPlanBadQuery),     REPLAYSSM_CONSTANT(kPlanBadRows),
-    REPLAYSSM_CONSTANT(kPlanSmemTooLarge), REPLAYSSM_CONSTANT(kPlanNoEntry),
+    REPLAYSSM_CONSTANT(kMaxDrafts),
+    REPLAYSSM_CONSTANT(kMaxRingExtra),
+    REPLAYSSM_CONSTANT(kMaxRingArrays),
+    REPLAYSSM_CONSTANT(kNumRowChoices),
+    ConstantRow{"kRowChoices[0]", kRowChoices[0]},
+    ConstantRow{"kRowChoices[1]", kRowChoices[1]},
+    ConstantRow{"kRowChoices[2]", kRowChoices[2]},
+    ConstantRow{"kRowChoices[3]", kRowChoices[3]},
+    REPLAYSSM_CONSTANT(kFloat32),
+    REPLAYSSM_CONSTANT(kBFloat16),
+    REPLAYSSM_CONSTANT(kFloat16),
+    REPLAYSSM_CONSTANT(kErrSlotOutOfRange),
+    REPLAYSSM_CONSTANT(kErrCorruptCursor),
+    REPLAYSSM_CONSTANT(kErrBadDrafts),
+    REPLAYSSM_CONSTANT(kErrBadCommit),
+    REPLAYSSM_CONSTANT(kErrDuplicateSlot),
+    REPLAYSSM_CONSTANT(kEntryStep),
+    REPLAYSSM_CONSTANT(kEntryCommit),
+    REPLAYSSM_CONSTANT(kKernelNone),
+    REPLAYSSM_CONSTANT(kKernelPersistent),
+    REPLAYSSM_CONSTANT(kKernelTile),
+    REPLAYSSM_CONSTANT(kKernelConventional),
+    REPLAYSSM_CONSTANT(kKernelVerify),
+    REPLAYSSM_CONSTANT(kFallbackNone),
+    REPLAYSSM_CONSTANT(kFallbackLayout),
+    REPLAYSSM_CONSTANT(kFallbackSmemOptin),
+    REPLAYSSM_CONSTANT(kFallbackOccupancy),
+    REPLAYSSM_CONSTANT(kFallbackTileSmem),
+    REPLAYSSM_CONSTANT(kPersistentAuto),
+    REPLAYSSM_CONSTANT(kPersistentOff),
+    REPLAYSSM_CONSTANT(kPersistentOn),
+    REPLAYSSM_CONSTANT(kPlanErrorBase),
+    REPLAYSSM_CONSTANT(kPlanBadQuery),
+    REPLAYSSM_CONSTANT(kPlanBadRows),
+    REPLAYSSM_CONSTANT(kPlanSmemTooLarge),
+    REPLAYSSM_CONSTANT(kPlanNoEntry),
 };
 #undef REPLAYSSM_CONSTANT
 static_assert(kNumRowChoices == 4, "kConstantTable lists kRowChoices[0..3]");
@@ -147,54 +166,53 @@ REPLAYSSM_DESCRIBE_END
 
 }  // namespace replayssm
 
-#define REPLAYSSM_DEFINE_MODULE_WITH_COMMIT(NAME_STR, OP, COMMIT)                                  \
-  static constexpr bool kReplayssmHasCommit = !std::is_same<COMMIT, replayssm::NoOp>::value;       \
-  REPLAYSSM_EXPORT int replayssm_abi_version() { return REPLAYSSM_MODULE_ABI_VERSION; }            \
-  REPLAYSSM_EXPORT const char* replayssm_module_name() { return NAME_STR; }                       \
-  REPLAYSSM_EXPORT size_t replayssm_params_size(int entry) {                                     \
-    if (entry == replayssm::kEntryStep) return sizeof(typename OP::Params);                      \
-    if (entry == replayssm::kEntryCommit && kReplayssmHasCommit) return sizeof(typename COMMIT::Params); \
-    return 0;                                                                                    \
-  }                                                                                              \
-  REPLAYSSM_EXPORT int replayssm_params_field(int entry, int index, const char** name, long long* offset, \
-                                              long long* size) {                                 \
-    if (name == nullptr || offset == nullptr || size == nullptr) return -1;                      \
-    if (entry == replayssm::kEntryStep)                                                          \
-      return replayssm::params_field<typename OP::Params>(index, name, offset, size);            \
-    if constexpr (kReplayssmHasCommit)                                                           \
-      if (entry == replayssm::kEntryCommit)                                                      \
-        return replayssm::params_field<typename COMMIT::Params>(index, name, offset, size);      \
-    return -1;                                                                                   \
-  }                                                                                              \
-  REPLAYSSM_EXPORT int replayssm_constant(const char* name, long long* value) {                  \
-    return replayssm::lookup_constant(name, value);                                              \
-  }                                                                                              \
-  REPLAYSSM_EXPORT int replayssm_prepare() {                                                      \
-    cudaError_t e = OP::prepare();                                                               \
-    if (e == cudaSuccess) e = COMMIT::prepare();                                                 \
-    return static_cast<int>(e);                                                                  \
-  }                                                                                              \
-  REPLAYSSM_EXPORT int replayssm_plan(int entry, const replayssm::PlanQuery* query,               \
-                                      replayssm::Schedule* schedule) {                           \
-    if (query == nullptr || schedule == nullptr) return replayssm::kPlanBadQuery;                \
-    if (entry != replayssm::kEntryStep) return replayssm::kPlanNoEntry;                          \
-    return OP::plan(*query, schedule);                                                           \
-  }                                                                                              \
-  REPLAYSSM_EXPORT int replayssm_launch(int entry, const void* params, const replayssm::Schedule* schedule, \
-                                        void* stream) {                                          \
-    if (params == nullptr) return static_cast<int>(cudaErrorInvalidValue);                       \
-    const cudaStream_t s = static_cast<cudaStream_t>(stream);                                    \
-    if (entry == replayssm::kEntryStep) {                                                        \
-      if (schedule == nullptr) return static_cast<int>(cudaErrorInvalidValue);                   \
-      return static_cast<int>(OP::launch(*static_cast<const typename OP::Params*>(params), *schedule, s)); \
-    }                                                                                            \
-    if (entry == replayssm::kEntryCommit && kReplayssmHasCommit)                                 \
-      return static_cast<int>(COMMIT::launch(*static_cast<const typename COMMIT::Params*>(params), s)); \
-    return static_cast<int>(cudaErrorInvalidValue);                                              \
-  }                                                                                              \
-  REPLAYSSM_EXPORT const char* replayssm_error_string(int code) {                                 \
-    if (const char* m = replayssm::plan_error_string(code)) return m;                            \
-    return cudaGetErrorString(static_cast<cudaError_t>(code));                                   \
+#define REPLAYSSM_DEFINE_MODULE_WITH_COMMIT(NAME_STR, OP, COMMIT)                                                    \
+  static constexpr bool kReplayssmHasCommit = !std::is_same<COMMIT, replayssm::NoOp>::value;                         \
+  REPLAYSSM_EXPORT int replayssm_abi_version() { return REPLAYSSM_MODULE_ABI_VERSION; }                              \
+  REPLAYSSM_EXPORT const char* replayssm_module_name() { return NAME_STR; }                                          \
+  REPLAYSSM_EXPORT size_t replayssm_params_size(int entry) {                                                         \
+    if (entry == replayssm::kEntryStep) return sizeof(typename OP::Params);                                          \
+    if (entry == replayssm::kEntryCommit && kReplayssmHasCommit) return sizeof(typename COMMIT::Params);             \
+    return 0;                                                                                                        \
+  }                                                                                                                  \
+  REPLAYSSM_EXPORT int replayssm_params_field(int entry, int index, const char** name, long long* offset,            \
+                                              long long* size) {                                                     \
+    if (name == nullptr || offset == nullptr || size == nullptr) return -1;                                          \
+    if (entry == replayssm::kEntryStep)                                                                              \
+      return replayssm::params_field<typename OP::Params>(index, name, offset, size);                                \
+    if constexpr (kReplayssmHasCommit)                                                                               \
+      if (entry == replayssm::kEntryCommit)                                                                          \
+        return replayssm::params_field<typename COMMIT::Params>(index, name, offset, size);                          \
+    return -1;                                                                                                       \
+  }                                                                                                                  \
+  REPLAYSSM_EXPORT int replayssm_constant(const char* name, long long* value) {                                      \
+    return replayssm::lookup_constant(name, value);                                                                  \
+  }                                                                                                                  \
+  REPLAYSSM_EXPORT int replayssm_prepare() {                                                                         \
+    cudaError_t e = OP::prepare();                                                                                   \
+    if (e == cudaSuccess) e = COMMIT::prepare();                                                                     \
+    return static_cast<int>(e);                                                                                      \
+  }                                                                                                                  \
+  REPLAYSSM_EXPORT int replayssm_plan(int entry, const replayssm::PlanQuery* query, replayssm::Schedule* schedule) { \
+    if (query == nullptr || schedule == nullptr) return replayssm::kPlanBadQuery;                                    \
+    if (entry != replayssm::kEntryStep) return replayssm::kPlanNoEntry;                                              \
+    return OP::plan(*query, schedule);                                                                               \
+  }                                                                                                                  \
+  REPLAYSSM_EXPORT int replayssm_launch(int entry, const void* params, const replayssm::Schedule* schedule,          \
+                                        void* stream) {                                                              \
+    if (params == nullptr) return static_cast<int>(cudaErrorInvalidValue);                                           \
+    const cudaStream_t s = static_cast<cudaStream_t>(stream);                                                        \
+    if (entry == replayssm::kEntryStep) {                                                                            \
+      if (schedule == nullptr) return static_cast<int>(cudaErrorInvalidValue);                                       \
+      return static_cast<int>(OP::launch(*static_cast<const typename OP::Params*>(params), *schedule, s));           \
+    }                                                                                                                \
+    if (entry == replayssm::kEntryCommit && kReplayssmHasCommit)                                                     \
+      return static_cast<int>(COMMIT::launch(*static_cast<const typename COMMIT::Params*>(params), s));              \
+    return static_cast<int>(cudaErrorInvalidValue);                                                                  \
+  }                                                                                                                  \
+  REPLAYSSM_EXPORT const char* replayssm_error_string(int code) {                                                    \
+    if (const char* m = replayssm::plan_error_string(code)) return m;                                                \
+    return cudaGetErrorString(static_cast<cudaError_t>(code));                                                       \
   }
 
 #define REPLAYSSM_DEFINE_MODULE(NAME_STR, OP) REPLAYSSM_DEFINE_MODULE_WITH_COMMIT(NAME_STR, OP, replayssm::NoOp)

@@ -48,7 +48,8 @@ struct PersistentBudget {
     const int s = need >= kBudget ? 0 : static_cast<int>((kBudget - need) / kStageBytes);
     return s < kMaxStages ? s : kMaxStages;
   }
-  static constexpr int kUnits = stages_with(2) >= 3 || (stages_with(2) >= 2 && stages_with(2) == stages_with(1)) ? 2 : 1;
+  static constexpr int kUnits =
+      stages_with(2) >= 3 || (stages_with(2) >= 2 && stages_with(2) == stages_with(1)) ? 2 : 1;
   static constexpr int kStages = stages_with(kUnits);
   static constexpr bool kFits = kStages >= 2;
 

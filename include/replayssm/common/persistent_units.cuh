@@ -92,7 +92,9 @@ struct UnitState {
     pos = start + m >= capacity ? start + m - capacity : start + m;
   }
   // The cursors this unit's row leaves behind (a standard step).
-  __device__ __forceinline__ Cursors next_cursors() const { return cursors_after_step(Cursors{start, m, 0}, flush, pos); }
+  __device__ __forceinline__ Cursors next_cursors() const {
+    return cursors_after_step(Cursors{start, m, 0}, flush, pos);
+  }
 };
 
 // Error bits of a skipped unit (one consumer thread raises them).

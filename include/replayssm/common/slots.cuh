@@ -9,7 +9,6 @@ namespace replayssm {
 
 // Error bits (kErr*) OR-ed into a device flag word: constants.h.
 
-
 struct SlotArg {
   const void* ptr;  // int32 or int64 [batch]
   int64_t pad_slot_id;

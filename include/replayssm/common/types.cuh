@@ -18,11 +18,17 @@ __device__ __forceinline__ float to_float(__half v) { return __half2float(v); }
 template <typename T>
 __device__ __forceinline__ T from_float(float v);
 template <>
-__device__ __forceinline__ float from_float<float>(float v) { return v; }
+__device__ __forceinline__ float from_float<float>(float v) {
+  return v;
+}
 template <>
-__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) { return __float2bfloat16_rn(v); }
+__device__ __forceinline__ __nv_bfloat16 from_float<__nv_bfloat16>(float v) {
+  return __float2bfloat16_rn(v);
+}
 template <>
-__device__ __forceinline__ __half from_float<__half>(float v) { return __float2half_rn(v); }
+__device__ __forceinline__ __half from_float<__half>(float v) {
+  return __float2half_rn(v);
+}
 
 // Number of T elements in one 16-byte access.
 template <typename T>
@@ -128,8 +134,7 @@ __device__ __forceinline__ float load_scalar_at(const ScalarArg& a, int64_t off)
   }
 }
 
-__device__ __forceinline__ float load_scalar(const ScalarArg& a, int64_t i0, int64_t i1 = 0,
-                                             float absent = 0.f) {
+__device__ __forceinline__ float load_scalar(const ScalarArg& a, int64_t i0, int64_t i1 = 0, float absent = 0.f) {
   return a.ptr == nullptr ? absent : load_scalar_at(a, i0 * a.stride0 + i1 * a.stride1);
 }
 
@@ -149,8 +154,7 @@ __device__ __forceinline__ float scalar_from_word(const ScalarArg& a, int64_t of
 
 // Element `c` of a contiguous innermost dim after (i0, i1): per-channel operands such as KDA's
 // gate a [batch, HV, K].
-__device__ __forceinline__ float load_channel(const ScalarArg& a, int64_t i0, int64_t i1, int c,
-                                              float absent = 0.f) {
+__device__ __forceinline__ float load_channel(const ScalarArg& a, int64_t i0, int64_t i1, int c, float absent = 0.f) {
   return a.ptr == nullptr ? absent : load_scalar_at(a, i0 * a.stride0 + i1 * a.stride1 + c);
 }
 

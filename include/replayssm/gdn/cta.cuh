@@ -72,7 +72,9 @@ __device__ __forceinline__ float step_beta(const DecodeParams& p, int64_t row, i
   if (p.in.beta.ptr != nullptr) return load_scalar(p.in.beta, row, hv);
   return 1.f / (1.f + expf(-load_scalar(p.in.b, row, hv)));
 }
-__device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoords& c) { return step_beta(p, c.b, c.hv); }
+__device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoords& c) {
+  return step_beta(p, c.b, c.hv);
+}
 
 // q^ and k^ of this CTA's key head into shared memory (fp32). Needs q_s/k_s pre-filled with the
 // raw values; every thread must call it (two barriers inside). Returns nothing: q_s, k_s updated.

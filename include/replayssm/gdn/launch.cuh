@@ -44,7 +44,9 @@ struct ReplayDecode {
 
   // Work units of the persistent kernel: a row's key head with its HV / HK value heads (GDN), or
   // one value head (KDA).
-  static int64_t units(int64_t batch, int nv_heads, int nk_heads) { return batch * (PerChannelDecay ? nv_heads : nk_heads); }
+  static int64_t units(int64_t batch, int nv_heads, int nk_heads) {
+    return batch * (PerChannelDecay ? nv_heads : nk_heads);
+  }
 
   static int plan(PlanQuery q, Schedule* s) {
     if (const int e = check_query(q)) return e;
@@ -52,16 +54,19 @@ struct ReplayDecode {
     const bool dev = !q.has_limits;
     const int64_t batch = q.batch;
     *s = Schedule{};
-    int e = plan_tiles<V>(q, kKernelTile, delta_tile_rows(V, K, batch, q.heads), false, [&](auto rows, KernelFacts* f) {
-      constexpr int kRows = decltype(rows)::value;
-      return kernel_facts(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits, 128,
-                          ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>), f);
-    }, &s->tile, &s->fallback);
+    int e = plan_tiles<V>(
+        q, kKernelTile, delta_tile_rows(V, K, batch, q.heads), false,
+        [&](auto rows, KernelFacts* f) {
+          constexpr int kRows = decltype(rows)::value;
+          return kernel_facts(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits, 128,
+                              ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>), f);
+        },
+        &s->tile, &s->fallback);
     if (e) return e;
     s->main = s->tile;
     const int64_t n_units = units(batch, q.heads, q.groups);
-    const bool want = q.persistent == kPersistentAuto ? n_units >= kDeltaPersistentMinUnits
-                                                      : q.persistent == kPersistentOn;
+    const bool want =
+        q.persistent == kPersistentAuto ? n_units >= kDeltaPersistentMinUnits : q.persistent == kPersistentOn;
     if (!want) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
     KernelFacts f{};
@@ -113,9 +118,9 @@ struct ReplayDecode {
   static cudaError_t prepare() {
     return for_each_rows<V>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>)));
+      cudaError_t e = cudaFuncSetAttribute(
+          replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+          static_cast<int>(ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>)));
       if constexpr (kPersistentOk<kRows>) {
         if (e == cudaSuccess)
           e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
@@ -135,12 +140,13 @@ struct ConventionalDecode {
     if (const cudaError_t e = plan_limits(&q)) return e;
     const bool dev = !q.has_limits;
     *s = Schedule{};
-    const int e = plan_tiles<V>(q, kKernelConventional, delta_tile_rows(V, K, q.batch, q.heads), false,
-                                [&](auto rows, KernelFacts* f) {
-                                  return kernel_facts(
-                                      conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, dev,
-                                      q.limits, 128, 0, f);
-                                }, &s->main, &s->fallback);
+    const int e = plan_tiles<V>(
+        q, kKernelConventional, delta_tile_rows(V, K, q.batch, q.heads), false,
+        [&](auto rows, KernelFacts* f) {
+          return kernel_facts(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, dev,
+                              q.limits, 128, 0, f);
+        },
+        &s->main, &s->fallback);
     s->tile = s->main;
     return e;
   }
@@ -148,7 +154,8 @@ struct ConventionalDecode {
     const KernelLaunch& k = s.main;
     if (k.kernel != kKernelConventional || !tile_matches(k, p.batch, p.nv_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
-      return launch_planned(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0, stream);
+      return launch_planned(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0,
+                            stream);
     });
   }
   static cudaError_t prepare() {
@@ -172,13 +179,14 @@ struct ReplayVerify {
     *s = Schedule{};
     // The automatic tiling steps down when its buffers (at the largest ring and TMAX drafts)
     // exceed the device's shared memory per block; a forced one is an error then.
-    const int e = plan_tiles<V>(q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), true,
-                                [&](auto rows, KernelFacts* f) {
-                                  constexpr int kRows = decltype(rows)::value;
-                                  return kernel_facts(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, dev,
-                                                      q.limits, 128, Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX),
-                                                      f);
-                                }, &s->main, &s->fallback);
+    const int e = plan_tiles<V>(
+        q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), true,
+        [&](auto rows, KernelFacts* f) {
+          constexpr int kRows = decltype(rows)::value;
+          return kernel_facts(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, dev, q.limits, 128,
+                              Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX), f);
+        },
+        &s->main, &s->fallback);
     s->tile = s->main;
     return e;
   }
@@ -200,9 +208,7 @@ struct ReplayVerify {
     return for_each_rows<V>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX);
-      if (bytes > static_cast<size_t>(optin)) return cudaSuccess;  // this tiling is never planned on this device
-      return cudaFuncSetAttribute(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, bytes, optin);
     });
   }
 };
@@ -217,12 +223,13 @@ struct ConventionalVerify {
     if (const cudaError_t e = plan_limits(&q)) return e;
     const bool dev = !q.has_limits;
     *s = Schedule{};
-    const int e = plan_tiles<V>(q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), false,
-                                [&](auto rows, KernelFacts* f) {
-                                  return kernel_facts(
-                                      conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, dev,
-                                      q.limits, 128, 0, f);
-                                }, &s->main, &s->fallback);
+    const int e = plan_tiles<V>(
+        q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), false,
+        [&](auto rows, KernelFacts* f) {
+          return kernel_facts(conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, dev,
+                              q.limits, 128, 0, f);
+        },
+        &s->main, &s->fallback);
     s->tile = s->main;
     return e;
   }
@@ -232,7 +239,8 @@ struct ConventionalVerify {
     const KernelLaunch& k = s.main;
     if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nv_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
-      return launch_planned(conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0, stream);
+      return launch_planned(conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0,
+                            stream);
     });
   }
   static cudaError_t prepare() { return cudaSuccess; }

@@ -18,7 +18,6 @@
 #pragma once
 
 #include "../common/align.cuh"
-
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/state_tile.cuh"
@@ -59,8 +58,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   Tile::load(raw, st, warp, lane);
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
-  float* u_s = reinterpret_cast<float*>(ring_smem);                                // [R][ROWS]
-  float* kr_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R));            // [R][K]
+  float* u_s = reinterpret_cast<float*>(ring_smem);  // [R][ROWS]
+  float* kr_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R));  // [R][K]
   float* g_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R) + Smem::k_bytes(R));  // [R][kG]
   {
     const float* uring = p.ring.u + slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + c.v0;
@@ -84,19 +83,19 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ __align__(16) float k_s[K];
   __shared__ float v_s[ROWS];
   __shared__ float red_s[4];
-  __shared__ float gate_s[3];      // g_m (GDN), beta, k^.q^
+  __shared__ float gate_s[3];  // g_m (GDN), beta, k^.q^
   __shared__ __align__(16) float gcur_s[PerChannelDecay ? K : 1];  // KDA: g_m per key channel
-  __shared__ __align__(16) float kt_s[K];   // decayed k^ that multiplies the (folded) checkpoint
-  __shared__ __align__(16) float qt_s[K];   // decayed q^ likewise
+  __shared__ __align__(16) float kt_s[K];  // decayed k^ that multiplies the (folded) checkpoint
+  __shared__ __align__(16) float qt_s[K];  // decayed q^ likewise
   __shared__ __align__(16) float col_s[K];  // flush: per-column factor on S_c
-  __shared__ float w_s[L + 1];     // GDN: replay weight of record j
-  __shared__ float kk_s[L + 1];    // k_j . k^
-  __shared__ float kq_s[L + 1];    // k_j . q^
-  __shared__ float ck_s;           // factor on S_c
-  __shared__ float sk_s[ROWS];     // (S_c k^) or (S' k^) per row
-  __shared__ float sq_s[ROWS];     // (S_c q^) or (S' q^) per row
-  __shared__ float rk_s[ROWS];     // ring part of S~ k^ per row
-  __shared__ float rq_s[ROWS];     // ring part of S~ q^ per row
+  __shared__ float w_s[L + 1];  // GDN: replay weight of record j
+  __shared__ float kk_s[L + 1];  // k_j . k^
+  __shared__ float kq_s[L + 1];  // k_j . q^
+  __shared__ float ck_s;  // factor on S_c
+  __shared__ float sk_s[ROWS];  // (S_c k^) or (S' k^) per row
+  __shared__ float sq_s[ROWS];  // (S_c q^) or (S' q^) per row
+  __shared__ float rk_s[ROWS];  // ring part of S~ k^ per row
+  __shared__ float rq_s[ROWS];  // ring part of S~ q^ per row
   const TI* qp = static_cast<const TI*>(p.in.q) + c.b * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
   const TI* kp = static_cast<const TI*>(p.in.k) + c.b * p.in.k_stride_batch + c.hk * p.in.k_stride_head;
   const TI* vp = static_cast<const TI*>(p.in.v) + c.b * p.in.v_stride_batch + c.hv * p.in.v_stride_head + c.v0;
@@ -128,7 +127,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
-  auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+  auto phys = [&](int j) {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  };
   const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
   if constexpr (!PerChannelDecay) {
     if (warp == 0) {  // one lane per record, suffix sums by shuffles
@@ -150,7 +152,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     for (int i = tid; i < m * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= w_s[i / K];
   } else {
     for (int i = tid; i < K; i += kThreads) {  // one thread per key channel, records newest first
-      float sum = 0.f;                          // sum_{j<i<=last} g_i[channel]
+      float sum = 0.f;  // sum_{j<i<=last} g_i[channel]
       for (int j = last; j >= 0; --j) {
         if (j < m) {
           float* kj = kr_s + phys(j) * K + i;
@@ -276,17 +278,16 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head + static_cast<int64_t>(pos) * kG;
     if constexpr (PerChannelDecay)
       for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
-    else if (tid == 0)
-      gout[0] = gate_s[0];
+    else if (tid == 0) gout[0] = gate_s[0];
     if (c.hv % (p.nv_heads / p.nk_heads) == 0) {
-      float* kout = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;
+      float* kout =
+          p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;
       for (int i = tid; i < K; i += kThreads) kout[i] = k_s[i];
     }
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, cursors_after_step(seen, flush, pos),
-                p.error_flag);
+    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
   }
 }
 

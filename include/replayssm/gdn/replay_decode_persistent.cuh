@@ -82,7 +82,9 @@ struct PersistentReplay {
   int64_t units;
 
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
-      : p(params), pipe(smem), heads_per_unit(PerChannelDecay ? 1 : params.nv_heads / params.nk_heads),
+      : p(params),
+        pipe(smem),
+        heads_per_unit(PerChannelDecay ? 1 : params.nv_heads / params.nk_heads),
         units_per_row(PerChannelDecay ? params.nv_heads : params.nk_heads),
         units(static_cast<int64_t>(params.batch) * (PerChannelDecay ? params.nv_heads : params.nk_heads)) {}
 
@@ -151,7 +153,8 @@ struct PersistentReplay {
           if (p.in.g.ptr == nullptr) cp_async_scalar(&Wb[c], p.in.dt_bias, hv0 * p.in.dt_bias.stride0 + c);
         }
         if (lane == 0 && p.in.g.ptr == nullptr)
-          cp_async_scalar(reinterpret_cast<uint32_t*>(U + Layout::kALogWord.offset), p.in.A_log, hv0 * p.in.A_log.stride0);
+          cp_async_scalar(reinterpret_cast<uint32_t*>(U + Layout::kALogWord.offset), p.in.A_log,
+                          hv0 * p.in.A_log.stride0);
       }
       return true;
     };
@@ -447,7 +450,8 @@ struct PersistentReplay {
       for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v) {
-          unpack16<TS>(*reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * K + Tile::col(lane, v)), sv[s][v]);
+          unpack16<TS>(*reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * K + Tile::col(lane, v)),
+                       sv[s][v]);
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] *= col[v][e];
         }
@@ -491,7 +495,8 @@ struct PersistentReplay {
 
     // Epilogue: u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^); the row leader writes o and u.
     TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + hv * p.in.out_stride_head + v0;
-    float* uout = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + v0;
+    float* uout =
+        p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + v0;
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);

@@ -17,7 +17,6 @@
 #pragma once
 
 #include "../common/align.cuh"
-
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
@@ -32,22 +31,38 @@ template <int K, int ROWS, int L, bool PerChannelDecay>
 struct VerifySmem {
   static constexpr int kG = PerChannelDecay ? K : 1;
   // Every array starts 16-byte aligned (the dot products read 4 floats at a time).
-  __host__ __device__ static size_t u(int) { return 0; }                                           // [R][ROWS] ring u rows
-  __host__ __device__ static size_t kr(int R, int) { return align16(size_t(R) * ROWS * 4); }           // [R][K] ring keys
-  __host__ __device__ static size_t gr(int R, int T) { return kr(R, T) + align16(size_t(R) * K * 4); }      // [R][kG] ring decays
-  __host__ __device__ static size_t kh(int R, int T) { return gr(R, T) + align16(size_t(R) * kG * 4); }     // [T][K] k^ of drafts
-  __host__ __device__ static size_t qh(int R, int T) { return kh(R, T) + align16(size_t(T) * K * 4); }      // [T][K] q^
-  __host__ __device__ static size_t kx(int R, int T) { return qh(R, T) + align16(size_t(T) * K * 4); }      // [T][K] E(P_i) . k^_i
-  __host__ __device__ static size_t qx(int R, int T) { return kx(R, T) + align16(size_t(T) * K * 4); }      // [T][K] E(P_i) . q^_i
-  __host__ __device__ static size_t gd(int R, int T) { return qx(R, T) + align16(size_t(T) * K * 4); }      // [T][kG] drafts' g
-  __host__ __device__ static size_t pth(int R, int T) { return gd(R, T) + align16(size_t(T) * kG * 4); }    // [T][kG] P_i
-  __host__ __device__ static size_t tot(int R, int T) { return pth(R, T) + align16(size_t(T) * kG * 4); }   // [kG] E(Gc)
-  __host__ __device__ static size_t ck(int R, int T) { return tot(R, T) + align16(size_t(kG) * 4); }        // [T][L+T] coef (keys)
-  __host__ __device__ static size_t cq(int R, int T) { return ck(R, T) + align16(size_t(T) * (L + T) * 4); }  // [T][L+T] (queries)
-  __host__ __device__ static size_t vd(int R, int T) { return cq(R, T) + align16(size_t(T) * (L + T) * 4); }  // [T][ROWS] v
-  __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + align16(size_t(T) * ROWS * 4); }     // [T][ROWS]
+  __host__ __device__ static size_t u(int) { return 0; }  // [R][ROWS] ring u rows
+  __host__ __device__ static size_t kr(int R, int) { return align16(size_t(R) * ROWS * 4); }  // [R][K] ring keys
+  __host__ __device__ static size_t gr(int R, int T) {
+    return kr(R, T) + align16(size_t(R) * K * 4);
+  }  // [R][kG] ring decays
+  __host__ __device__ static size_t kh(int R, int T) {
+    return gr(R, T) + align16(size_t(R) * kG * 4);
+  }  // [T][K] k^ of drafts
+  __host__ __device__ static size_t qh(int R, int T) { return kh(R, T) + align16(size_t(T) * K * 4); }  // [T][K] q^
+  __host__ __device__ static size_t kx(int R, int T) {
+    return qh(R, T) + align16(size_t(T) * K * 4);
+  }  // [T][K] E(P_i) . k^_i
+  __host__ __device__ static size_t qx(int R, int T) {
+    return kx(R, T) + align16(size_t(T) * K * 4);
+  }  // [T][K] E(P_i) . q^_i
+  __host__ __device__ static size_t gd(int R, int T) {
+    return qx(R, T) + align16(size_t(T) * K * 4);
+  }  // [T][kG] drafts' g
+  __host__ __device__ static size_t pth(int R, int T) { return gd(R, T) + align16(size_t(T) * kG * 4); }  // [T][kG] P_i
+  __host__ __device__ static size_t tot(int R, int T) { return pth(R, T) + align16(size_t(T) * kG * 4); }  // [kG] E(Gc)
+  __host__ __device__ static size_t ck(int R, int T) {
+    return tot(R, T) + align16(size_t(kG) * 4);
+  }  // [T][L+T] coef (keys)
+  __host__ __device__ static size_t cq(int R, int T) {
+    return ck(R, T) + align16(size_t(T) * (L + T) * 4);
+  }  // [T][L+T] (queries)
+  __host__ __device__ static size_t vd(int R, int T) {
+    return cq(R, T) + align16(size_t(T) * (L + T) * 4);
+  }  // [T][ROWS] v
+  __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + align16(size_t(T) * ROWS * 4); }  // [T][ROWS]
   __host__ __device__ static size_t sq(int R, int T) { return sk(R, T) + align16(size_t(T) * ROWS * 4); }
-  __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + align16(size_t(T) * ROWS * 4); }     // drafts' u
+  __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + align16(size_t(T) * ROWS * 4); }  // drafts' u
   __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + align16(size_t(T) * ROWS * 4); }
 };
 
@@ -124,7 +139,8 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       kh_s[i] = to_float(kp[d * p.in.k_stride_batch + e]);
       if constexpr (PerChannelDecay) gd_s[i] = step_log_decay_channel(p, bt0 + d, c.hv, e);
     }
-    for (int i = tid; i < Tl * ROWS; i += kThreads) vd_s[i] = to_float(vpp[(i / ROWS) * p.in.v_stride_batch + i % ROWS]);
+    for (int i = tid; i < Tl * ROWS; i += kThreads)
+      vd_s[i] = to_float(vpp[(i / ROWS) * p.in.v_stride_batch + i % ROWS]);
     if (tid < Tl) {
       if constexpr (!PerChannelDecay) gd_s[tid] = step_log_decay(p, bt0 + tid, c.hv);
       beta_s[tid] = step_beta(p, bt0 + tid, c.hv);
@@ -173,7 +189,10 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays. Committed: kd_j replaces k_j in shared memory, tot = E(Gc). Drafts: P_i.
-  auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+  auto phys = [&](int j) {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  };
   if constexpr (!PerChannelDecay) {
     if (warp == 0) {  // one lane per committed record, suffix sums by shuffles
       const float gj = lane < m ? gr_s[phys(lane)] : 0.f;
@@ -197,7 +216,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   } else {
     __syncthreads();  // normalised q, k visible
     for (int e = tid; e < K; e += kThreads) {  // one thread per key channel
-      float sum = 0.f;                          // sum_{j<k<m} g_k[e]
+      float sum = 0.f;  // sum_{j<k<m} g_k[e]
       for (int j = m - 1; j >= 0; --j) {
         kr_s[phys(j) * K + e] *= expf(sum);
         sum += gr_s[phys(j) * K + e];
@@ -250,7 +269,8 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
           load_floats<float, 4>(qh_s + i * K + e0, y);
 #pragma unroll
           for (int e = 0; e < 4; ++e) {
-            const float w = PerChannelDecay ? expf(pth_s[i * kG + (e0 + e) % kG] - pth_s[d * kG + (e0 + e) % kG]) * a[e] : a[e];
+            const float w =
+                PerChannelDecay ? expf(pth_s[i * kG + (e0 + e) % kG] - pth_s[d * kG + (e0 + e) % kG]) * a[e] : a[e];
             ak = fmaf(w, x[e], ak);
             aq = fmaf(w, y[e], aq);
           }
@@ -358,10 +378,12 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   if (n < T) zero_token_rows<TI, ROWS>(p, c, T, n, 0);
   if (c.chunk == 0) {
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head;
-    for (int idx = tid; idx < n * kG; idx += kThreads) gout[static_cast<int64_t>(phys(m + idx / kG)) * kG + idx % kG] = gd_s[idx];
+    for (int idx = tid; idx < n * kG; idx += kThreads)
+      gout[static_cast<int64_t>(phys(m + idx / kG)) * kG + idx % kG] = gd_s[idx];
     if (c.hv % (p.nv_heads / p.nk_heads) == 0) {
       float* kout = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
-      for (int idx = tid; idx < n * K; idx += kThreads) kout[static_cast<int64_t>(phys(m + idx / K)) * K + idx % K] = kh_s[idx];
+      for (int idx = tid; idx < n * K; idx += kThreads)
+        kout[static_cast<int64_t>(phys(m + idx / K)) * K + idx % K] = kh_s[idx];
     }
   }
   if (tid == 0) {

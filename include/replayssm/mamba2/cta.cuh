@@ -61,7 +61,9 @@ __device__ __forceinline__ float step_delta(const DecodeParams& p, int64_t row, 
   float dt = load_scalar(p.in.dt, row, h) + load_scalar(p.in.dt_bias, h);
   return p.dt_softplus ? softplus(dt) : dt;
 }
-__device__ __forceinline__ float step_delta(const DecodeParams& p, const CtaCoords& c) { return step_delta(p, c.b, c.h); }
+__device__ __forceinline__ float step_delta(const DecodeParams& p, const CtaCoords& c) {
+  return step_delta(p, c.b, c.h);
+}
 
 }  // namespace mamba2
 }  // namespace replayssm

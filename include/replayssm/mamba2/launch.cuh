@@ -51,15 +51,18 @@ struct ReplayDecode {
     const int64_t batch = q.batch;
     *s = Schedule{};
     const int32_t auto_tile = mamba2_tile_rows(P, batch, q.heads, true);
-    int e = plan_tiles<P>(q, kKernelTile, auto_tile, false, [&](auto rows, KernelFacts* f) {
-      constexpr int kRows = decltype(rows)::value;
-      return kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, 128,
-                          ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>), f);
-    }, &s->tile, &s->fallback);
+    int e = plan_tiles<P>(
+        q, kKernelTile, auto_tile, false,
+        [&](auto rows, KernelFacts* f) {
+          constexpr int kRows = decltype(rows)::value;
+          return kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, 128,
+                              ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>), f);
+        },
+        &s->tile, &s->fallback);
     if (e) return e;
     s->main = s->tile;
-    const bool want = q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads
-                                                      : q.persistent == kPersistentOn;
+    const bool want =
+        q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads : q.persistent == kPersistentOn;
     if (!want) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
@@ -68,8 +71,8 @@ struct ReplayDecode {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
         stages = Persistent<kRows>::kStages;
-        return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, dev, q.limits,
-                            kPersistentThreads, Persistent<kRows>::kBytes, &f);
+        return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, kPersistentThreads,
+                            Persistent<kRows>::kBytes, &f);
       }
       return cudaSuccess;
     });
@@ -142,11 +145,13 @@ struct ConventionalDecode {
     if (const cudaError_t e = plan_limits(&q)) return e;
     const bool dev = !q.has_limits;
     *s = Schedule{};
-    const int e = plan_tiles<P>(q, kKernelConventional, mamba2_tile_rows(P, q.batch, q.heads, false), false,
-                                [&](auto rows, KernelFacts* f) {
-                                  return kernel_facts(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>,
-                                                      dev, q.limits, 128, 0, f);
-                                }, &s->main, &s->fallback);
+    const int e = plan_tiles<P>(
+        q, kKernelConventional, mamba2_tile_rows(P, q.batch, q.heads, false), false,
+        [&](auto rows, KernelFacts* f) {
+          return kernel_facts(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>, dev, q.limits, 128, 0,
+                              f);
+        },
+        &s->main, &s->fallback);
     s->tile = s->main;
     return e;
   }
@@ -158,9 +163,8 @@ struct ConventionalDecode {
     });
   }
   static cudaError_t prepare() {
-    return for_each_rows<P>([](auto rows) {
-      return touch_kernel(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>);
-    });
+    return for_each_rows<P>(
+        [](auto rows) { return touch_kernel(conventional_decode_kernel<TS, TI, P, N, decltype(rows)::value>); });
   }
 };
 
@@ -178,12 +182,14 @@ struct ReplayVerify {
     *s = Schedule{};
     // The automatic tiling steps down when its buffers (at the largest ring) exceed the device's
     // shared memory per block; a forced one is an error then.
-    const int e = plan_tiles<P>(q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, true), true,
-                                [&](auto rows, KernelFacts* f) {
-                                  constexpr int kRows = decltype(rows)::value;
-                                  return kernel_facts(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, dev,
-                                                      q.limits, 128, Smem<kRows>::bytes(kMaxRingCapacity<L>), f);
-                                }, &s->main, &s->fallback);
+    const int e = plan_tiles<P>(
+        q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, true), true,
+        [&](auto rows, KernelFacts* f) {
+          constexpr int kRows = decltype(rows)::value;
+          return kernel_facts(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, dev, q.limits, 128,
+                              Smem<kRows>::bytes(kMaxRingCapacity<L>), f);
+        },
+        &s->main, &s->fallback);
     s->tile = s->main;
     return e;
   }
@@ -204,9 +210,7 @@ struct ReplayVerify {
     return for_each_rows<P>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>);
-      if (bytes > static_cast<size_t>(optin)) return cudaSuccess;  // this tiling is never planned on this device
-      return cudaFuncSetAttribute(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>,
-                                  cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(bytes));
+      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, bytes, optin);
     });
   }
 };
@@ -221,11 +225,13 @@ struct ConventionalVerify {
     if (const cudaError_t e = plan_limits(&q)) return e;
     const bool dev = !q.has_limits;
     *s = Schedule{};
-    const int e = plan_tiles<P>(q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, false), false,
-                                [&](auto rows, KernelFacts* f) {
-                                  return kernel_facts(conventional_verify_kernel<TS, TI, P, N, decltype(rows)::value>,
-                                                      dev, q.limits, 128, 0, f);
-                                }, &s->main, &s->fallback);
+    const int e = plan_tiles<P>(
+        q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, false), false,
+        [&](auto rows, KernelFacts* f) {
+          return kernel_facts(conventional_verify_kernel<TS, TI, P, N, decltype(rows)::value>, dev, q.limits, 128, 0,
+                              f);
+        },
+        &s->main, &s->fallback);
     s->tile = s->main;
     return e;
   }

@@ -18,7 +18,6 @@
 #pragma once
 
 #include "../common/align.cuh"
-
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/state_tile.cuh"
@@ -44,8 +43,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   constexpr int kThreads = Tile::kThreads;
   constexpr int kChunks = P / ROWS;
   constexpr int kBVec = Vec16<TI>::kElems;  // io elements per 16 bytes
-  constexpr int kNV = N / kBVec;            // 16-byte vectors per B/C row
-  constexpr int kXV = ROWS / kBVec;         // 16-byte vectors per x-row chunk
+  constexpr int kNV = N / kBVec;  // 16-byte vectors per B/C row
+  constexpr int kXV = ROWS / kBVec;  // 16-byte vectors per x-row chunk
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
 
   const CtaCoords c = cta_coords<P, ROWS>(p);
@@ -63,12 +62,13 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   Tile::load(raw, st, warp, lane);
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
-  TI* Bring_s = reinterpret_cast<TI*>(ring_smem);                               // [R][N]
-  TI* xring_s = reinterpret_cast<TI*>(ring_smem + Smem::B_bytes(R));           // [R][ROWS]
+  TI* Bring_s = reinterpret_cast<TI*>(ring_smem);  // [R][N]
+  TI* xring_s = reinterpret_cast<TI*>(ring_smem + Smem::B_bytes(R));  // [R][ROWS]
   float* dring_s = reinterpret_cast<float*>(ring_smem + Smem::B_bytes(R) + Smem::x_bytes(R));  // [R]
   {
     const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
-    const TI* xring = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
+    const TI* xring =
+        static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
     const float* dtring = p.ring.dt + slot * p.ring.dt_stride_slot + c.h * p.ring.dt_stride_head;
     for (int i = tid; i < R * kNV; i += kThreads) cp_async16(Bring_s + i * kBVec, Bring + i * kBVec);
     for (int i = tid; i < R * kXV; i += kThreads) {
@@ -84,11 +84,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ float C_s[N];
   __shared__ float Bcur_s[N];
   __shared__ float xcur_s[ROWS];
-  __shared__ float w_s[L + 1];     // replay weight of record j (see header)
-  __shared__ float bc_s[L + 1];    // B_j . C (j = m: the current B)
-  __shared__ float rsum_s[ROWS];   // ring part of each row's output
-  __shared__ float ck_s;           // factor on S_c (non-flush) or on the folded S' (flush)
-  __shared__ float dcur_s;         // this step's delta
+  __shared__ float w_s[L + 1];  // replay weight of record j (see header)
+  __shared__ float bc_s[L + 1];  // B_j . C (j = m: the current B)
+  __shared__ float rsum_s[ROWS];  // ring part of each row's output
+  __shared__ float ck_s;  // factor on S_c (non-flush) or on the folded S' (flush)
+  __shared__ float dcur_s;  // this step's delta
 
   const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
   const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
@@ -137,7 +137,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
   //    warp per record). Ring positions wrap with one compare: start < R and j < R.
-  auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+  auto phys = [&](int j) {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  };
   const float A = load_scalar(p.in.A, c.h);
   if (warp == 0) {
     const int last = flush ? m - 1 : m;  // records folded (flush) or replayed (non-flush): 0..last
@@ -245,9 +248,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   // 4. Epilogue: ring part, D skip, z gate, output.
   const float Dh = load_scalar(p.in.D, c.h);
   TI* out = out_rows<TI, ROWS>(p, c);
-  const TI* zp = p.in.z == nullptr ? nullptr
-                                   : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch +
-                                         c.h * p.in.z_stride_head + c.p0;
+  const TI* zp = p.in.z == nullptr
+                     ? nullptr
+                     : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
   if (Tile::row_leader(lane)) {
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
@@ -274,8 +277,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_step(seen, flush, pos),
-                p.error_flag);
+    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
   }
 }
 

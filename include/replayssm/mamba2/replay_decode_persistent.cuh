@@ -80,9 +80,12 @@ struct PersistentReplay {
   int64_t units;
 
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
-      : p(params), pipe(smem), heads_per_group(params.nheads / params.ngroups),
+      : p(params),
+        pipe(smem),
+        heads_per_group(params.nheads / params.ngroups),
         heads_per_unit(params.heads_per_unit > 0 ? params.heads_per_unit : params.nheads / params.ngroups),
-        units_per_row(params.nheads / heads_per_unit), units(static_cast<int64_t>(params.batch) * units_per_row) {}
+        units_per_row(params.nheads / heads_per_unit),
+        units(static_cast<int64_t>(params.batch) * units_per_row) {}
 
   // Which rows and heads unit u covers.
   struct UnitCoords {
@@ -136,7 +139,8 @@ struct PersistentReplay {
         cp_async16(UC + i * kBVec, Cp + i * kBVec);
         cp_async16(UB + i * kBVec, Bp + i * kBVec);
       }
-      const TI* Bring = static_cast<const TI*>(p.ring.B) + cur.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
+      const TI* Bring =
+          static_cast<const TI*>(p.ring.B) + cur.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
       TI* UR = reinterpret_cast<TI*>(U + Layout::kBRing.offset);
       for (int i = lane; i < cur.m * kNV; i += 32) {
         const int j = i / kNV, q = i % kNV;
@@ -330,7 +334,8 @@ struct PersistentReplay {
       for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v) {
-          unpack16<TS>(*reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * N + Tile::col(lane, v)), sv[s][v]);
+          unpack16<TS>(*reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * N + Tile::col(lane, v)),
+                       sv[s][v]);
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
         }

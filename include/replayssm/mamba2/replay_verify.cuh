@@ -18,7 +18,6 @@
 #pragma once
 
 #include "../common/align.cuh"
-
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
@@ -33,14 +32,22 @@ template <typename TI, int N, int ROWS, int L, int TMAX>
 struct VerifySmem {
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records, then drafts
   __host__ __device__ static size_t Bring(int) { return 0; }                                          // [R][N] TI
-  __host__ __device__ static size_t xring(int R) { return Bring(R) + align16(size_t(R) * N * sizeof(TI)); }  // [R][ROWS] TI
-  __host__ __device__ static size_t dring(int R) { return xring(R) + align16(size_t(R) * ROWS * sizeof(TI)); }  // [R] f32
+  __host__ __device__ static size_t xring(int R) {
+    return Bring(R) + align16(size_t(R) * N * sizeof(TI));
+  }  // [R][ROWS] TI
+  __host__ __device__ static size_t dring(int R) {
+    return xring(R) + align16(size_t(R) * ROWS * sizeof(TI));
+  }  // [R] f32
   __host__ __device__ static size_t Bd(int R) { return dring(R) + align16(size_t(R) * 4); }        // [TMAX][N] TI
-  __host__ __device__ static size_t xd(int R) { return Bd(R) + align16(size_t(TMAX) * N * sizeof(TI)); }  // [TMAX][ROWS] TI
-  __host__ __device__ static size_t C(int R) { return xd(R) + align16(size_t(TMAX) * ROWS * sizeof(TI)); }  // [TMAX][N] f32
+  __host__ __device__ static size_t xd(int R) {
+    return Bd(R) + align16(size_t(TMAX) * N * sizeof(TI));
+  }  // [TMAX][ROWS] TI
+  __host__ __device__ static size_t C(int R) {
+    return xd(R) + align16(size_t(TMAX) * ROWS * sizeof(TI));
+  }  // [TMAX][N] f32
   __host__ __device__ static size_t coef(int R) { return C(R) + size_t(TMAX) * N * 4; }             // [TMAX][kW] f32
   __host__ __device__ static size_t ysc(int R) { return coef(R) + align16(size_t(TMAX) * kW * 4); }  // [TMAX][ROWS] f32
-  __host__ __device__ static size_t rsum(int R) { return ysc(R) + size_t(TMAX) * ROWS * 4; }        // [TMAX][ROWS] f32
+  __host__ __device__ static size_t rsum(int R) { return ysc(R) + size_t(TMAX) * ROWS * 4; }  // [TMAX][ROWS] f32
   __host__ __device__ static size_t bytes(int R) { return rsum(R) + size_t(TMAX) * ROWS * 4; }
 };
 
@@ -54,8 +61,8 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   constexpr int kChunks = P / ROWS;
   constexpr int kW = Smem::kW;
   constexpr int kBVec = Vec16<TI>::kElems;  // io elements per 16 bytes
-  constexpr int kNV = N / kBVec;            // 16-byte vectors per B/C row
-  constexpr int kXV = ROWS / kBVec;         // 16-byte vectors per x-row chunk
+  constexpr int kNV = N / kBVec;  // 16-byte vectors per B/C row
+  constexpr int kXV = ROWS / kBVec;  // 16-byte vectors per x-row chunk
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
   static_assert(N % 64 == 0, "the coefficient dot products take 8 elements per lane of an 8-lane group");
   static_assert(TMAX <= kMaxDrafts && L <= 32, "one warp computes the committed decays");
@@ -91,7 +98,8 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const int64_t tokens = static_cast<int64_t>(p.batch) * T;
   {
     const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
-    const TI* xring = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
+    const TI* xring =
+        static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
     const float* dtring = p.ring.dt + slot * p.ring.dt_stride_slot + c.h * p.ring.dt_stride_head;
     for (int i = tid; i < R * kNV; i += kThreads) cp_async16(Bring_s + i * kBVec, Bring + i * kBVec);
     for (int i = tid; i < R * kXV; i += kThreads) {
@@ -126,11 +134,11 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
 
-  __shared__ float dd_s[TMAX];     // drafts' delta
-  __shared__ float path_s[TMAX];   // A * sum of delta over ancestors-or-self
-  __shared__ float ck_s[TMAX];     // factor on S_c C_i (or S' C_i)
-  __shared__ float wcom_s[L];      // committed records' weights w_j
-  __shared__ float tot_s;          // exp(sum_{j<m} a_j)
+  __shared__ float dd_s[TMAX];  // drafts' delta
+  __shared__ float path_s[TMAX];  // A * sum of delta over ancestors-or-self
+  __shared__ float ck_s[TMAX];  // factor on S_c C_i (or S' C_i)
+  __shared__ float wcom_s[L];  // committed records' weights w_j
+  __shared__ float tot_s;  // exp(sum_{j<m} a_j)
   __shared__ uint32_t anc_s[TMAX];
   __shared__ int n_s;
   if (tid < Tl) dd_s[tid] = step_delta(p, c.b * T + tid, c.h);
@@ -148,7 +156,10 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
 
   // 2. Decays: committed suffix sums (warp 0, one lane per record) and path sums (one thread per
   //    draft).
-  auto phys = [&](int j) { const int q = start + j; return q >= R ? q - R : q; };
+  auto phys = [&](int j) {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  };
   const float A = load_scalar(p.in.A, c.h);
   if (warp == 0) {
     const float dj = lane < m ? dring_s[phys(lane)] : 0.f;
@@ -264,7 +275,8 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
     float y = fmaf(ck_s[i], ysc_s[idx], rsum_s[idx]);
     y = fmaf(Dh, xr, y);
     if (p.in.z != nullptr) {
-      const TI* zp = static_cast<const TI*>(p.in.z) + (c.b * T + i) * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
+      const TI* zp =
+          static_cast<const TI*>(p.in.z) + (c.b * T + i) * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
       y *= silu_gate(to_float(zp[r]));
     }
     token_out_rows<TI>(p, c, T, i)[r] = from_float<TI>(y);
@@ -283,8 +295,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n),
-                p.error_flag);
+    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n), p.error_flag);
   }
 }
 
