@@ -333,12 +333,9 @@ class TestInfoWithBadSettings:
             env=subprocess_env(**e),
         )
         assert r.returncode == 2 and "Traceback" not in r.stderr, r.stderr
-        assert r.stderr.splitlines() == [
-            line
-            for line in r.stderr.splitlines()
-            if line.startswith(("error: REPLAYSSM_CUDA_ARCH_LIST: expected", "error: REPLAYSSM_MAX_JOBS: expected"))
-        ]
-        assert len(r.stderr.splitlines()) == 2
+        # Our lines only (a library imported on the way, e.g. torch, may warn on stderr too).
+        ours = [line for line in r.stderr.splitlines() if line.startswith("error: ")]
+        assert [line.split(":")[1].strip() for line in ours] == ["REPLAYSSM_CUDA_ARCH_LIST", "REPLAYSSM_MAX_JOBS"], ours
         assert re.search(r"^max jobs\s+invalid: REPLAYSSM_MAX_JOBS", r.stdout, re.M), r.stdout
         r = subprocess.run(
             [PYTHON, "-m", "replayssm", "cache", "list"],
