@@ -9,7 +9,7 @@ total. Modules land in the JIT's own layout::
 
     DIR/<archs>/<name>/<name>.so   DIR/<archs>/<name>/meta.json   DIR/<archs>/<name>/<name>.cu
 
-(``<archs>`` is e.g. ``90a``; ``--arch`` takes the archs the JIT accepts, sm_90 or newer, and an
+(``<archs>`` is e.g. ``90a``; ``--arch`` takes the archs the JIT accepts, sm_80 or newer, and an
 arch the installed nvcc cannot build is an error before anything is created). The runtime serves
 such a module when its ``source_hash`` matches what it would build itself (same sources, headers
 and flags; the compiler version may differ):
@@ -137,7 +137,7 @@ def parser() -> argparse.ArgumentParser:
         "--arch",
         action="append",
         metavar="ARCH",
-        help="CUDA arch(s), sm_90 or newer, e.g. 9.0a (Hopper builds sm_90a) or 12.0; repeat or "
+        help="CUDA arch(s), sm_80 or newer, e.g. 9.0a (Hopper builds sm_90a), 8.0 or 12.0; repeat or "
         "separate with commas. Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs",
     )
     p.add_argument("--out", type=Path, metavar="DIR", help="output directory; modules go to DIR/<archs>/<name>/")

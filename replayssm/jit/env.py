@@ -11,8 +11,8 @@ variable                   ``configure``    meaning
 =========================  ===============  ===============================================
 REPLAYSSM_CACHE_DIR        ``cache_root``   cache root (default ``~/.cache/replayssm``);
                                             modules go under ``<root>/<version>/<archs>/``
-REPLAYSSM_CUDA_ARCH_LIST   ``arch_list``    archs to build, sm_90 or newer, e.g. ``"9.0a"``
-                                            or ``"9.0a 12.0"`` (default: the visible GPUs;
+REPLAYSSM_CUDA_ARCH_LIST   ``arch_list``    archs to build, sm_80 or newer, e.g. ``"9.0a"``
+                                            or ``"8.0 9.0a"`` (default: the visible GPUs;
                                             Hopper becomes ``9.0a``)
 REPLAYSSM_DISABLE_JIT      ``disable_jit``  ``1``/``true``/``yes``/``on`` forbid compiling
                                             (a missing module raises
@@ -254,8 +254,8 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
                     REPLAYSSM_CACHE_DIR (default ``~/.cache/replayssm``).
     ``arch_list``   the CUDA archs to build, instead of REPLAYSSM_CUDA_ARCH_LIST: a string
                     (``'9.0a'``, ``'9.0a,12.0'`` or ``'9.0a 12.0'``) or a list/tuple of such
-                    strings (``['9.0a', 'sm_120']``); sm_90 or newer (the kernels use sm_90
-                    features). ``None``: build for the visible GPUs.
+                    strings (``['9.0a', 'sm_120']``); sm_80 or newer (the persistent kernel
+                    only runs from sm_90 on). ``None``: build for the visible GPUs.
     ``disable_jit`` ``True`` or ``False`` (a bool), instead of REPLAYSSM_DISABLE_JIT: ``True``
                     never compiles; a missing module raises ``MissingModuleError``.
     ``max_jobs``    an int >= 1, instead of REPLAYSSM_MAX_JOBS: bound on parallel nvcc jobs.
@@ -320,10 +320,11 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
 # ----------------------------------------------------------------------------------------
 
 #: CUDA archs replayssm builds for, as nvcc names them (without the 'a'/'f' suffix). The kernels
-#: use sm_90 features (mbarrier waits, bulk copies), so nothing older compiles. An arch that is
-#: not listed here (a newer GPU) is accepted when the installed nvcc lists it.
-KNOWN_ARCHS = ("90", "100", "101", "103", "110", "120", "121")
-MIN_ARCH = 90
+#: need sm_80 (cp.async, bf16); the persistent kernels need sm_90 (mbarrier waits, bulk copies)
+#: and are a trap in code for older archs, where the plan never picks them. An arch that is not
+#: listed here (a newer GPU) is accepted when the installed nvcc lists it.
+KNOWN_ARCHS = ("80", "86", "87", "89", "90", "100", "101", "103", "110", "120", "121")
+MIN_ARCH = 80
 
 
 def normalize_arch(arch: str) -> str:
@@ -344,12 +345,12 @@ def normalize_arch(arch: str) -> str:
 
 
 def _known_spellings() -> str:
-    return " ".join(f"{a[:-1]}.{a[-1]}" + ("a" if int(a) < 120 else "") for a in KNOWN_ARCHS)
+    return " ".join(f"{a[:-1]}.{a[-1]}" + ("a" if 90 <= int(a) < 120 else "") for a in KNOWN_ARCHS)
 
 
 def check_arch(text: str, name: str, value=None) -> str:
     """Normalize ``text`` (see :func:`normalize_arch`) and check that replayssm can build it:
-    sm_90 or newer, an arch CUDA names (``KNOWN_ARCHS`` or one the installed nvcc lists), with an
+    sm_80 or newer, an arch CUDA names (``KNOWN_ARCHS`` or one the installed nvcc lists), with an
     'f' suffix only from sm_100 on. Raises :class:`SettingsError` naming ``name``."""
     got = repr(value if value is not None else text)
     expected = (
@@ -370,6 +371,8 @@ def check_arch(text: str, name: str, value=None) -> str:
         raise fail(f"sm_{a} is older than sm_{MIN_ARCH}, whose features the kernels use")
     if suffix == "f" and int(base) < 100:
         raise fail(f"sm_{a} does not exist: 'f' variants start at sm_100")
+    if suffix == "a" and int(base) < 90:
+        raise fail(f"sm_{a} does not exist: 'a' variants start at sm_90")
     if base not in KNOWN_ARCHS:
         nvcc = find_nvcc()
         listed = nvcc_archs(str(nvcc)) if nvcc else None

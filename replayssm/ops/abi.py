@@ -123,6 +123,8 @@ class DeviceLimits(ctypes.Structure):
         ("reserved_smem_per_block", i32),
         ("max_blocks_per_sm", i32),
         ("max_threads_per_sm", i32),
+        ("cc_major", i32),
+        ("cc_minor", i32),
     ]
 
 
@@ -165,6 +167,20 @@ H200_LIMITS = dict(
     reserved_smem_per_block=1024,
     max_blocks_per_sm=32,
     max_threads_per_sm=2048,
+    cc_major=9,
+    cc_minor=0,
+)
+
+#: A100 (SXM, 80 GB) limits: compute capability 8.0, where the persistent kernel never runs.
+A100_LIMITS = dict(
+    sm_count=108,
+    smem_per_block_optin=163 * 1024,
+    smem_per_sm=164 * 1024,
+    reserved_smem_per_block=1024,
+    max_blocks_per_sm=32,
+    max_threads_per_sm=2048,
+    cc_major=8,
+    cc_minor=0,
 )
 
 

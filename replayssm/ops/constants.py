@@ -80,6 +80,9 @@ FALLBACK_NAMES: dict[int, str | None] = {
     _c["kFallbackSmemOptin"]: "smem: the device's shared memory per block is too small for the persistent kernel",
     _c["kFallbackOccupancy"]: "occupancy: no CTA of the persistent kernel fits an SM of this device",
     _c["kFallbackTileSmem"]: "tile_smem: the default tile exceeds the device's shared memory; a smaller tile runs",
+    _c[
+        "kFallbackArch"
+    ]: "arch: the persistent kernel needs sm_90 or newer (the device or the module's code for it is older)",
 }
 PERSISTENT_AUTO, PERSISTENT_OFF, PERSISTENT_ON = _c["kPersistentAuto"], _c["kPersistentOff"], _c["kPersistentOn"]
 PLAN_ERROR_BASE: int = _c["kPlanErrorBase"]

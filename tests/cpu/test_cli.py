@@ -194,8 +194,8 @@ def test_aot_argument_errors(tmp_path):
     # an arch no GPU has, or one the kernels cannot use: an error before anything is created
     for arch, why in (
         ("99.9", "sm_999 is not a CUDA arch"),
-        ("8.0", "sm_80 is older than sm_90"),
-        ("9.0a,7.5", "sm_75 is older than sm_90"),
+        ("7.5", "sm_75 is older than sm_80"),
+        ("9.0a,7.0", "sm_70 is older than sm_80"),
     ):
         out = tmp_path / f"out-{arch}"
         r = run(["replayssm.aot", "--arch", arch, "--out", str(out)])

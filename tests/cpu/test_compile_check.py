@@ -1,4 +1,5 @@
-"""nvcc compile-only check (sm_90a) of the representative set of specializations.
+"""nvcc compile-only check (sm_90a) of the representative set of specializations, plus one
+replay decode module per family for sm_80 (persistent kernel compiled to a trap) and sm_100a.
 
 Every dim, dtype and window appears at least once in
 :func:`replayssm.ops.generators.compile_check_specializations`, so a template or header error in
@@ -17,11 +18,20 @@ import pytest
 from replayssm.jit import builder as jb
 from replayssm.jit import env
 from replayssm.jit.loader import ABI_VERSION, load_module
-from replayssm.ops.generators import compile_check_specializations
+from replayssm.ops.generators import compile_check_specializations, gdn_decode_spec, mamba2_decode_spec
 
 from .conftest import FIGURES, needs_nvcc
 
 SPECS = compile_check_specializations()
+
+# Archs besides sm_90a that CI builds, with one specialization per family: the replay decode
+# modules, which also hold the persistent kernel (mbarrier, bulk copies: sm_90+ code only).
+OTHER_ARCHS = ("80", "100a")
+OTHER_SPECS = [
+    mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16),
+    gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16),
+    gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16, family="kda"),
+]
 
 
 @pytest.fixture(scope="module")
@@ -73,3 +83,50 @@ def test_modules_carry_sm90a_code(compiled):
         data = so.read_bytes()
         assert b"arch sm_90a" in data
         assert b"arch sm_90 " not in data and b"arch sm_80" not in data
+
+
+def _elf_archs(so) -> str:
+    """cuobjdump's list of the cubins in a module (or the raw bytes where it is missing)."""
+    import shutil
+    import subprocess
+
+    cuobjdump = env.find_nvcc().parent / "cuobjdump"
+    cuobjdump = str(cuobjdump) if cuobjdump.is_file() else shutil.which("cuobjdump")
+    if not cuobjdump:
+        return so.read_bytes().decode("latin-1")
+    out = subprocess.run([cuobjdump, "--list-elf", str(so)], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+@pytest.fixture(scope="module")
+def compiled_other(tmp_path_factory):
+    if not (env.find_nvcc() and env.find_ninja()):
+        pytest.skip("needs nvcc (CUDA toolkit) and ninja")
+    base = tmp_path_factory.mktemp("compile_check_other")
+    jobs = env.settings().max_jobs
+    out = {}
+    for arch in OTHER_ARCHS:
+        plans = [jb.plan(s, (arch,)) for s in OTHER_SPECS]
+        t0 = time.perf_counter()
+        dirs = jb.compile_into(base / arch, plans, jobs)
+        FIGURES[f"compile check: {len(plans)} specializations for sm_{arch}, -j{jobs}"] = (
+            f"{time.perf_counter() - t0:.1f} s"
+        )
+        out.update({(arch, s.name): d for s, d in zip(OTHER_SPECS, dirs)})
+    return out
+
+
+@needs_nvcc
+@pytest.mark.parametrize("arch", OTHER_ARCHS)
+@pytest.mark.parametrize("spec", OTHER_SPECS, ids=lambda s: s.name)
+def test_other_archs_compile_and_export_the_abi(spec, arch, compiled_other):
+    from replayssm.ops import gdn, mamba2
+
+    d = compiled_other[(arch, spec.name)]
+    assert jb.module_is_current(d, jb.plan(spec, (arch,)))
+    so = d / f"{spec.name}.so"
+    mod = load_module(so, spec.name)
+    assert mod._lib.replayssm_abi_version() == ABI_VERSION
+    assert mod.params_size(0) == ctypes.sizeof({"mamba2": mamba2, "gdn": gdn, "kda": gdn}[spec.family].DecodeParams)
+    assert f"sm_{arch}" in _elf_archs(so)

@@ -257,6 +257,17 @@ def test_missing_nvcc_is_a_toolchain_error(jit_env, monkeypatch):
         jb.build(CONV)
 
 
+def test_a_multi_arch_build_carries_every_arch(jit_env):
+    """'8.0 9.0a': one module (one fat binary) with a cubin per arch, in the folder 80_90a."""
+    env.configure(arch_list="9.0a 8.0")
+    bp = jb.plan(REPLAY)
+    assert bp.archs == ("80", "90a")
+    gencode = [f for f in bp.flags if f.startswith("-gencode")]
+    assert gencode == ["-gencode=arch=compute_80,code=sm_80", "-gencode=arch=compute_90a,code=sm_90a"]
+    assert env.cache_dir().name == "80_90a"
+    assert bp.src_hash != jb.plan(REPLAY, ("90a",)).src_hash  # a different module from the sm_90a one
+
+
 def test_no_arch_is_a_toolchain_error(jit_env, monkeypatch):
     env.configure(arch_list=None)
     monkeypatch.setattr(env, "visible_gpu_archs", lambda: ())

@@ -58,6 +58,9 @@ class TestConfigureArchList:
             (["9.0a", "sm_120"], ("90a", "120")),
             (("10.0",), ("100a",)),
             (["9.0a", "9.0"], ("90a",)),
+            ("8.0 9.0a", ("80", "90a")),
+            ("8.6,8.9,8.7", ("86", "89", "87")),
+            ("sm_80", ("80",)),
         ],
     )
     def test_accepts_a_string_or_a_list(self, jit_env, value, archs):
@@ -73,7 +76,8 @@ class TestConfigureArchList:
         "value,exc,why",
         [
             ("hopper", SettingsError, "got 'hopper'"),
-            ("8.0", SettingsError, "sm_80 is older than sm_90"),
+            ("7.5", SettingsError, "sm_75 is older than sm_80"),
+            ("8.0a", SettingsError, "sm_80a does not exist"),
             ("99.9", SettingsError, "sm_999 is not a CUDA arch"),
             ("9.0f", SettingsError, "sm_90f does not exist"),
             ("9.0a,hopper", SettingsError, "'hopper' is not a CUDA arch"),
@@ -183,7 +187,7 @@ class TestEnvironmentVariables:
             ("REPLAYSSM_MAX_JOBS", "abc"),
             ("REPLAYSSM_CUDA_ARCH_LIST", "bogus"),
             ("REPLAYSSM_CUDA_ARCH_LIST", "99.9"),
-            ("REPLAYSSM_CUDA_ARCH_LIST", "8.0"),
+            ("REPLAYSSM_CUDA_ARCH_LIST", "7.5"),
             ("REPLAYSSM_CUDA_ARCH_LIST", ","),
         ],
     )

@@ -293,6 +293,11 @@ def test_normalize_arch_rejects(bad):
 
 def test_gencode_and_tag():
     assert env.gencode_flags(("90a",)) == ["-gencode=arch=compute_90a,code=sm_90a"]
+    # several archs: one cubin each in one fat binary (the loader picks nothing; the driver does)
+    assert env.gencode_flags(("80", "90a")) == [
+        "-gencode=arch=compute_80,code=sm_80",
+        "-gencode=arch=compute_90a,code=sm_90a",
+    ]
     assert env.arch_tag(("90a", "80")) == "80_90a"
     assert env.arch_tag(()) == "noarch"
 
@@ -352,7 +357,7 @@ def test_disable_jit_parsing(monkeypatch, value, disabled):
         ("REPLAYSSM_MAX_JOBS", "many", "REPLAYSSM_MAX_JOBS: expected a positive integer, got 'many'"),
         ("REPLAYSSM_MAX_JOBS", "0", "REPLAYSSM_MAX_JOBS: expected a positive integer, got '0'"),
         ("REPLAYSSM_DISABLE_JIT", "maybe", "REPLAYSSM_DISABLE_JIT: expected 1/0, true/false, yes/no or on/off"),
-        ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "REPLAYSSM_CUDA_ARCH_LIST: expected CUDA archs of sm_90 or newer"),
+        ("REPLAYSSM_CUDA_ARCH_LIST", "hopper", "REPLAYSSM_CUDA_ARCH_LIST: expected CUDA archs of sm_80 or newer"),
     ],
 )
 def test_bad_environment_values_are_named(monkeypatch, var, value, match):

@@ -21,7 +21,7 @@ from replayssm.jit.loader import PlanError, load_module
 from replayssm.ops import constants as C
 from replayssm.ops import gdn as gdn_ops
 from replayssm.ops import mamba2 as m2
-from replayssm.ops.abi import H200_LIMITS, Schedule, plan_query
+from replayssm.ops.abi import A100_LIMITS, H200_LIMITS, Schedule, plan_query
 from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec
 
 from .conftest import FIGURES, needs_nvcc
@@ -219,6 +219,66 @@ class TestDeltaPlan:
     def test_conventional_verify(self, modules):
         s = plan(modules["gdn_conv_verify"], 8, 32, 16, drafts=4)
         assert s.kernel == "verify" and s.rows_per_cta == delta_tile_rows(128, 128, 8, 32) == 32
+
+
+# ---------------------------------------------------------------- devices older than sm_90
+@needs_nvcc
+class TestArchPlan:
+    """The persistent kernel (mbarrier, bulk copies) needs compute capability 9.0: on an A100-like
+    device (cc 8.0) a plan never picks it and says why when it was forced or would be chosen."""
+
+    CASES = [("m2", 128, 8, 64), ("gdn", 32, 16, 128), ("kda", 32, 32, 128)]  # key, heads, groups, dim
+
+    def test_h200_limits_are_compute_capability_9_0(self):
+        assert (H200_LIMITS["cc_major"], H200_LIMITS["cc_minor"]) == (9, 0)
+        assert (A100_LIMITS["cc_major"], A100_LIMITS["cc_minor"], A100_LIMITS["sm_count"]) == (8, 0, 108)
+
+    @pytest.mark.parametrize("key, heads, groups, dim", CASES)
+    @pytest.mark.parametrize("batch", [1, 8, 256])
+    def test_sm80_never_persistent(self, modules, key, heads, groups, dim, batch):
+        h200 = plan(modules[key], batch, heads, groups)
+        s = plan(modules[key], batch, heads, groups, limits=A100_LIMITS)
+        assert s.kernel == "tile" and not s.persistent and s.main == s.tile
+        assert s.tile.rows_per_cta == h200.tile.rows_per_cta and s.tile.grid == h200.tile.grid
+        # reported exactly where H200 would run the persistent kernel
+        assert s.fallback == (C.FALLBACK_NAMES[C.constants()["kFallbackArch"]] if h200.persistent else None)
+        if h200.persistent:
+            assert s.fallback.startswith("arch")
+
+    @pytest.mark.parametrize("key, heads, groups, dim", CASES)
+    def test_sm80_forced_persistent_falls_back_with_arch(self, modules, key, heads, groups, dim):
+        s = plan(modules[key], 1, heads, groups, persistent=True, limits=A100_LIMITS)
+        assert s.kernel == "tile" and s.fallback.startswith("arch")
+        s = plan(modules[key], 256, heads, groups, persistent=True, rows=32, limits=A100_LIMITS)
+        assert s.kernel == "tile" and s.rows_per_cta == 32 and s.fallback.startswith("arch")
+        s = plan(modules[key], 256, heads, groups, persistent=False, limits=A100_LIMITS)
+        assert s.kernel == "tile" and s.fallback is None
+
+    def test_sm80_arch_comes_before_layout(self, modules):
+        s = plan(modules["m2_p80_f32io_L32"], 256, 128, 8, persistent=True, limits=A100_LIMITS)
+        assert s.kernel == "tile" and s.fallback.startswith("arch")
+
+    def test_sm80_other_kernels_plan_as_before(self, modules):
+        s = plan(modules["m2_conv"], 256, 128, 8, persistent=True, limits=A100_LIMITS)
+        assert s.kernel == "conventional" and s.fallback is None
+        s = plan(modules["m2_verify"], 256, 128, 8, drafts=4, limits=A100_LIMITS)
+        assert s.kernel == "verify" and s.smem_bytes <= A100_LIMITS["smem_per_block_optin"]
+
+    @pytest.mark.parametrize("cc", [(8, 6), (8, 9)])
+    def test_ampere_and_ada_never_persistent(self, modules, cc):
+        lim = dict(A100_LIMITS, cc_major=cc[0], cc_minor=cc[1])
+        assert plan(modules["m2"], 256, 128, 8, limits=lim).fallback.startswith("arch")
+
+    def test_blackwell_decides_as_hopper(self, modules):
+        """cc 10.0 with H200's limits: the same schedule (the rule only looks at cc >= 9.0)."""
+        b = dict(H200_LIMITS, cc_major=10, cc_minor=0)
+        for key, heads, groups, _ in self.CASES:
+            s, h = plan(modules[key], 256, heads, groups, limits=b), plan(modules[key], 256, heads, groups)
+            assert s.persistent and (s.main, s.tile, s.fallback) == (h.main, h.tile, h.fallback)
+
+    def test_missing_compute_capability_is_an_error(self, modules):
+        with pytest.raises(PlanError, match="out of range"):
+            plan(modules["m2"], 4, 128, 8, limits=dict(H200_LIMITS, cc_major=0))
 
 
 # ---------------------------------------------------------------- the ABI checks at load

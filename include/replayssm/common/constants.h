@@ -51,6 +51,7 @@ constexpr int32_t kFallbackLayout = 1;      // its buffers at this tile do not f
 constexpr int32_t kFallbackSmemOptin = 2;   // the device's per-block shared memory opt-in is too small
 constexpr int32_t kFallbackOccupancy = 3;   // not one CTA fits an SM of this device
 constexpr int32_t kFallbackTileSmem = 4;  // verify: the default tile's shared memory exceeds the opt-in; smaller tile
+constexpr int32_t kFallbackArch = 5;  // the device (or the module's code for it) is older than sm_90
 
 // PlanQuery::persistent.
 constexpr int32_t kPersistentAuto = -1;

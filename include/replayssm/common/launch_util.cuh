@@ -61,6 +61,19 @@ inline cudaError_t query_device_limits(DeviceLimits* l) {
   get(&l->reserved_smem_per_block, cudaDevAttrReservedSharedMemoryPerBlock);
   get(&l->max_blocks_per_sm, cudaDevAttrMaxBlocksPerMultiprocessor);
   get(&l->max_threads_per_sm, cudaDevAttrMaxThreadsPerMultiProcessor);
+  get(&l->cc_major, cudaDevAttrComputeCapabilityMajor);
+  get(&l->cc_minor, cudaDevAttrComputeCapabilityMinor);
+  return e;
+}
+
+// Whether the code of `kernel` that runs on the current device was built for sm_90 or newer, where
+// the persistent kernels have a body (common/pipeline.cuh). A module built for sm_80 alone runs its
+// sm_80 code, in which they are a trap, on newer GPUs too.
+template <typename Kernel>
+cudaError_t kernel_has_bulk_pipeline(Kernel kernel, bool* ok) {
+  cudaFuncAttributes a;
+  const cudaError_t e = cudaFuncGetAttributes(&a, kernel);
+  *ok = e == cudaSuccess && a.binaryVersion >= 90;
   return e;
 }
 

@@ -81,6 +81,7 @@ inline const ConstantRow kConstantTable[] = {
     REPLAYSSM_CONSTANT(kFallbackSmemOptin),
     REPLAYSSM_CONSTANT(kFallbackOccupancy),
     REPLAYSSM_CONSTANT(kFallbackTileSmem),
+    REPLAYSSM_CONSTANT(kFallbackArch),
     REPLAYSSM_CONSTANT(kPersistentAuto),
     REPLAYSSM_CONSTANT(kPersistentOff),
     REPLAYSSM_CONSTANT(kPersistentOn),

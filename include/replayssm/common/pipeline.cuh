@@ -1,4 +1,4 @@
-// Producer/consumer pipeline primitives (sm_90): shared-memory mbarriers, bulk (TMA-engine)
+// Producer/consumer pipeline primitives (sm_90+): shared-memory mbarriers, bulk (TMA-engine)
 // global -> shared copies that complete on an mbarrier, and cp.async copies tracked by one.
 //
 // A stage's "full" barrier completes a phase when every expected arrival has come and every
@@ -10,6 +10,16 @@
 #include <cstdint>
 
 #include "cp_async.cuh"
+
+// 1 where these primitives exist: the host pass and device passes for sm_90 and newer (mbarrier
+// transaction counts, try_wait, bulk copies). 0 in device passes for older archs (sm_80, sm_86,
+// sm_89): kernels built on them compile to a trap there, and the plan never picks them on such a
+// device (common/schedule.h: persistent_arch_ok).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 900
+#define REPLAYSSM_HAS_BULK_PIPELINE 0
+#else
+#define REPLAYSSM_HAS_BULK_PIPELINE 1
+#endif
 
 namespace replayssm {
 

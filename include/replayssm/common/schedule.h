@@ -24,6 +24,8 @@ struct DeviceLimits {
   int32_t reserved_smem_per_block;  // cudaDevAttrReservedSharedMemoryPerBlock (system use, per CTA)
   int32_t max_blocks_per_sm;        // cudaDevAttrMaxBlocksPerMultiprocessor
   int32_t max_threads_per_sm;       // cudaDevAttrMaxThreadsPerMultiProcessor
+  int32_t cc_major;                 // cudaDevAttrComputeCapabilityMajor (9 for H200)
+  int32_t cc_minor;                 // cudaDevAttrComputeCapabilityMinor
 };
 
 // What plan() asks. Dims the module is not compiled for travel here; so do the caller's overrides.
@@ -91,6 +93,12 @@ inline bool kernel_fits(const DeviceLimits& lim, const KernelFacts& f, int32_t* 
   *ctas_per_sm = n;
   return n >= 1;
 }
+
+// Whether the persistent pipelined kernels can run on a device of this compute capability: they
+// use mbarrier transaction counts and bulk copies (sm_90 and newer; common/pipeline.cuh), and
+// compile to a trap for older archs. Below that a persistent request runs the tile kernel
+// (kFallbackArch).
+inline bool persistent_arch_ok(const DeviceLimits& lim) { return lim.cc_major >= 9; }
 
 // Heads per work unit when a unit of `heads` heads (each `tiles_per_head` tiles) may be split:
 // the fewest splits (a divisor of `heads`) that give at least two units per resident CTA, keeping
@@ -213,7 +221,7 @@ inline int32_t check_query(const PlanQuery& q) {
   if (q.persistent < kPersistentAuto || q.persistent > kPersistentOn) return kPlanBadQuery;
   const DeviceLimits& l = q.limits;
   if (q.has_limits && (l.sm_count < 1 || l.smem_per_block_optin < 0 || l.smem_per_sm < 0 || l.max_blocks_per_sm < 1 ||
-                       l.max_threads_per_sm < 1))
+                       l.max_threads_per_sm < 1 || l.cc_major < 1 || l.cc_minor < 0))
     return kPlanBadQuery;
   return 0;
 }

@@ -68,11 +68,21 @@ struct ReplayDecode {
     const bool want =
         q.persistent == kPersistentAuto ? n_units >= kDeltaPersistentMinUnits : q.persistent == kPersistentOn;
     if (!want) return 0;
+    if (!persistent_arch_ok(q.limits)) {
+      s->fallback = kFallbackArch;
+      return 0;
+    }
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
     KernelFacts f{};
+    bool has_code = true;
     e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
+        if (dev) {
+          const cudaError_t c = kernel_has_bulk_pipeline(
+              replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, &has_code);
+          if (c != cudaSuccess || !has_code) return c;
+        }
         return kernel_facts(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits,
                             kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
@@ -80,7 +90,9 @@ struct ReplayDecode {
     });
     if (e) return e;
     int32_t ctas = 0;
-    if (!f.exists) {
+    if (!has_code) {
+      s->fallback = kFallbackArch;
+    } else if (!f.exists) {
       s->fallback = kFallbackLayout;
     } else if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > q.limits.smem_per_block_optin) {
       s->fallback = kFallbackSmemOptin;
@@ -122,7 +134,12 @@ struct ReplayDecode {
           replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, cudaFuncAttributeMaxDynamicSharedMemorySize,
           static_cast<int>(ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>)));
       if constexpr (kPersistentOk<kRows>) {
+        // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
+        bool has_code = false;
         if (e == cudaSuccess)
+          e = kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
+                                       &has_code);
+        if (e == cudaSuccess && has_code)
           e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Persistent<kRows>::kBytes));

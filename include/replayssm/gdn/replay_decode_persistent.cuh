@@ -517,6 +517,7 @@ struct PersistentReplay {
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay>
 __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
+#if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, K, V, L, ROWS, PerChannelDecay> k(p, persistent_smem);
   if (threadIdx.x == 0) k.pipe.init();
@@ -526,6 +527,9 @@ __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persisten
   } else {
     k.consume(threadIdx.x);
   }
+#else
+  __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
+#endif
 }
 
 }  // namespace gdn

@@ -64,13 +64,23 @@ struct ReplayDecode {
     const bool want =
         q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads : q.persistent == kPersistentOn;
     if (!want) return 0;
+    if (!persistent_arch_ok(q.limits)) {
+      s->fallback = kFallbackArch;
+      return 0;
+    }
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
     int32_t stages = 0;
+    bool has_code = true;
     e = dispatch_rows<P>(rows, [&](auto r) -> cudaError_t {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
         stages = Persistent<kRows>::kStages;
+        if (dev) {
+          const cudaError_t c =
+              kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, &has_code);
+          if (c != cudaSuccess || !has_code) return c;
+        }
         return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, kPersistentThreads,
                             Persistent<kRows>::kBytes, &f);
       }
@@ -78,7 +88,9 @@ struct ReplayDecode {
     });
     if (e) return e;
     int32_t ctas = 0;
-    if (!f.exists) {
+    if (!has_code) {
+      s->fallback = kFallbackArch;
+    } else if (!f.exists) {
       s->fallback = kFallbackLayout;
     } else if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > q.limits.smem_per_block_optin) {
       s->fallback = kFallbackSmemOptin;
@@ -127,7 +139,11 @@ struct ReplayDecode {
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>)));
       if constexpr (kPersistentOk<kRows>) {
+        // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
+        bool has_code = false;
         if (e == cudaSuccess)
+          e = kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, &has_code);
+        if (e == cudaSuccess && has_code)
           e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Persistent<kRows>::kBytes));

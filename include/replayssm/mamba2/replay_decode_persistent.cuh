@@ -398,6 +398,7 @@ struct PersistentReplay {
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS>
 __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
+#if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, P, N, L, ROWS> k(p, persistent_smem);
   if (threadIdx.x == 0) k.pipe.init();
@@ -407,6 +408,9 @@ __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persisten
   } else {
     k.consume(threadIdx.x);
   }
+#else
+  __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
+#endif
 }
 
 }  // namespace mamba2
