@@ -39,6 +39,20 @@ def scalar_arg(t: torch.Tensor | None, stride0: int = 0, stride1: int = 0) -> Sc
     return ScalarArg(t.data_ptr(), stride0, stride1, DTYPE_CODE[t.dtype], 0)
 
 
+def pool_fields(cache) -> tuple:
+    """A family's StatePool fields, in order: the checkpoint's pointer and its slot and head strides."""
+    c = cache.checkpoint
+    return c.data_ptr(), c.stride(0), c.stride(1)
+
+
+def ring_fields(cache) -> tuple:
+    """A family's Ring fields, in order (both families lay it out alike): pointer, slot stride and
+    head stride of each of ``cache.rings()``, the four cursors (start, len, done, draft), the
+    capacity, and the reserved word."""
+    arrays = [v for t in cache.rings() for v in (t.data_ptr(), t.stride(0), t.stride(1))]
+    return (*arrays, *(t.data_ptr() for t in cache.cursors()), cache.capacity, 0)
+
+
 def current_stream(device: torch.device) -> int:
     """torch's current CUDA stream handle on ``device`` (0, the default stream, off CUDA)."""
     return torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0

@@ -13,7 +13,7 @@ Alignment: nothing beyond each dtype's own is required of the step inputs and ou
 and conventional decode kernels and both verify kernels read q, k, v and the gates and write out
 element by element. The persistent decode kernel copies q, k and v with 16-byte cp.async (the
 gates and beta as the aligned 4-byte words holding them): the launcher runs it only when q, k
-and v are 16-byte aligned (persistent_inputs_aligned: data pointer and batch and head strides,
+and v are 16-byte aligned (persistent_inputs_aligned in launch.cuh: data pointer and batch and head strides,
 in bytes, multiples of 16, ignoring dims of extent 1) and otherwise serves the step with the
 schedule's tile launch (``wrapper.schedule.tile``): same results, slower at large batches. This is
 the one choice made at each launch; everything else (kernel, tile, grid) is the plan's (the
@@ -30,12 +30,12 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, pool_fields, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
 from .constants import ROW_CHOICES
 from .generators import gdn_decode_spec
 from .tiling import check_rows
-from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride, vector_aligned
+from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing V
 
@@ -112,13 +112,6 @@ class GDNDims:
     num_k_heads: int
     head_k_dim: int
     head_v_dim: int
-
-
-def persistent_inputs_aligned(q, k, v) -> bool:
-    """Whether the persistent replay kernel can serve a step with these q, k [batch, HK, K] and
-    v [batch, HV, V]: all 16-byte aligned (see the module docstring). When not, the launcher runs
-    the tile kernel instead. Mirrors persistent_inputs_aligned in include/replayssm/gdn/launch.cuh."""
-    return all(vector_aligned(t, (0, 1)) for t in (q, k, v))
 
 
 def check_rows_per_cta(rows: int, V: int) -> int:
@@ -273,30 +266,12 @@ def verify_inputs(
 
 def pool_struct(cache) -> StatePool:
     """The cache's checkpoint [num_slots, HV, V, K] as the kernels' StatePool."""
-    c = cache.checkpoint
-    return StatePool(c.data_ptr(), c.stride(0), c.stride(1))
+    return StatePool(*pool_fields(cache))
 
 
 def ring_struct(cache) -> Ring:
-    """The cache's rings and cursors as the kernels' Ring."""
-    u, k, g = cache.u_ring, cache.k_ring, cache.g_ring
-    return Ring(
-        u.data_ptr(),
-        u.stride(0),
-        u.stride(1),
-        k.data_ptr(),
-        k.stride(0),
-        k.stride(1),
-        g.data_ptr(),
-        g.stride(0),
-        g.stride(1),
-        cache.ring_start.data_ptr(),
-        cache.ring_len.data_ptr(),
-        cache.ring_done.data_ptr(),
-        cache.ring_draft.data_ptr(),
-        cache.capacity,
-        0,
-    )
+    """The cache's rings (u, k, g) and cursors as the kernels' Ring."""
+    return Ring(*ring_fields(cache))
 
 
 def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):

@@ -19,7 +19,7 @@ validate.misalignment):
     B, C                    persistent decode: 16-byte cp.async; replay verify: 16-byte accesses
                             when aligned, else elements; tile decode, conventional: elements
 The launcher runs the persistent kernel only when x, z, B and C are all aligned
-(persistent_inputs_aligned) and otherwise serves the step with the schedule's tile launch
+(persistent_inputs_aligned in launch.cuh) and otherwise serves the step with the schedule's tile launch
 (``wrapper.schedule.tile``): same results, slower at large batches. This is the one choice made
 at each launch (so it holds under graph capture); everything else (kernel, tile, grid) is the
 plan's (the module's plan entry, include/replayssm/mamba2/launch.cuh). So keep them aligned for
@@ -36,12 +36,12 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, pool_fields, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
 from .constants import ROW_CHOICES
 from .generators import mamba2_decode_spec
 from .tiling import check_rows
-from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride, vector_aligned
+from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing P
 
@@ -155,14 +155,6 @@ def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=No
     return t
 
 
-def persistent_inputs_aligned(x, z, B, C) -> bool:
-    """Whether the persistent replay kernel can serve a step with these step inputs ([batch, H, P]
-    x, z (or None), [batch, G, N] B, C): all 16-byte aligned (see the module docstring). When not,
-    the launcher runs the tile kernel instead. Mirrors persistent_inputs_aligned in
-    include/replayssm/mamba2/launch.cuh."""
-    return all(vector_aligned(t, (0, 1)) for t in (x, z, B, C))
-
-
 def check_rows_per_cta(rows: int, P: int) -> int:
     return check_rows(rows, P, "head_dim", ROWS_CHOICES)
 
@@ -242,30 +234,12 @@ def verify_inputs(
 
 def pool_struct(cache) -> StatePool:
     """The cache's checkpoint [num_slots, H, P, N] as the kernels' StatePool."""
-    c = cache.checkpoint
-    return StatePool(c.data_ptr(), c.stride(0), c.stride(1))
+    return StatePool(*pool_fields(cache))
 
 
 def ring_struct(cache) -> Ring:
-    """The cache's rings and cursors as the kernels' Ring."""
-    x, B, dt = cache.x_ring, cache.B_ring, cache.dt_ring
-    return Ring(
-        x.data_ptr(),
-        x.stride(0),
-        x.stride(1),
-        B.data_ptr(),
-        B.stride(0),
-        B.stride(1),
-        dt.data_ptr(),
-        dt.stride(0),
-        dt.stride(1),
-        cache.ring_start.data_ptr(),
-        cache.ring_len.data_ptr(),
-        cache.ring_done.data_ptr(),
-        cache.ring_draft.data_ptr(),
-        cache.capacity,
-        0,
-    )
+    """The cache's rings (x, B, dt) and cursors as the kernels' Ring."""
+    return Ring(*ring_fields(cache))
 
 
 def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
@@ -296,7 +270,6 @@ __all__ = [
     "Ring",
     "StatePool",
     "VerifyParams",
-    "persistent_inputs_aligned",
     "pool_struct",
     "ring_struct",
     "plan_query",

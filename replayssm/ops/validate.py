@@ -75,11 +75,6 @@ def misalignment(t: torch.Tensor, stride_dims: Sequence[int], nbytes: int = 16) 
     return None
 
 
-def vector_aligned(t: torch.Tensor | None, stride_dims: Sequence[int], nbytes: int = 16) -> bool:
-    """Whether ``t`` passes misalignment() (None, an absent operand, does)."""
-    return t is None or misalignment(t, stride_dims, nbytes) is None
-
-
 def check_aligned(name: str, t: torch.Tensor, elem_multiple: int, stride_dims: Sequence[int]) -> None:
     """Raise ValueError naming ``name`` unless vectors of ``elem_multiple`` elements can serve ``t``:
     data pointer aligned to the vector, strides of ``stride_dims`` (dims of extent > 1) multiples

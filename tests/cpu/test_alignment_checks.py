@@ -18,12 +18,28 @@ import torch
 from replayssm.cache import ERROR_BITS, ReplayCache
 from replayssm.ops import gdn as gdn_ops
 from replayssm.ops import mamba2 as m2
-from replayssm.ops.validate import check_aligned, misalignment, vector_aligned
+from replayssm.ops.validate import check_aligned, misalignment
 
 from .conftest import REPO, needs_nvcc
 
 BF16, F32 = torch.bfloat16, torch.float32
 CPU = torch.device("cpu")
+
+
+def vector_aligned(t, stride_dims) -> bool:
+    """Whether ``t`` passes misalignment() (None, an absent operand, does)."""
+    return t is None or misalignment(t, stride_dims) is None
+
+
+def m2_persistent_inputs_aligned(x, z, B, C) -> bool:
+    """The launcher's rule (persistent_inputs_aligned in include/replayssm/mamba2/launch.cuh),
+    stated here to check the C++ against: x, z (or None), B and C all 16-byte aligned."""
+    return all(vector_aligned(t, (0, 1)) for t in (x, z, B, C))
+
+
+def gdn_persistent_inputs_aligned(q, k, v) -> bool:
+    """The launcher's rule (include/replayssm/gdn/launch.cuh): q, k and v all 16-byte aligned."""
+    return all(vector_aligned(t, (0, 1)) for t in (q, k, v))
 
 
 def offset_view(shape, dtype, elems: int = 1) -> torch.Tensor:
@@ -122,14 +138,14 @@ def mamba2_inputs(misalign: str | None = None, how: str = "offset"):
 class TestMamba2PersistentRule:
     def test_aligned_inputs_run_persistent(self):
         x, z, B, C, _, _ = mamba2_inputs()
-        assert m2.persistent_inputs_aligned(x, z, B, C)
-        assert m2.persistent_inputs_aligned(x, None, B, C)
+        assert m2_persistent_inputs_aligned(x, z, B, C)
+        assert m2_persistent_inputs_aligned(x, None, B, C)
 
     @pytest.mark.parametrize("name", ["x", "z", "B", "C"])
     @pytest.mark.parametrize("how", ["offset", "stride"])
     def test_any_misaligned_input_falls_back(self, name, how):
         x, z, B, C, _, _ = mamba2_inputs(name, how)
-        assert not m2.persistent_inputs_aligned(x, z, B, C)
+        assert not m2_persistent_inputs_aligned(x, z, B, C)
 
     @pytest.mark.parametrize("name", ["x", "z", "B", "C"])
     @pytest.mark.parametrize("how", ["offset", "stride"])
@@ -169,12 +185,12 @@ def packed_qkv(offset: int, pad: int = 0):
 
 class TestDeltaPersistentRule:
     def test_packed_row_at_whole_vectors_runs_persistent(self):
-        assert gdn_ops.persistent_inputs_aligned(*packed_qkv(0))
-        assert gdn_ops.persistent_inputs_aligned(*packed_qkv(8, pad=8))
+        assert gdn_persistent_inputs_aligned(*packed_qkv(0))
+        assert gdn_persistent_inputs_aligned(*packed_qkv(8, pad=8))
 
     @pytest.mark.parametrize("offset,pad", [(1, 0), (0, 1), (3, 5), (4, 4)])
     def test_packed_row_off_vectors_falls_back(self, offset, pad):
-        assert not gdn_ops.persistent_inputs_aligned(*packed_qkv(offset, pad))
+        assert not gdn_persistent_inputs_aligned(*packed_qkv(offset, pad))
 
     @pytest.mark.parametrize("name", ["q", "k", "v"])
     def test_each_input(self, name):
@@ -184,7 +200,7 @@ class TestDeltaPersistentRule:
             "v": torch.zeros(BATCH, HV, V, dtype=BF16),
         }
         t[name] = offset_view(tuple(t[name].shape), BF16)
-        assert not gdn_ops.persistent_inputs_aligned(t["q"], t["k"], t["v"])
+        assert not gdn_persistent_inputs_aligned(t["q"], t["k"], t["v"])
 
     @pytest.mark.parametrize("per_channel", [False, True], ids=["gdn", "kda"])
     def test_step_inputs_accept_a_packed_row_at_an_odd_offset(self, per_channel):
@@ -206,14 +222,14 @@ def _cases():
     for name in (None, "x", "z", "B", "C"):
         for how in ("offset", "stride"):
             x, z, B, C, _, _ = mamba2_inputs(name, how)
-            cases.append(("mamba2", (x, z, B, C), m2.persistent_inputs_aligned(x, z, B, C)))
+            cases.append(("mamba2", (x, z, B, C), m2_persistent_inputs_aligned(x, z, B, C)))
     x, _, B, C, _, _ = mamba2_inputs()
     cases.append(("mamba2", (x, None, B, C), True))
     one = torch.zeros(1, H, P + 1, dtype=BF16)[:, :, :P].as_strided((1, H, P), (1001, P, 1))  # batch 1, odd stride
-    cases.append(("mamba2", (one, None, B[:1], C[:1]), m2.persistent_inputs_aligned(one, None, B[:1], C[:1])))
+    cases.append(("mamba2", (one, None, B[:1], C[:1]), m2_persistent_inputs_aligned(one, None, B[:1], C[:1])))
     for offset, pad in ((0, 0), (8, 8), (1, 0), (0, 1), (4, 4)):
         q, k, v = packed_qkv(offset, pad)
-        cases.append(("gdn", (q, k, v), gdn_ops.persistent_inputs_aligned(q, k, v)))
+        cases.append(("gdn", (q, k, v), gdn_persistent_inputs_aligned(q, k, v)))
     return cases
 
 
@@ -230,7 +246,7 @@ def _fields(prefix, t, second):
 @needs_nvcc
 def test_launcher_rule_matches_the_python_predicate(tmp_path):
     """persistent_inputs_aligned in mamba2/launch.cuh and gdn/launch.cuh (host code compiled with
-    nvcc and run here) agrees with replayssm.ops.*.persistent_inputs_aligned on every case."""
+    nvcc and run here) agrees with the rule stated above (m2_/gdn_persistent_inputs_aligned) on every case."""
     from replayssm.jit import env
 
     cases = _cases()

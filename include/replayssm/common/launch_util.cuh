@@ -66,14 +66,17 @@ inline cudaError_t query_device_limits(DeviceLimits* l) {
   return e;
 }
 
-// Whether the code of `kernel` that runs on the current device was built for sm_90 or newer, where
-// the persistent kernels have a body (common/pipeline.cuh). A module built for sm_80 alone runs its
-// sm_80 code, in which they are a trap, on newer GPUs too.
+// Whether code that the device runs, built for `binary_version` (cudaFuncAttributes), has the
+// persistent kernels' bodies (common/pipeline.cuh): a module built for sm_80 alone runs its sm_80
+// code, in which they are a trap, on newer GPUs too.
+inline bool has_bulk_pipeline(int binary_version) { return binary_version >= 90; }
+
+// prepare(): whether the device runs `kernel`'s sm_90+ code.
 template <typename Kernel>
 cudaError_t kernel_has_bulk_pipeline(Kernel kernel, bool* ok) {
   cudaFuncAttributes a;
   const cudaError_t e = cudaFuncGetAttributes(&a, kernel);
-  *ok = e == cudaSuccess && a.binaryVersion >= 90;
+  *ok = e == cudaSuccess && has_bulk_pipeline(a.binaryVersion);
   return e;
 }
 
@@ -88,11 +91,13 @@ cudaError_t kernel_facts(Kernel kernel, bool query_device, const DeviceLimits& l
   f->dyn_smem = static_cast<int32_t>(dyn_smem);
   f->static_smem = 0;
   f->ctas_per_sm = -1;
+  f->predates_sm90 = false;
   if (!query_device) return cudaSuccess;
   cudaFuncAttributes a;
   cudaError_t e = cudaFuncGetAttributes(&a, kernel);
   if (e != cudaSuccess) return e;
   f->static_smem = static_cast<int32_t>(a.sharedSizeBytes);
+  f->predates_sm90 = !has_bulk_pipeline(a.binaryVersion);
   if (static_cast<int64_t>(dyn_smem) + a.sharedSizeBytes > lim.smem_per_block_optin) {
     f->ctas_per_sm = 0;
     return cudaSuccess;

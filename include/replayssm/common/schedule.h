@@ -69,6 +69,7 @@ struct KernelFacts {
   int32_t static_smem;   // its static shared memory (cudaFuncGetAttributes; 0 when modelled)
   int32_t threads;
   int32_t ctas_per_sm;   // from cudaOccupancyMaxActiveBlocksPerMultiprocessor, or -1: model it
+  bool predates_sm90;    // the code the device runs was built for an arch before sm_90 (device path only)
 };
 
 // CTAs of one kernel per SM from the shared-memory, block and thread limits (the occupancy
@@ -99,6 +100,16 @@ inline bool kernel_fits(const DeviceLimits& lim, const KernelFacts& f, int32_t* 
 // compile to a trap for older archs. Below that a persistent request runs the tile kernel
 // (kFallbackArch).
 inline bool persistent_arch_ok(const DeviceLimits& lim) { return lim.cc_major >= 9; }
+
+// Why the persistent kernel described by `f` cannot run on `lim`, or kFallbackNone (then
+// `*ctas_per_sm` is its occupancy). One classification for every family's plan.
+inline int32_t persistent_fallback(const DeviceLimits& lim, const KernelFacts& f, int32_t* ctas_per_sm) {
+  if (!persistent_arch_ok(lim) || f.predates_sm90) return kFallbackArch;
+  if (!f.exists) return kFallbackLayout;
+  if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > lim.smem_per_block_optin) return kFallbackSmemOptin;
+  if (!kernel_fits(lim, f, ctas_per_sm)) return kFallbackOccupancy;
+  return kFallbackNone;
+}
 
 // Heads per work unit when a unit of `heads` heads (each `tiles_per_head` tiles) may be split:
 // the fewest splits (a divisor of `heads`) that give at least two units per resident CTA, keeping

@@ -68,21 +68,11 @@ struct ReplayDecode {
     const bool want =
         q.persistent == kPersistentAuto ? n_units >= kDeltaPersistentMinUnits : q.persistent == kPersistentOn;
     if (!want) return 0;
-    if (!persistent_arch_ok(q.limits)) {
-      s->fallback = kFallbackArch;
-      return 0;
-    }
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
     KernelFacts f{};
-    bool has_code = true;
     e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
-        if (dev) {
-          const cudaError_t c = kernel_has_bulk_pipeline(
-              replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, &has_code);
-          if (c != cudaSuccess || !has_code) return c;
-        }
         return kernel_facts(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits,
                             kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
@@ -90,15 +80,8 @@ struct ReplayDecode {
     });
     if (e) return e;
     int32_t ctas = 0;
-    if (!has_code) {
-      s->fallback = kFallbackArch;
-    } else if (!f.exists) {
-      s->fallback = kFallbackLayout;
-    } else if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > q.limits.smem_per_block_optin) {
-      s->fallback = kFallbackSmemOptin;
-    } else if (!kernel_fits(q.limits, f, &ctas)) {
-      s->fallback = kFallbackOccupancy;
-    } else {
+    s->fallback = persistent_fallback(q.limits, f, &ctas);
+    if (s->fallback == kFallbackNone) {
       s->main = persistent_launch(rows, PerChannelDecay ? 1 : q.heads / q.groups, n_units, q.limits, f, ctas);
       if (s->main.units < 0) return kPlanBadQuery;
     }

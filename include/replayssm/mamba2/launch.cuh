@@ -64,23 +64,13 @@ struct ReplayDecode {
     const bool want =
         q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads : q.persistent == kPersistentOn;
     if (!want) return 0;
-    if (!persistent_arch_ok(q.limits)) {
-      s->fallback = kFallbackArch;
-      return 0;
-    }
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
     int32_t stages = 0;
-    bool has_code = true;
     e = dispatch_rows<P>(rows, [&](auto r) -> cudaError_t {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
         stages = Persistent<kRows>::kStages;
-        if (dev) {
-          const cudaError_t c =
-              kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, &has_code);
-          if (c != cudaSuccess || !has_code) return c;
-        }
         return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, kPersistentThreads,
                             Persistent<kRows>::kBytes, &f);
       }
@@ -88,15 +78,8 @@ struct ReplayDecode {
     });
     if (e) return e;
     int32_t ctas = 0;
-    if (!has_code) {
-      s->fallback = kFallbackArch;
-    } else if (!f.exists) {
-      s->fallback = kFallbackLayout;
-    } else if (static_cast<int64_t>(f.dyn_smem) + f.static_smem > q.limits.smem_per_block_optin) {
-      s->fallback = kFallbackSmemOptin;
-    } else if (!kernel_fits(q.limits, f, &ctas)) {
-      s->fallback = kFallbackOccupancy;
-    } else {
+    s->fallback = persistent_fallback(q.limits, f, &ctas);
+    if (s->fallback == kFallbackNone) {
       const int64_t resident = static_cast<int64_t>(q.limits.sm_count) * ctas;
       const int32_t hpu = split_heads(q.heads / q.groups, P / rows, batch * q.groups, resident, stages + 1);
       s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
