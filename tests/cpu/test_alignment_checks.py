@@ -20,26 +20,11 @@ from replayssm.ops import gdn as gdn_ops
 from replayssm.ops import mamba2 as m2
 from replayssm.ops.validate import check_aligned, misalignment
 
+from ..alignment_rule import gdn_persistent_inputs_aligned, m2_persistent_inputs_aligned, vector_aligned
 from .conftest import REPO, needs_nvcc
 
 BF16, F32 = torch.bfloat16, torch.float32
 CPU = torch.device("cpu")
-
-
-def vector_aligned(t, stride_dims) -> bool:
-    """Whether ``t`` passes misalignment() (None, an absent operand, does)."""
-    return t is None or misalignment(t, stride_dims) is None
-
-
-def m2_persistent_inputs_aligned(x, z, B, C) -> bool:
-    """The launcher's rule (persistent_inputs_aligned in include/replayssm/mamba2/launch.cuh),
-    stated here to check the C++ against: x, z (or None), B and C all 16-byte aligned."""
-    return all(vector_aligned(t, (0, 1)) for t in (x, z, B, C))
-
-
-def gdn_persistent_inputs_aligned(q, k, v) -> bool:
-    """The launcher's rule (include/replayssm/gdn/launch.cuh): q, k and v all 16-byte aligned."""
-    return all(vector_aligned(t, (0, 1)) for t in (q, k, v))
 
 
 def offset_view(shape, dtype, elems: int = 1) -> torch.Tensor:

@@ -24,9 +24,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replayssm.ops import gdn as gdn_ops
-from replayssm.ops import mamba2 as m2
-
+from ..alignment_rule import gdn_persistent_inputs_aligned, m2_persistent_inputs_aligned
 from .common import rel_err, seeded_generator, tolerances
 from .delta_spec import DeltaSpec
 from .spec_driver import DEV, Mamba2Spec
@@ -87,7 +85,7 @@ class Mamba2Family:
 
     @staticmethod
     def persistent_ok(inp):
-        return m2.persistent_inputs_aligned(inp["x"], inp["z"], inp["B"], inp["C"])
+        return m2_persistent_inputs_aligned(inp["x"], inp["z"], inp["B"], inp["C"])
 
 
 class DeltaFamily:
@@ -117,7 +115,7 @@ class DeltaFamily:
 
     @staticmethod
     def persistent_ok(inp):
-        return gdn_ops.persistent_inputs_aligned(inp["q"], inp["k"], inp["v"])
+        return gdn_persistent_inputs_aligned(inp["q"], inp["k"], inp["v"])
 
 
 class KDAFamily(DeltaFamily):
@@ -278,7 +276,7 @@ class TestPackedRows:
             v = row[:, offset + 2 * HK * K : offset + 2 * HK * K + HV * V].view(c.BATCH, HV, V)
             for dst, key in ((q, "q"), (k, "k"), (v, "v")):
                 dst.copy_(inp[key])
-            assert gdn_ops.persistent_inputs_aligned(q, k, v) == (offset % 8 == 0)
+            assert gdn_persistent_inputs_aligned(q, k, v) == (offset % 8 == 0)
             out = c.fam.spec.out_like(inp)
             c.fam.run(c.w, c.cache, {**inp, "q": q, "k": k, "v": v}, c.fam.weights(), out)
             torch.cuda.synchronize()
@@ -308,7 +306,7 @@ class TestPackedRows:
             for dst, key in ((z, "z"), (x, "x"), (B, "B"), (C, "C"), (dt, "dt")):
                 dst.copy_(inp[key])
             # Row width 2 H P + 2 G N + H = 1544 + offset elements: 16-byte rows only at offset 8.
-            assert m2.persistent_inputs_aligned(x, z, B, C) == (offset % 8 == 0 and width % 8 == 0)
+            assert m2_persistent_inputs_aligned(x, z, B, C) == (offset % 8 == 0 and width % 8 == 0)
             out = c.fam.spec.out_like(inp)
             c.fam.run(c.w, c.cache, {"x": x, "z": z, "B": B, "C": C, "dt": dt}, c.fam.weights(), out)
             torch.cuda.synchronize()
