@@ -9,6 +9,13 @@ Every time is a CUDA-graph replay timed with CUDA events (median over many repla
 - B <= 8: one graph of 16 consecutive steps over 16 different state pools (as a model's layers
   run back to back), replayed L times to cover whole windows; us_single_replay beside it.
 Pools hold random slot permutations and are larger than L2; inputs follow the model init ranges.
+
+--read-dtypes none float8_e4m3fn bfloat16 runs the replay kernel once per read copy in the same
+call (Mamba-2; `none` is the plain checkpoint), so the formats are measured side by side. Floors
+count what each must move per step over a window: the read copy (and its scales) on L - 1 steps,
+the checkpoint read, checkpoint write and read-copy write once. --phases staggered starts each
+slot at a random point of its window (random ring lengths), as in serving, instead of all slots
+flushing on the same step (lockstep).
 """
 
 from __future__ import annotations
@@ -69,7 +76,7 @@ class Mamba2Family:
         dt0 = log_uniform(H, 1e-3, 1e-1, gen)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows, persistent=None):
+    def wrapper(self, batch, algorithm, rows, persistent=None, read_dtype=None):
         s, a = self.s, self.args
         return Mamba2DecodeWrapper(
             s["H"],
@@ -83,6 +90,7 @@ class Mamba2Family:
             algorithm=algorithm,
             rows_per_cta=rows,
             persistent=persistent,
+            read_dtype=read_dtype,
         )
 
     def inputs(self, batch):
@@ -108,7 +116,15 @@ class Mamba2Family:
         s = self.s
         return s["H"] * s["P"] * s["N"] * self.args.state_dtype.itemsize
 
-    def step_bytes(self, kind, batch):
+    def read_copy_bytes(self, read_dtype):
+        """Bytes of one slot's read copy and its scales (0 without one)."""
+        s = self.s
+        if read_dtype is None:
+            return 0
+        rows = s["H"] * s["P"]
+        return rows * s["N"] * READ_ITEMSIZE[read_dtype] + (rows * 4 if read_dtype == "float8_e4m3fn" else 0)
+
+    def step_bytes(self, kind, batch, read_dtype=None):
         """Fewest bytes one step must move (mean over a window for replay)."""
         s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
         state = batch * self.state_bytes()
@@ -116,7 +132,11 @@ class Mamba2Family:
         if kind == "conventional":
             return 2 * state + io
         rec = s["H"] * s["P"] * ib + s["G"] * s["N"] * ib + s["H"] * 4  # one ring record
-        return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io
+        ring = batch * rec * ((L - 1) / 2 + 1) + io
+        if read_dtype is None:
+            return state + state / L + ring
+        lp = batch * self.read_copy_bytes(read_dtype)  # read on L - 1 steps, written once
+        return lp + 2 * state / L + ring
 
 
 class GDNFamily:
@@ -196,19 +216,35 @@ class KDAFamily(GDNFamily):
     per_channel = True
 
 
+READ_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}
+
 # --persistent: which replay kernels to run: the wrapper's choice, one, or both.
 PERSISTENT_CHOICES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
 
 FAMILIES = {"mamba2": Mamba2Family, "gdn": GDNFamily, "kda": KDAFamily}
 
 
-def bench_pool(fam, batch, algorithm, rows, reps, persistent=None):
+def stagger(cache, gen):
+    """Each slot at a random point of its window: ring length uniform in [0, L) at a random ring
+    offset, ring records random (finite) values."""
+    n, L, R = cache.num_slots, cache.window, cache.capacity
+    for t in cache.rings():
+        t.normal_(generator=gen)
+    cache.ring_len.copy_(torch.randint(0, L, (n,), device="cuda", generator=gen, dtype=torch.int32))
+    cache.ring_start.copy_(torch.randint(0, R, (n,), device="cuda", generator=gen, dtype=torch.int32))
+
+
+def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, read_dtype=None, phases="lockstep"):
     """One pool; a graph of L consecutive steps, plus one graph per step for non-flush/flush."""
     L = fam.args.window
     num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
-    w = fam.wrapper(batch, algorithm, rows, persistent)
+    w = fam.wrapper(batch, algorithm, rows, persistent, **({"read_dtype": read_dtype} if read_dtype else {}))
     cache = w.create_cache(num_slots)
     cache.checkpoint.normal_(generator=fam.gen)
+    if read_dtype is not None:
+        cache.load_state(list(range(num_slots)), cache.checkpoint.clone())  # encodes the read copy
+    if phases == "staggered":
+        stagger(cache, fam.gen)
     w.plan(torch.randperm(num_slots, device="cuda", generator=fam.gen)[:batch].to(torch.int32))
     steps = [fam.inputs(batch) for _ in range(L)]
     outs = [fam.out(batch) for _ in range(L)]
@@ -229,7 +265,8 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None):
             b.synchronize()
             single.append((i, a.elapsed_time(b) * 1e3))
     by_pos = [statistics.median([t for j, t in single if j == i]) for i in range(L)]
-    flush_pos = max(range(L), key=lambda i: by_pos[i]) if algorithm == "replay" else None
+    lockstep = algorithm == "replay" and phases == "lockstep"
+    flush_pos = max(range(L), key=lambda i: by_pos[i]) if lockstep else None
     nonflush = statistics.median([t for i, t in enumerate(by_pos) if i != flush_pos])
     assert cache.check_errors() == 0
     return dict(
@@ -322,13 +359,15 @@ def bench_fla(fam, batch, reps, ops):
     )
 
 
-def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16):
+def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, read_dtype=None):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
     L = fam.args.window
-    w = fam.wrapper(batch, algorithm, rows, persistent)
+    w = fam.wrapper(batch, algorithm, rows, persistent, **({"read_dtype": read_dtype} if read_dtype else {}))
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
         c.checkpoint.normal_(generator=fam.gen)
+        if read_dtype is not None:
+            c.load_state(list(range(c.num_slots)), c.checkpoint.clone())
     w.plan(torch.randperm(max(batch, 2), device="cuda", generator=fam.gen)[:batch].to(torch.int32))
     ins = [fam.inputs(batch) for _ in range(layers)]
     outs = [fam.out(batch) for _ in range(layers)]
@@ -358,21 +397,29 @@ def run(args):
             variants = [("replay", pv) for pv in PERSISTENT_CHOICES[args.persistent]] + [("conventional", None)]
             if fla is not None and args.family in ("gdn", "kda") and batch > 8:
                 variants.append(("fla", None))
-            for algorithm, persistent in variants:
+            variants = [
+                (algorithm, persistent, read, ph)
+                for algorithm, persistent in variants
+                for read in (args.read_dtypes if algorithm == "replay" else [None])
+                for ph in (args.phases if algorithm == "replay" and batch > 8 else ["lockstep"])
+            ]
+            for algorithm, persistent, read_dtype, phases in variants:
                 for rows in args.rows or [None]:
                     try:
                         if algorithm == "fla":
                             if rows is not None:
                                 continue
                             r = bench_fla(fam, batch, args.reps, fla)
+                        elif batch <= 8:
+                            r = bench_layers(fam, batch, algorithm, rows, args.reps, persistent, read_dtype=read_dtype)
                         else:
-                            bench = bench_layers if batch <= 8 else bench_pool
-                            r = bench(fam, batch, algorithm, rows, args.reps, persistent)
+                            r = bench_pool(fam, batch, algorithm, rows, args.reps, persistent, read_dtype, phases)
                     except torch.OutOfMemoryError:
                         print(f"skip {shape_name} B={batch} {algorithm}: out of memory")
                         torch.cuda.empty_cache()
                         continue
-                    nbytes = fam.step_bytes("conventional" if algorithm == "fla" else algorithm, batch)
+                    kind = "conventional" if algorithm == "fla" else algorithm
+                    nbytes = fam.step_bytes(kind, batch, read_dtype) if read_dtype else fam.step_bytes(kind, batch)
                     floor = nbytes / (bw * 1e12) * 1e6
                     row = {
                         "family": args.family,
@@ -385,7 +432,9 @@ def run(args):
                         "T": 1,
                         "state_dtype": str(args.state_dtype).removeprefix("torch."),
                         "io_dtype": str(args.io_dtype).removeprefix("torch."),
-                        "read_dtype": str(args.state_dtype).removeprefix("torch."),
+                        "read_dtype": read_dtype or str(args.state_dtype).removeprefix("torch."),
+                        "single_copy": read_dtype is None,
+                        "phases": phases,
                         "rows_per_cta": rows,
                         "bytes_per_step": nbytes,
                         "floor_us": floor,
@@ -395,7 +444,8 @@ def run(args):
                     row["fraction_of_floor"] = floor / r["us_per_step"]
                     rows_out.append(row)
                     print(
-                        f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} rows={r['rows_used']} "
+                        f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} read={row['read_dtype']:13s} "
+                        f"{phases:9s} rows={r['rows_used']} "
                         f"{'persistent ' if r['persistent'] else ''}"
                         f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
                         f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
@@ -429,6 +479,14 @@ def main():
         help="replay: persistent pipelined kernel, one CTA per tile, or both",
     )
     ap.add_argument("--no-peers", action="store_true", help="skip FLA (run when importable, GDN/KDA, B > 8)")
+    ap.add_argument(
+        "--read-dtypes",
+        nargs="+",
+        default=["none"],
+        choices=["none", *READ_ITEMSIZE],
+        help="replay: read copies to measure side by side (none: the checkpoint itself)",
+    )
+    ap.add_argument("--phases", nargs="+", default=["lockstep"], choices=["lockstep", "staggered"])
     ap.add_argument("--reps", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default=None)
@@ -440,6 +498,7 @@ def main():
         ap.error(f"--shapes: {unknown} not in {list(SHAPES[args.family])}")
     args.state_dtype = getattr(torch, args.state_dtype)
     args.io_dtype = getattr(torch, args.io_dtype)
+    args.read_dtypes = [None if r == "none" else r for r in args.read_dtypes]
     rows, extra = run(args)
     m = meta()
     m.update(extra)

@@ -12,7 +12,9 @@ from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
 from .ops.constants import ERROR_BITS as _BITS
+from .ops.generators import check_read_copy, read_format_name
 from .ops.validate import check_tensor, per_head_stride
+from .reference.quant import quantize_fp8_e4m3_rows
 
 #: What each error bit of the kernels' flag means (bits: kErr* in include/replayssm/common/constants.h).
 ERROR_BITS = {
@@ -69,12 +71,18 @@ class ReplayCache:
         ring_done   [num_slots] int32   kernel-internal arrival counter (0 at rest)
         ring_draft  [num_slots] int32   drafts of the last verify: n > 0 pending, -n committed, 0 none
         error_flag  [1]         int32   OR of error bits raised by kernels
+        read_copy   [num_slots, heads, rows, cols]  read dtype  low-precision copy S_lp of the
+                                        checkpoint that non-flush steps read (None without one)
+        read_scale  [num_slots, heads, rows]  float32  S_lp's per-row scales (fp8; else None)
     Rings hold R = window + max_draft records per slot. The kernels advance the cursors, so a
     decode step needs no host sync and can be captured in a CUDA graph.
 
     device: a CUDA device (None or 'cuda': torch's current one), stored with its index; anything
     else raises at construction, after the other arguments are checked (see replayssm.devices).
-    num_slots: positive int; max_draft: int in [1, 16].
+    num_slots: positive int; max_draft: int in [1, 16]. read_dtype: None, or the read copy's
+    format ('float8_e4m3fn': codes = e4m3(row / s) with s = amax|row| / 448 per row; 'bfloat16':
+    codes = bf16(row)), as replayssm.reference.quant defines them; the kernels keep it equal to
+    the format applied to the checkpoint (each flush re-encodes it), and so do reset and load_state.
     """
 
     dims: Any  # the family's dims (set by each subclass)
@@ -89,9 +97,11 @@ class ReplayCache:
         state_dtype: torch.dtype,
         io_dtype: torch.dtype,
         device,
+        read_dtype: str | None = None,
     ):
         positive_int("num_slots", num_slots)
         check_max_draft(max_draft)
+        self.read_dtype = read_format_name(read_dtype)
         self.num_slots, self.window, self.max_draft = num_slots, window, max_draft
         self.state_dtype, self.io_dtype = state_dtype, io_dtype
         self.device = cuda_device("device", device)
@@ -103,6 +113,12 @@ class ReplayCache:
         self.ring_done = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_draft = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.read_copy: torch.Tensor | None = None
+        self.read_scale: torch.Tensor | None = None
+        if self.read_dtype is not None:
+            self.read_copy = torch.zeros((num_slots, *state_shape), dtype=getattr(torch, self.read_dtype), device=dev)
+            if self.read_dtype == "float8_e4m3fn":
+                self.read_scale = torch.zeros((num_slots, *state_shape[:-1]), dtype=torch.float32, device=dev)
 
     def rings(self) -> tuple[torch.Tensor, ...]:
         raise NotImplementedError
@@ -114,6 +130,23 @@ class ReplayCache:
     # -- sizes --------------------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
         return self.checkpoint[0].numel() * self.checkpoint.element_size()
+
+    def bytes_per_slot(self) -> dict[str, int]:
+        """Bytes per slot of every buffer the cache keeps: 'checkpoint', 'read_copy' and
+        'read_scale' (0 without a read copy), 'rings' (all ring tensors), 'cursors', and 'total'."""
+
+        def per_slot(ts) -> int:
+            return sum(t[0].numel() * t.element_size() for t in ts if t is not None)
+
+        sizes = {
+            "checkpoint": per_slot([self.checkpoint]),
+            "read_copy": per_slot([self.read_copy]),
+            "read_scale": per_slot([self.read_scale]),
+            "rings": per_slot(self.rings()),
+            "cursors": per_slot(self.cursors()),
+        }
+        sizes["total"] = sum(sizes.values())
+        return sizes
 
     def ring_bytes_per_slot(self) -> int:
         """Extra bytes per slot that ReplaySSM adds on top of the state (rings + cursors)."""
@@ -128,6 +161,10 @@ class ReplayCache:
         """Start new sequences: zero state, empty ring."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
         self.checkpoint[s] = 0
+        if self.read_copy is not None:
+            self.read_copy[s] = 0
+        if self.read_scale is not None:
+            self.read_scale[s] = 0
         self._empty_rings(s)
 
     def load_state(self, slots, state: torch.Tensor) -> None:
@@ -144,7 +181,20 @@ class ReplayCache:
                 f"state: expected a floating dtype (cast to {to}), got {str(state.dtype).removeprefix('torch.')}"
             )
         self.checkpoint[s] = state.to(self.state_dtype)
+        self._encode_read_copy(s)
         self._empty_rings(s)
+
+    def _encode_read_copy(self, s: torch.Tensor) -> None:
+        """Re-encode the read copy of slots ``s`` from their checkpoint (as a flush does)."""
+        if self.read_copy is None:
+            return
+        S = self.checkpoint[s].float()
+        if self.read_scale is not None:
+            codes, scale = quantize_fp8_e4m3_rows(S)
+            self.read_copy[s] = codes
+            self.read_scale[s] = scale.squeeze(-1)
+        else:
+            self.read_copy[s] = S.to(self.read_copy.dtype)
 
     def _ring_positions(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Physical ring index of logical record j for each slot [b, R], and its validity [b, R]."""
@@ -179,6 +229,12 @@ class Mamba2Cache(ReplayCache):
         B_ring      [num_slots, G, R, N]  io_dtype   B of each record (shared by a group)
         dt_ring     [num_slots, H, R]     float32    processed dt (after bias and softplus)
         A           [H]                   float32    the layer's A, or None (see below)
+        read_copy   [num_slots, H, P, N]  read_dtype  (read_dtype given) S_lp, one row = (h, p)
+        read_scale  [num_slots, H, P]     float32    (read_dtype float8_e4m3fn) S_lp's row scales
+
+    read_dtype: None, torch.float8_e4m3fn (N >= 128) or torch.bfloat16 (or their names): a
+    low-precision read copy of the float32 checkpoint that non-flush replay steps read (see
+    ReplayCache); only the replay decode step serves such a cache so far.
 
     The ring keeps dt, not dt * A, so folding pending records (``materialize``) needs the layer's
     A. The cache keeps it explicitly: pass ``A=`` here (or to the wrapper's ``create_cache``) or
@@ -199,8 +255,10 @@ class Mamba2Cache(ReplayCache):
         io_dtype=torch.bfloat16,
         device=None,
         A: torch.Tensor | None = None,
+        read_dtype=None,
     ):
         state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
+        check_read_copy("mamba2", "replay_decode", read_format_name(read_dtype), state_dtype, state_dim)
         A_heads = None if A is None else self._per_head_A(A, nheads)
         super().__init__(
             num_slots,
@@ -210,6 +268,7 @@ class Mamba2Cache(ReplayCache):
             state_dtype=state_dtype,
             io_dtype=io_dtype,
             device=device,
+            read_dtype=read_dtype,
         )
         self.dims = m2_ops.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         R, dev = self.capacity, self.device

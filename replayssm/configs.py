@@ -95,6 +95,19 @@ def check_rows_per_cta(family: str, rows, tile_dim: int) -> int | None:
     return check(rows, tile_dim)
 
 
+def check_read_dtype(family: str, read_dtype, algorithm, state_dtype, cols: int) -> str | None:
+    """A wrapper's or cache's read_dtype (None, torch.float8_e4m3fn, torch.bfloat16 or their names)
+    -> its format name, or TypeError/ValueError where the family's kernels have no such read copy
+    (replay decode of a float32 checkpoint; fp8 needs state rows of >= 128 elements)."""
+    from .ops.generators import check_read_copy, read_format_name
+
+    name = read_format_name(read_dtype)
+    if name is not None and algorithm != "replay":
+        raise ValueError(f"read_dtype: a read copy needs algorithm='replay', got algorithm={algorithm!r}")
+    check_read_copy(family, "replay_decode", name, state_dtype, cols)
+    return name
+
+
 def check_common(window, state_dtype, io_dtype) -> tuple[torch.dtype, torch.dtype]:
     """Window and dtypes shared by every family; returns the dtypes as torch.dtype."""
     if isinstance(window, bool) or not isinstance(window, int):
@@ -155,7 +168,7 @@ _FAMILY_OPTIONS: dict[str, dict[str, Callable[[Any], object]]] = {
 }
 _FAMILY_OPTIONS["kda"] = _FAMILY_OPTIONS["gdn"]
 _CONFIG_KEYS: dict[str, tuple[str, ...]] = {"mamba2": ("ngroups",), "gdn": (), "kda": ()}
-_SHARED_KEYS = ("window", "state_dtype", "io_dtype", "rows_per_cta")
+_SHARED_KEYS = ("window", "state_dtype", "io_dtype", "rows_per_cta", "read_dtype")
 
 
 def known_keys(family: str) -> tuple[str, ...]:
@@ -170,6 +183,8 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), dt_softplus; gdn and kda keys:
     num_v_heads, num_k_heads, head_k_dim, head_v_dim (required), use_l2norm, scale; all families:
     window (16), state_dtype (float32), io_dtype (bfloat16) (dtypes as torch.dtype or name),
+    read_dtype (None; Mamba-2: torch.float8_e4m3fn or torch.bfloat16, a read copy of a float32
+    checkpoint for the replay algorithm),
     max_batch, algorithm, pad_slot_id, rows_per_cta, persistent, debug, device (checked only when
     given: a visible CUDA device), and the cache's num_slots and max_draft. An unknown key is
     reported, not ignored."""
@@ -201,6 +216,9 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
             )
             tile_dim = config["head_v_dim"]
         check_rows_per_cta(family, config.get("rows_per_cta"), tile_dim)
+        cols = config["state_dim"] if family == "mamba2" else config["head_k_dim"]
+        state = as_dtype("state_dtype", common[1])
+        check_read_dtype(family, config.get("read_dtype"), config.get("algorithm", "replay"), state, cols)
         for key, value in config.items():
             if key in options:
                 options[key](value)

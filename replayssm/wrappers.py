@@ -37,6 +37,7 @@ from .configs import (  # noqa: F401 (re-exported)
     check_mamba2_config,
     check_optional_bool,
     check_pad_slot_id,
+    check_read_dtype,
     check_rows_per_cta,
     check_scale,
     positive_int,
@@ -45,7 +46,7 @@ from .configs import (  # noqa: F401 (re-exported)
 from .devices import cuda_device
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
-from .ops.abi import CommitParams, Schedule, SlotArg, current_stream
+from .ops.abi import CommitParams, Schedule, SlotArg, current_stream, pool_struct
 from .ops.constants import ENTRY_COMMIT, ENTRY_STEP
 from .ops.generators import verify_capacity
 from .ops.validate import check_slot_indices
@@ -57,6 +58,7 @@ class _DecodeWrapper:
 
     cache_type: type[ReplayCache] = ReplayCache
     family = ""
+    read_dtype: str | None = None  # the read copy's format name (replayssm.reference.quant), or None
     dims: Any  # the family's dims (ops.mamba2.Mamba2Dims / ops.gdn.GDNDims), set by the constructor
 
     def _init_common(
@@ -312,7 +314,7 @@ class _DecodeWrapper:
         """Fill what every family's DecodeParams ``p`` shares and launch the step (or the verify,
         wrapping ``p`` with the draft plan) with the plan's schedule (no decision here).
         ops: the family's module (replayssm.ops.mamba2 / gdn)."""
-        p.pool = ops.pool_struct(cache)
+        p.pool = pool_struct(cache)
         if self.algorithm == "replay":
             p.ring = ops.ring_struct(cache)
         p.slots = self._slot_arg(cache)
@@ -335,6 +337,7 @@ class _DecodeWrapper:
                 ("window", cache.window, self.window),
                 ("state_dtype", cache.state_dtype, self.state_dtype),
                 ("io_dtype", cache.io_dtype, self.io_dtype),
+                ("read_dtype", cache.read_dtype, self.read_dtype),
                 ("device", cache.device, self.device),
             )
             if a != b
@@ -359,6 +362,11 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     the replay kernel by batch (the persistent pipelined one from batch x H >= 1,024), True/False
     forces it (a specialization whose persistent buffers do not fit the device runs the tile
     kernel, with ``w.schedule.fallback`` saying why); ``rows_per_cta``: None or an int tile of P.
+    ``read_dtype``: None, or a low-precision read copy of the float32 checkpoint that non-flush
+    steps read (torch.float8_e4m3fn with one fp32 scale per (h, p) row, N >= 128; or
+    torch.bfloat16); each flush reads the fp32 checkpoint, folds, and writes both. It selects the
+    binary (names end in ``_read_fp8`` / ``_read_bf16``); replay standard decode only so far (a
+    verify plan raises ValueError). ``create_cache`` allocates the copy.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -383,8 +391,10 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         persistent: bool | None = None,
         device=None,
         debug: bool = False,
+        read_dtype=None,
     ):
         state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
+        self.read_dtype = check_read_dtype("mamba2", read_dtype, algorithm, state_dtype, state_dim)
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self._init_common(
@@ -417,10 +427,13 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             io_dtype=self.io_dtype,
             device=self.device,
             A=A,
+            read_dtype=self.read_dtype,
         )
 
     def _load_module(self, op: str, capacity: int):
-        return m2.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, capacity)
+        return m2.load(
+            op, self.dims, self.state_dtype, self.io_dtype, self.window, capacity, read_dtype=self.read_dtype
+        )
 
     def _plan_query(self, batch: int, T: int):
         return m2.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits)

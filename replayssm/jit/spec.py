@@ -14,6 +14,10 @@ from . import env
 DTYPE_CODES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 #: short code -> C++ type
 CTYPES = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
+#: read-copy format name (replayssm.reference.quant) -> short code used in module names
+READ_CODES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
+#: read-copy short code -> C++ policy (include/replayssm/common/read_copy.cuh)
+READ_POLICIES = {None: "replayssm::NoReadCopy", "fp8": "replayssm::ReadCopyFP8", "bf16": "replayssm::ReadCopyBF16"}
 
 
 def dtype_code(dtype: Any) -> str:
@@ -37,6 +41,7 @@ class Specialization:
     state_dtype, io_dtype: short dtype codes ('f32', 'bf16', 'f16')
     L:       replay window (None for ops without one); T: draft length
     flags:   sorted feature flags that change the code
+    read:    the low-precision read copy's short code ('fp8', 'bf16') or None (READ_CODES)
     """
 
     family: str
@@ -48,11 +53,14 @@ class Specialization:
     L: int | None = None
     T: int = 1
     flags: tuple[str, ...] = ()
+    read: str | None = None
 
     def __post_init__(self):
         for code in (self.state_dtype, self.io_dtype):
             if code not in CTYPES:
                 raise ValueError(f"dtype code: expected one of {sorted(CTYPES)}, got {code!r}")
+        if self.read not in READ_POLICIES:
+            raise ValueError(f"read code: expected one of {sorted(READ_CODES.values())} or None, got {self.read!r}")
 
     @property
     def name(self) -> str:
@@ -62,6 +70,8 @@ class Specialization:
             parts.append(f"L{self.L}")
         parts.append(f"T{self.T}")
         parts += [self.state_dtype, self.io_dtype]
+        if self.read is not None:
+            parts += ["read", self.read]
         parts += list(self.flags)
         return "_".join(parts)
 
@@ -76,6 +86,7 @@ class Specialization:
             "L": self.L if self.L is not None else 0,
             "T": self.T,
             "flags": self.flags,
+            "read_copy": READ_POLICIES[self.read],
         }
 
 

@@ -39,10 +39,37 @@ def scalar_arg(t: torch.Tensor | None, stride0: int = 0, stride1: int = 0) -> Sc
     return ScalarArg(t.data_ptr(), stride0, stride1, DTYPE_CODE[t.dtype], 0)
 
 
-def pool_fields(cache) -> tuple:
-    """A family's StatePool fields, in order: the checkpoint's pointer and its slot and head strides."""
-    c = cache.checkpoint
-    return c.data_ptr(), c.stride(0), c.stride(1)
+class StatePool(ctypes.Structure):
+    """Mirror of common/state_pool.cuh StatePool (every family's checkpoint pool and read copy)."""
+
+    _fields_ = [
+        ("state", c_ptr),
+        ("stride_slot", i64),
+        ("stride_head", i64),
+        ("read", c_ptr),
+        ("read_stride_slot", i64),
+        ("read_stride_head", i64),
+        ("read_scale", c_ptr),
+        ("scale_stride_slot", i64),
+        ("scale_stride_head", i64),
+    ]
+
+
+def pool_struct(cache) -> StatePool:
+    """The cache's checkpoint [num_slots, heads, rows, cols] and, when it keeps one, its read copy
+    (same shape) and the copy's scales [num_slots, heads, rows] as the kernels' StatePool."""
+    c, r, sc = cache.checkpoint, cache.read_copy, cache.read_scale
+    return StatePool(
+        c.data_ptr(),
+        c.stride(0),
+        c.stride(1),
+        None if r is None else r.data_ptr(),
+        0 if r is None else r.stride(0),
+        0 if r is None else r.stride(1),
+        None if sc is None else sc.data_ptr(),
+        0 if sc is None else sc.stride(0),
+        0 if sc is None else sc.stride(1),
+    )
 
 
 def ring_fields(cache) -> tuple:

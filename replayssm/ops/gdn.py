@@ -30,7 +30,7 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, pool_fields, ring_fields, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
 from .constants import ROW_CHOICES
 from .generators import gdn_decode_spec
@@ -38,10 +38,6 @@ from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing V
-
-
-class StatePool(ctypes.Structure):
-    _fields_ = [("state", c_ptr), ("stride_slot", i64), ("stride_head", i64)]
 
 
 class Ring(ctypes.Structure):
@@ -262,11 +258,6 @@ def verify_inputs(
         per_channel=per_channel,
     )
     return s, out
-
-
-def pool_struct(cache) -> StatePool:
-    """The cache's checkpoint [num_slots, HV, V, K] as the kernels' StatePool."""
-    return StatePool(*pool_fields(cache))
 
 
 def ring_struct(cache) -> Ring:

@@ -6,7 +6,7 @@ configuration fails here with a clear message instead of as a template error in 
 
 from __future__ import annotations
 
-from ..jit.spec import Specialization, dtype_code
+from ..jit.spec import READ_CODES, Specialization, dtype_code
 from .constants import MAX_DRAFTS as _MAX_DRAFTS
 
 MAMBA2_P = (64, 80, 128)
@@ -45,6 +45,7 @@ def _decode_spec(
     io_dtype,
     L: int | None,
     T: int = 1,
+    read: str | None = None,
 ) -> Specialization:
     """The part every decode generator shares: op, window and draft-capacity checks, dtype codes.
     Decode ops have T = 1; verify ops T in VERIFY_T (their draft capacity)."""
@@ -66,22 +67,67 @@ def _decode_spec(
         io_dtype=dtype_code(io_dtype),
         L=L,
         T=T,
+        read=read,
     )
 
 
+#: Read-copy formats the kernels have (replayssm.reference.quant names), per family.
+READ_FORMATS = {"mamba2": ("float8_e4m3fn", "bfloat16"), "gdn": (), "kda": ()}
+
+
+def read_format_name(read_dtype) -> str | None:
+    """A read_dtype argument (None, torch.float8_e4m3fn, torch.bfloat16 or their names) -> the
+    format name ('float8_e4m3fn', 'bfloat16') or None. Raises TypeError/ValueError otherwise."""
+    if read_dtype is None:
+        return None
+    text = str(read_dtype).removeprefix("torch.") if not isinstance(read_dtype, bool) else None
+    if text in READ_CODES:
+        return text
+    if isinstance(read_dtype, str) or hasattr(read_dtype, "is_floating_point"):
+        raise ValueError(
+            f"read_dtype: expected None, torch.float8_e4m3fn or torch.bfloat16 (or their names), got {read_dtype!r}"
+        )
+    raise TypeError(f"read_dtype: expected None, a torch.dtype or its name, got {type(read_dtype).__name__}")
+
+
+def check_read_copy(family: str, op: str, read: str | None, state_dtype, cols: int) -> str | None:
+    """The read copy's short code for a module of ``family``/``op`` whose state rows have ``cols``
+    elements, or None; ValueError where the kernels have no such read copy."""
+    if read is None:
+        return None
+    if read not in READ_FORMATS[family]:
+        raise ValueError(
+            f"read_dtype: {family} kernels have read copies {list(READ_FORMATS[family]) or 'none yet'}, got {read!r}"
+        )
+    if op != "replay_decode":
+        raise ValueError(
+            f"read_dtype: only the replay decode step has a read copy so far (op {op!r}: speculative verify "
+            "and the conventional algorithm read and write the checkpoint itself)"
+        )
+    if dtype_code(state_dtype) != "f32":
+        raise ValueError(f"read_dtype: a read copy serves a float32 checkpoint, got state_dtype {state_dtype!r}")
+    if read == "float8_e4m3fn" and cols < 128:
+        raise ValueError(f"read_dtype: the fp8 read copy needs state rows of at least 128 elements, got {cols}")
+    return READ_CODES[read]
+
+
 def mamba2_decode_spec(
-    op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None, T: int = 1
+    op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None, T: int = 1, read_dtype=None
 ) -> Specialization:
     """Specialization of a Mamba-2 decode or verify module.
 
     op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
     P in MAMBA2_P; N in MAMBA2_N; state_dtype, io_dtype in {float32, bfloat16, float16}; L in
-    WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops.
+    WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
+    or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, torch.bfloat16; replay
+    decode of a float32 checkpoint only).
     """
     _check_choice("op", op, DECODE_OPS)
     _check_choice("P (head dim)", P, MAMBA2_P)
     _check_choice("N (state dim)", N, MAMBA2_N)
-    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, (("P", P), ("N", N)), state_dtype, io_dtype, L, T)
+    read = check_read_copy("mamba2", op, read_format_name(read_dtype), state_dtype, N)
+    dims = (("P", P), ("N", N))
+    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, dims, state_dtype, io_dtype, L, T, read)
 
 
 def gdn_decode_spec(

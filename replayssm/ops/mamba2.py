@@ -36,7 +36,7 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
-from .abi import DraftArgs, ScalarArg, SlotArg, c_ptr, i32, i64, pool_fields, ring_fields, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
 from .constants import ROW_CHOICES
 from .generators import mamba2_decode_spec
@@ -44,10 +44,6 @@ from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing P
-
-
-class StatePool(ctypes.Structure):
-    _fields_ = [("state", c_ptr), ("stride_slot", i64), ("stride_head", i64)]
 
 
 class Ring(ctypes.Structure):
@@ -232,11 +228,6 @@ def verify_inputs(
     return s, out
 
 
-def pool_struct(cache) -> StatePool:
-    """The cache's checkpoint [num_slots, H, P, N] as the kernels' StatePool."""
-    return StatePool(*pool_fields(cache))
-
-
 def ring_struct(cache) -> Ring:
     """The cache's rings (x, B, dt) and cursors as the kernels' Ring."""
     return Ring(*ring_fields(cache))
@@ -247,14 +238,25 @@ def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: i
     return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits)
 
 
-def load(op: str, dims: Mamba2Dims, state_dtype, io_dtype, L: int | None = None, T: int = 1, *, prepare: bool = True):
+def load(
+    op: str,
+    dims: Mamba2Dims,
+    state_dtype,
+    io_dtype,
+    L: int | None = None,
+    T: int = 1,
+    *,
+    prepare: bool = True,
+    read_dtype=None,
+):
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
-    capacity; replay_verify's commit entry takes CommitParams."""
+    capacity; replay_verify's commit entry takes CommitParams. read_dtype: the read copy the
+    module is built for (replay_decode only; see generators.mamba2_decode_spec)."""
     from .abi import CommitParams
     from .constants import ENTRY_COMMIT, ENTRY_STEP
 
-    mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T))
+    mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T, read_dtype))
     mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)
     if op == "replay_verify":
         mod.check_params(ENTRY_COMMIT, CommitParams)
@@ -270,7 +272,6 @@ __all__ = [
     "Ring",
     "StatePool",
     "VerifyParams",
-    "pool_struct",
     "ring_struct",
     "plan_query",
     "load",

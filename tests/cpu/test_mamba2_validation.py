@@ -17,7 +17,7 @@ import torch
 
 from replayssm.cache import Mamba2Cache
 from replayssm.ops import mamba2 as m2
-from replayssm.ops.abi import DTYPE_CODE
+from replayssm.ops.abi import DTYPE_CODE, pool_struct
 from replayssm.ops.validate import check_slot_indices, check_tensor, per_head_stride
 from replayssm.reference import mamba2_step
 from replayssm.wrappers import supported
@@ -318,7 +318,7 @@ def test_cache_construction_on_cpu():
     assert c.error_flag.shape == (1,)
     assert c.state_bytes_per_slot() == H * P * N * 4
     assert c.ring_bytes_per_slot() == H * R * P * 2 + G * R * N * 2 + H * R * 4 + 16
-    pool, ring = m2.pool_struct(c), m2.ring_struct(c)  # the ops layer builds the structs
+    pool, ring = pool_struct(c), m2.ring_struct(c)  # the ops layer builds the structs
     assert (pool.state, pool.stride_slot, pool.stride_head) == (c.checkpoint.data_ptr(), H * P * N, P * N)
     assert (ring.x, ring.x_stride_slot, ring.x_stride_head) == (c.x_ring.data_ptr(), H * R * P, R * P)
     assert (ring.B_stride_slot, ring.B_stride_group) == (G * R * N, R * N)

@@ -127,6 +127,18 @@ def _base_specs():
     return specs
 
 
+def _read_copy_specs():
+    """Mamba-2 replay decode with each read copy (test_mamba2_read_copy: P64 N128 L16, bf16 io)."""
+    import torch
+
+    from replayssm.ops.generators import mamba2_decode_spec
+
+    return [
+        mamba2_decode_spec("replay_decode", 64, 128, torch.float32, torch.bfloat16, 16, read_dtype=r)
+        for r in (torch.float8_e4m3fn, torch.bfloat16)
+    ] + [mamba2_decode_spec("replay_decode", 64, 128, torch.float32, torch.bfloat16, 16)]
+
+
 # Which modules each test file needs (only the collected files' modules are pre-warmed).
 _SPECS_BY_FILE = {
     "test_mamba2_decode": _mamba2_specs,
@@ -136,6 +148,7 @@ _SPECS_BY_FILE = {
     "test_delta_verify": _delta_verify_specs,
     "test_alignment": _base_specs,
     "test_duplicate_slots": _base_specs,
+    "test_mamba2_read_copy": _read_copy_specs,
 }
 
 

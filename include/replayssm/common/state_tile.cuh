@@ -14,6 +14,7 @@ namespace replayssm {
 
 template <typename TS, int N, int ROWS, int NWARPS>
 struct StateTile {
+  using Elem = TS;
   static constexpr int kVec = Vec16<TS>::kElems;
   static constexpr int kVecsPerRow = N / kVec;
   static constexpr int kMaxLanes = 8;
@@ -42,6 +43,19 @@ struct StateTile {
     for (int s = 0; s < kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < kVpl; ++v) raw[s][v] = load_stream16(src + row(warp, lane, s) * N + col(lane, v));
+  }
+
+  // A per-column operand (C, ...) at this thread's columns, from `src` (one row of N elements,
+  // 16-byte aligned): out[v * kVec + e] = src[col(lane, v) + e].
+  template <typename T>
+  __device__ __forceinline__ static void load_columns(float* out, const T* src, int lane) {
+#pragma unroll
+    for (int v = 0; v < kVpl; ++v) {
+      float run[kVec];
+      load_floats<T, kVec>(src + col(lane, v), run);
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) out[v * kVec + e] = run[e];
+    }
   }
 
   // This thread's part of the tile as floats.

@@ -8,17 +8,14 @@
 #include "../common/drafts.cuh"
 #include "../common/fields.h"
 #include "../common/slots.cuh"
+#include "../common/state_pool.cuh"
 #include "../common/types.cuh"
 
 namespace replayssm {
 namespace gdn {
 
-// Checkpoint (replay) or live state (conventional): [num_slots, HV, V, K], V and K contiguous.
-struct StatePool {
-  void* state;
-  int64_t stride_slot;
-  int64_t stride_head;
-};
+// Checkpoint pool (and read copy): common/state_pool.cuh.
+using StatePool = replayssm::StatePool;
 
 // Ring of the records since the checkpoint, capacity R = L + max_draft. Stored in fp32 so that
 // replay reproduces the fp32 recurrence: u is a computed value (it depends on the state).
@@ -87,11 +84,6 @@ struct VerifyParams {
 }  // namespace gdn
 
 // Field tables (common/fields.h): every field, in declaration order.
-REPLAYSSM_DESCRIBE_BEGIN(gdn::StatePool)
-REPLAYSSM_FIELD(state)
-REPLAYSSM_FIELD(stride_slot)
-REPLAYSSM_FIELD(stride_head)
-REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(gdn::Ring)
 REPLAYSSM_FIELD(u)
 REPLAYSSM_FIELD(u_stride_slot)

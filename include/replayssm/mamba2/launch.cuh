@@ -34,11 +34,12 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
 }
 
 // One op = one kernel family; `plan`, `launch` and `prepare` are what the module entry exports.
-template <typename TS, typename TI, int P, int N, int L>
+// RC: the read copy the module is built for (common/read_copy.cuh; NoReadCopy: none).
+template <typename TS, typename TI, int P, int N, int L, class RC = NoReadCopy>
 struct ReplayDecode {
   using Params = DecodeParams;
   template <int ROWS>
-  using Persistent = typename PersistentLayout<TS, TI, N, L, ROWS>::Budget;
+  using Persistent = typename PersistentLayout<TS, TI, N, L, ROWS, RC>::Budget;
   // The persistent kernel exists at a tiling when its buffers fit two CTAs per SM (the compile-time
   // budget of common/persistent.cuh) and a warp's rows fit a lane each.
   template <int ROWS>
@@ -55,7 +56,7 @@ struct ReplayDecode {
         q, kKernelTile, auto_tile, false,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
-          return kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, 128,
+          return kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>, dev, q.limits, 128,
                               ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>), f);
         },
         &s->tile, &s->fallback);
@@ -71,8 +72,8 @@ struct ReplayDecode {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
         stages = Persistent<kRows>::kStages;
-        return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, dev, q.limits, kPersistentThreads,
-                            Persistent<kRows>::kBytes, &f);
+        return kernel_facts(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows, RC>, dev, q.limits,
+                            kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
       return cudaSuccess;
     });
@@ -88,8 +89,15 @@ struct ReplayDecode {
     return 0;
   }
 
+  // The pool carries exactly the buffers this module's read copy needs.
+  static bool pool_matches(const StatePool& pool) {
+    if (!RC::kEnabled) return pool.read == nullptr && pool.read_scale == nullptr;
+    return pool.read != nullptr && (pool.read_scale != nullptr) == RC::kScaled;
+  }
+
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
+    if (!pool_matches(p.pool)) return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       const int group = p.ngroups > 0 ? p.nheads / p.ngroups : 0;
@@ -101,7 +109,7 @@ struct ReplayDecode {
         if constexpr (kPersistentOk<kRows>) {
           DecodeParams q = p;
           q.heads_per_unit = k.heads_per_unit;
-          return launch_planned(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, q, k,
+          return launch_planned(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows, RC>, q, k,
                                 Persistent<kRows>::kBytes, stream);
         }
         return cudaErrorInvalidValue;
@@ -110,7 +118,7 @@ struct ReplayDecode {
     if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.nheads, P)) return cudaErrorInvalidValue;
     return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_decode_kernel<TS, TI, P, N, L, kRows>, p, k,
+      return launch_planned(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>, p, k,
                             ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity), stream);
     });
   }
@@ -118,16 +126,16 @@ struct ReplayDecode {
   static cudaError_t prepare() {
     return for_each_rows<P>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, kRows>,
+      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>,
                                            cudaFuncAttributeMaxDynamicSharedMemorySize,
                                            static_cast<int>(ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>)));
       if constexpr (kPersistentOk<kRows>) {
         // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
         bool has_code = false;
         if (e == cudaSuccess)
-          e = kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>, &has_code);
+          e = kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows, RC>, &has_code);
         if (e == cudaSuccess && has_code)
-          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows>,
+          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, P, N, L, kRows, RC>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Persistent<kRows>::kBytes));
       }

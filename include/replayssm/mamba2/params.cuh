@@ -8,17 +8,14 @@
 #include "../common/drafts.cuh"
 #include "../common/fields.h"
 #include "../common/slots.cuh"
+#include "../common/state_pool.cuh"
 #include "../common/types.cuh"
 
 namespace replayssm {
 namespace mamba2 {
 
-// Checkpoint (replay) or live state (conventional): [num_slots, H, P, N], P and N contiguous.
-struct StatePool {
-  void* state;
-  int64_t stride_slot;
-  int64_t stride_head;
-};
+// Checkpoint pool (and read copy): common/state_pool.cuh.
+using StatePool = replayssm::StatePool;
 
 // Ring of the inputs since the checkpoint, capacity R = L + max_draft records per slot.
 struct Ring {
@@ -87,11 +84,6 @@ struct VerifyParams {
 }  // namespace mamba2
 
 // Field tables (common/fields.h): every field, in declaration order.
-REPLAYSSM_DESCRIBE_BEGIN(mamba2::StatePool)
-REPLAYSSM_FIELD(state)
-REPLAYSSM_FIELD(stride_slot)
-REPLAYSSM_FIELD(stride_head)
-REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(mamba2::Ring)
 REPLAYSSM_FIELD(x)
 REPLAYSSM_FIELD(x_stride_slot)

@@ -15,11 +15,16 @@
 // Latency: the state tile and the whole ring (all R records: their addresses depend on the slot
 // only) are requested together, right after the slot index arrives; the cursors come back in
 // the same round trip and only select which ring records count.
+//
+// With a read copy (RC, common/read_copy.cuh) the tile requested first is the read copy's (and
+// its rows' scales): a non-flush step reads only that. A flush then reads the fp32 checkpoint
+// tile (one more round trip, once per window), folds, writes it and re-encodes the read copy.
 #pragma once
 
 #include "../common/align.cuh"
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -35,9 +40,12 @@ struct ReplayRingSmem {
   __host__ __device__ static size_t bytes(int R) { return B_bytes(R) + x_bytes(R) + align16(R * sizeof(float)); }
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS>
+template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
-  using Tile = StateTile<TS, N, ROWS, 4>;
+  using Tile = StateTile<TS, N, ROWS, 4>;  // the checkpoint's tile
+  // What a non-flush step reads: the read copy's tile, or the checkpoint's.
+  using ReadTile = std::conditional_t<RC::kEnabled, StateTile<typename RC::T, N, ROWS, 4>, Tile>;
+  static_assert(!RC::kEnabled || std::is_same_v<TS, float>, "a read copy serves an fp32 checkpoint");
   using Smem = ReplayRingSmem<TI, N, ROWS>;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -56,10 +64,23 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
            static_cast<int64_t>(c.p0) * N;
 
-  // 1. One round trip for everything that depends on the slot: checkpoint tile (registers),
-  //    whole ring (async copies into shared memory), cursors.
-  uint4 raw[Tile::kPasses][Tile::kVpl];
-  Tile::load(raw, st, warp, lane);
+  // 1. One round trip for everything that depends on the slot: the tile a non-flush step reads
+  //    (registers), whole ring (async copies into shared memory), cursors.
+  uint4 raw[ReadTile::kPasses][ReadTile::kVpl];
+  float row_scale[ReadTile::kPasses];  // scaled read copy: this thread's rows' scales
+  if constexpr (RC::kEnabled) {
+    using TR = typename RC::T;
+    const TR* rd = static_cast<const TR*>(p.pool.read) + slot * p.pool.read_stride_slot +
+                   c.h * p.pool.read_stride_head + static_cast<int64_t>(c.p0) * N;
+    ReadTile::load(raw, rd, warp, lane);
+    if constexpr (RC::kScaled) {
+      const float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + c.h * p.pool.scale_stride_head + c.p0;
+#pragma unroll
+      for (int s = 0; s < ReadTile::kPasses; ++s) row_scale[s] = sc[ReadTile::row(warp, lane, s)];
+    }
+  } else {
+    Tile::load(raw, st, warp, lane);
+  }
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
   TI* Bring_s = reinterpret_cast<TI*>(ring_smem);  // [R][N]
@@ -175,36 +196,53 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     rsum_s[r] = fmaf(dcur_s * bc_s[m], xcur_s[r], acc);
   }
 
-  float Cv[Tile::kVpl][kV];
-#pragma unroll
-  for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-    for (int e = 0; e < kV; ++e) Cv[v][e] = C_s[Tile::col(lane, v) + e];
-
+  static_assert(ReadTile::kPasses == Tile::kPasses, "both tiles give a thread the same rows");
   float ypre[Tile::kPasses];
   if (!flush) {
+    constexpr int kRV = ReadTile::kVec;
+    float Cv[ReadTile::kVpl][kRV];
+#pragma unroll
+    for (int v = 0; v < ReadTile::kVpl; ++v)
+#pragma unroll
+      for (int e = 0; e < kRV; ++e) Cv[v][e] = C_s[ReadTile::col(lane, v) + e];
     const float ck = ck_s;
 #pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
+    for (int s = 0; s < ReadTile::kPasses; ++s) {
       float dot = 0.f;
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        float sv[kV];
-        unpack16<TS>(raw[s][v], sv);
+      for (int v = 0; v < ReadTile::kVpl; ++v) {
+        float sv[kRV];
+        unpack16<typename ReadTile::Elem>(raw[s][v], sv);
 #pragma unroll
-        for (int e = 0; e < kV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+        for (int e = 0; e < kRV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
       }
-      ypre[s] = ck * group_sum<Tile::kLanes>(dot);
+      float y = ck * group_sum<ReadTile::kLanes>(dot);
+      if constexpr (RC::kScaled) y *= row_scale[s];
+      ypre[s] = y;
     }
   } else {
     // Fold the m committed records into the checkpoint tile, write it, then read it out.
+    float Cv[Tile::kVpl][kV];
+#pragma unroll
+    for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+      for (int e = 0; e < kV; ++e) Cv[v][e] = C_s[Tile::col(lane, v) + e];
+    uint4 hp_raw[Tile::kPasses][Tile::kVpl];
+    if constexpr (RC::kEnabled) {
+      Tile::load(hp_raw, st, warp, lane);
+    } else {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) hp_raw[s][v] = raw[s][v];
+    }
     const float ck = ck_s;
     float sv[Tile::kPasses][Tile::kVpl][kV];
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<TS>(raw[s][v], sv[s][v]);
+        unpack16<TS>(hp_raw[s][v], sv[s][v]);
 #pragma unroll
         for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
       }
@@ -241,6 +279,19 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
         for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v][e], dot);
       }
       ypre[s] = decay_cur * group_sum<Tile::kLanes>(dot);
+    }
+    if constexpr (RC::kEnabled) {  // re-encode the read copy from the fp32 values just stored
+      using TR = typename RC::T;
+      TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + c.h * p.pool.read_stride_head +
+               static_cast<int64_t>(c.p0) * N;
+      float* sc = RC::kScaled
+                      ? p.pool.read_scale + slot * p.pool.scale_stride_slot + c.h * p.pool.scale_stride_head + c.p0
+                      : nullptr;
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const int r = Tile::row(warp, lane, s);
+        store_read_row<RC, Tile>(rd + r * N, RC::kScaled ? sc + r : nullptr, sv[s], lane);
+      }
     }
   }
   __syncthreads();

@@ -13,11 +13,17 @@
 //     own rows, no CTA-wide barrier per tile), fold and write the tile on a flush, append the
 //     record, and release the stage.
 // Two CTAs fit per SM, so up to 2 * kStages tiles per SM are in flight while others are computed.
+//
+// With a read copy (RC, common/read_copy.cuh) a non-flush unit's stages receive the read copy's
+// tile and its rows' scales instead of the checkpoint's; a flush unit's stages receive the fp32
+// checkpoint tile, which the consumers fold, write, and re-encode into the read copy. A stage is
+// sized for the larger of the two.
 #pragma once
 
 #include "../common/align.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -26,7 +32,7 @@ namespace mamba2 {
 
 // Shared-memory layout: unit and stage buffers (the pipeline adds barriers and picks how many of
 // each fit). Only the m <= L live ring records are copied, so every size is a compile-time constant.
-template <typename TS, typename TI, int N, int L, int ROWS>
+template <typename TS, typename TI, int N, int L, int ROWS, class RC = NoReadCopy>
 struct PersistentLayout {
   // Unit buffer: header, C [N], current B [N], B ring [L][N] (io dtype, logical record order),
   // B_j . C [L + 1] (fp32, written by the consumers).
@@ -40,7 +46,12 @@ struct PersistentLayout {
   // Stage buffer: checkpoint tile [ROWS][N] (TS, one bulk copy), x ring [L][ROWS], x [ROWS], z
   // [ROWS] (io dtype), dt ring [L] (fp32), scalar words (dt, A, D, dt_bias).
   static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);
-  static constexpr SmemRegion kTile = first_region(kTileBytes, 128);
+  // Read copy: its tile [ROWS][N] then, scaled formats, the rows' scales [ROWS] (fp32).
+  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * N * sizeof(typename RC::T) : 0;
+  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
+  static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
+  static constexpr uint32_t kReadBytes = kScaleOffset + kScaleBytes;  // what a non-flush stage receives
+  static constexpr SmemRegion kTile = first_region(kTileBytes > kReadBytes ? kTileBytes : kReadBytes, 128);
   static constexpr SmemRegion kXRing = kTile.then(static_cast<size_t>(L) * ROWS * sizeof(TI), 128);
   static constexpr SmemRegion kXCurrent = kXRing.then(ROWS * sizeof(TI), 16);
   static constexpr SmemRegion kZ = kXCurrent.then(ROWS * sizeof(TI), 16);
@@ -50,7 +61,8 @@ struct PersistentLayout {
 
   static_assert(kC.aligned() && kBCurrent.aligned() && kBRing.aligned() && kBDotC.aligned(),
                 "unit regions are 16-byte aligned (cp.async 16, uint4 reads)");
-  static_assert(kTileBytes % 16 == 0, "a bulk copy moves whole 16-byte blocks");
+  static_assert(kTileBytes % 16 == 0 && kReadTileBytes % 16 == 0 && kScaleBytes % 16 == 0,
+                "a bulk copy moves whole 16-byte blocks");
   static_assert(kXRing.aligned() && kXCurrent.aligned() && kZ.aligned() && kDtRing.aligned() && kWords.aligned(),
                 "stage regions are 16-byte aligned (cp.async 16)");
 
@@ -58,10 +70,15 @@ struct PersistentLayout {
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS>
+template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
 struct PersistentReplay {
-  using Layout = PersistentLayout<TS, TI, N, L, ROWS>;
-  using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;
+  using Layout = PersistentLayout<TS, TI, N, L, ROWS, RC>;
+  using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;  // the checkpoint's tile
+  // What a non-flush unit reads: the read copy's tile, or the checkpoint's.
+  using ReadTile = std::conditional_t<RC::kEnabled, StateTile<typename RC::T, N, ROWS, kPersistentConsumerWarps>, Tile>;
+  static_assert(!RC::kEnabled || std::is_same_v<TS, float>, "a read copy serves an fp32 checkpoint");
+  static_assert(kSameColumnCount<Tile, ReadTile>, "both tiles give a thread the same rows and as many columns");
+  static constexpr int kCols = Tile::kVpl * Tile::kVec;  // columns of a row one thread holds
   static constexpr int kChunks = P / ROWS;
   static constexpr int kV = Tile::kVec;
   static constexpr int kBVec = Vec16<TI>::kElems;
@@ -117,7 +134,7 @@ struct PersistentReplay {
   // What the consumers compute once per unit for every tile of it (besides the UnitState).
   struct UnitValues {
     const unsigned char* buffer = nullptr;  // the unit buffer
-    float C[Tile::kVpl][kV];                // C at this thread's columns
+    float C[kCols];                         // C at this thread's columns (of the tile the unit reads)
     float bc_lane = 0.f;                    // lane j: B_j . C (j < 32)
     float bc_current = 0.f;                 // B_m . C (the current B)
   };
@@ -154,10 +171,21 @@ struct PersistentReplay {
       const int64_t b = tc.b, slot = cur.slot;
       const int h = tc.h, p0 = tc.p0, m = cur.m;
       if (lane == 0) {
-        const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
-                        static_cast<int64_t>(p0) * N;
-        mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
-        bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        if (RC::kEnabled && m + 1 <= L) {  // a non-flush unit reads the read copy
+          const auto* src = static_cast<const typename RC::T*>(p.pool.read) + slot * p.pool.read_stride_slot +
+                            h * p.pool.read_stride_head + static_cast<int64_t>(p0) * N;
+          mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
+          bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kReadTileBytes, bar);
+          if (RC::kScaled) {
+            const float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + p0;
+            bulk_copy_g2s(S + Layout::kTile.offset + Layout::kScaleOffset, sc, Layout::kScaleBytes, bar);
+          }
+        } else {
+          const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+                          static_cast<int64_t>(p0) * N;
+          mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
+          bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        }
       }
       const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
       TI* Sx = reinterpret_cast<TI*>(S + Layout::kXRing.offset);
@@ -224,8 +252,11 @@ struct PersistentReplay {
         acc = group_sum<32>(acc);
         if (lane == 0) Ubc[j] = acc;
       }
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UC + Tile::col(lane, v), uv.C[v]);
+      if (RC::kEnabled && !us.flush) {
+        ReadTile::load_columns(uv.C, UC, lane);
+      } else {
+        Tile::load_columns(uv.C, UC, lane);
+      }
       Layout::Pipeline::consumer_sync();
       uv.bc_lane = lane <= m ? Ubc[lane] : 0.f;  // lane j: B_j . C (j < 32)
       uv.bc_current = Ubc[m];                    // m may be 32 (a flush at L = 32)
@@ -307,24 +338,34 @@ struct PersistentReplay {
 
     float ypre[Tile::kPasses];
     if (!flush) {
-      uint4 raw[Tile::kPasses][Tile::kVpl];
+      using TR = typename ReadTile::Elem;
+      constexpr int kRV = ReadTile::kVec;
+      const TR* RT = reinterpret_cast<const TR*>(S + Layout::kTile.offset);
+      uint4 raw[ReadTile::kPasses][ReadTile::kVpl];
+      float row_scale[ReadTile::kPasses];
 #pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s)
+      for (int s = 0; s < ReadTile::kPasses; ++s) {
+        const int r = ReadTile::row(warp, lane, s);
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-          raw[s][v] = *reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * N + Tile::col(lane, v));
+        for (int v = 0; v < ReadTile::kVpl; ++v)
+          raw[s][v] = *reinterpret_cast<const uint4*>(RT + r * N + ReadTile::col(lane, v));
+        if constexpr (RC::kScaled)
+          row_scale[s] = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
+      }
       release();
 #pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
+      for (int s = 0; s < ReadTile::kPasses; ++s) {
         float dot = 0.f;
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          float sv[kV];
-          unpack16<TS>(raw[s][v], sv);
+        for (int v = 0; v < ReadTile::kVpl; ++v) {
+          float sv[kRV];
+          unpack16<TR>(raw[s][v], sv);
 #pragma unroll
-          for (int e = 0; e < kV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+          for (int e = 0; e < kRV; ++e) dot = fmaf(sv[e], Cv[v * kRV + e], dot);
         }
-        ypre[s] = ck * group_sum<Tile::kLanes>(dot);
+        float y = ck * group_sum<ReadTile::kLanes>(dot);
+        if constexpr (RC::kScaled) y *= row_scale[s];
+        ypre[s] = y;
       }
     } else {
       // Fold the m records into this warp's rows of the tile, write them, read the output out.
@@ -368,9 +409,20 @@ struct PersistentReplay {
           float q[kV];  // read out what was stored, so outputs match the stored checkpoint
           unpack16<TS>(packed, q);
 #pragma unroll
-          for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v][e], dot);
+          for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v * kV + e], dot);
         }
         ypre[s] = decay_cur * group_sum<Tile::kLanes>(dot);
+      }
+      if constexpr (RC::kEnabled) {  // re-encode the read copy from the fp32 values just stored
+        using TR = typename RC::T;
+        TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + h * p.pool.read_stride_head +
+                 static_cast<int64_t>(p0) * N;
+        float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + p0;
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          const int r = Tile::row(warp, lane, s);
+          store_read_row<RC, Tile>(rd + r * N, RC::kScaled ? sc + r : nullptr, sv[s], lane);
+        }
       }
     }
 
@@ -396,11 +448,11 @@ struct PersistentReplay {
   }
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS>
+template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
 __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
-  const PersistentReplay<TS, TI, P, N, L, ROWS> k(p, persistent_smem);
+  const PersistentReplay<TS, TI, P, N, L, ROWS, RC> k(p, persistent_smem);
   if (threadIdx.x == 0) k.pipe.init();
   __syncthreads();
   if (threadIdx.x >= kPersistentConsumers) {

@@ -1,0 +1,130 @@
+// The low-precision read copy S_lp of an fp32 checkpoint S_hp (docs/design.md, "Low-precision read
+// copy"): its formats, how a kernel decodes a row of it, and how a flush encodes one.
+//
+// A module is built for one read format (a template parameter `RC` of its kernels):
+//   NoReadCopy     every step reads the checkpoint itself (the state dtype);
+//   ReadCopyBF16   S_lp = bf16(S_hp), round to nearest even, no scale;
+//   ReadCopyFP8    S_lp = e4m3(S_hp / s) with one fp32 scale s = amax|row| / 448 per row
+//                  (saturating, round to nearest even; a row of zeros gets s = 0).
+// One row = the contiguous dim of the state (Mamba-2: one (h, p) over N; GDN/KDA: one (hv, v)
+// over K), as replayssm/reference/quant.py defines the formats. Non-flush steps read S_lp; a
+// flush reads S_hp, folds in fp32, writes S_hp and re-encodes S_lp from the same fp32 values.
+#pragma once
+
+#include <cuda_fp8.h>
+
+#include <type_traits>
+
+#include "math.cuh"
+#include "types.cuh"
+
+namespace replayssm {
+
+__device__ __forceinline__ float to_float(__nv_fp8_e4m3 v) { return static_cast<float>(v); }
+
+// 16 e4m3 codes -> floats, two codes per conversion instruction (byte i is element i).
+template <>
+__device__ __forceinline__ void unpack16<__nv_fp8_e4m3>(const uint4& raw, float (&out)[16]) {
+  const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw pair =
+          __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(words[w] >> (16 * h)), __NV_E4M3);
+      const float2 f = __half22float2(__half2(pair));
+      out[4 * w + 2 * h] = f.x;
+      out[4 * w + 2 * h + 1] = f.y;
+    }
+}
+
+struct NoReadCopy {
+  static constexpr bool kEnabled = false;
+  static constexpr bool kScaled = false;
+  using T = float;  // unused
+};
+
+struct ReadCopyBF16 {
+  static constexpr bool kEnabled = true;
+  static constexpr bool kScaled = false;
+  using T = __nv_bfloat16;
+  __device__ __forceinline__ static T encode(float v, float /*inv_scale*/) { return __float2bfloat16_rn(v); }
+};
+
+struct ReadCopyFP8 {
+  static constexpr bool kEnabled = true;
+  static constexpr bool kScaled = true;
+  static constexpr float kMax = 448.f;  // largest finite e4m3 magnitude
+  using T = __nv_fp8_e4m3;
+  // v / s, saturated to +-448 (NaN stays NaN), nearest even. `divisor` is s, or 1 when s is 0
+  // or NaN (as the reference quantiser does).
+  __device__ __forceinline__ static T encode(float v, float divisor) {
+    return T(__fdiv_rn(v, divisor));  // the fp8 constructor saturates finite values (__NV_SATFINITE)
+  }
+};
+
+// Largest magnitude over an aligned group of kLanes lanes; NaN wins (so a NaN row gets a NaN scale
+// and reads back as NaN, as the reference's does).
+template <int kLanes>
+__device__ __forceinline__ float group_amax(float v) {
+#pragma unroll
+  for (int off = kLanes / 2; off >= 1; off /= 2) {
+    const float o = __shfl_xor_sync(0xffffffffu, v, off);
+    v = (o > v || o != o) ? o : v;
+  }
+  return v;
+}
+
+// Which elements a thread holds of a row: kVpl runs of kV consecutive columns, run v starting at
+// Tile::col(lane, v) (common/state_tile.cuh); the row is spread over Tile::kLanes lanes.
+//
+// Encode this thread's part of one row of S_lp from the fp32 values it holds and store it at
+// `row` (the row's first element); the row's leader lane stores the scale at `scale` (scaled
+// formats). Every lane of the row's group must call it (the scale is a group reduction).
+template <class RC, class Tile>
+__device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale,
+                                               const float (&q)[Tile::kVpl][Tile::kVec], int lane) {
+  using T = typename RC::T;
+  constexpr int kV = Tile::kVec;
+  constexpr int kBytes = kV * static_cast<int>(sizeof(T));  // one run in S_lp: 4 (fp8), 8 (bf16) bytes
+  static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "a run of S_lp is one 4-, 8- or 16-byte store");
+  float divisor = 1.f;
+  if constexpr (RC::kScaled) {
+    float amax = 0.f;
+#pragma unroll
+    for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        const float a = fabsf(q[v][e]);
+        amax = (a > amax || a != a) ? a : amax;
+      }
+    const float s = group_amax<Tile::kLanes>(amax) / RC::kMax;
+    if (Tile::row_leader(lane)) *scale = s;
+    divisor = s > 0.f ? s : 1.f;
+  }
+#pragma unroll
+  for (int v = 0; v < Tile::kVpl; ++v) {
+    union {
+      T codes[kV];
+      uint32_t words[kBytes / 4];
+    } run;
+#pragma unroll
+    for (int e = 0; e < kV; ++e) run.codes[e] = RC::encode(q[v][e], divisor);
+    T* dst = row + Tile::col(lane, v);
+    if constexpr (kBytes == 4) {
+      *reinterpret_cast<uint32_t*>(dst) = run.words[0];
+    } else if constexpr (kBytes == 8) {
+      *reinterpret_cast<uint2*>(dst) = make_uint2(run.words[0], run.words[1]);
+    } else {
+      *reinterpret_cast<uint4*>(dst) = make_uint4(run.words[0], run.words[1], run.words[2], run.words[3]);
+    }
+  }
+}
+
+// The columns a read tile's thread holds must be the columns its checkpoint tile's thread holds
+// in count (a kernel keeps per-column operands such as C in one array for both), which holds when
+// both spread a row over the same number of lanes.
+template <class HpTile, class LpTile>
+constexpr bool kSameColumnCount = HpTile::kLanes == LpTile::kLanes && HpTile::kRowsPerPass == LpTile::kRowsPerPass;
+
+}  // namespace replayssm
