@@ -71,6 +71,8 @@ class ReplayCache:
         ring_done   [num_slots] int32   kernel-internal arrival counter (0 at rest)
         ring_draft  [num_slots] int32   drafts of the last verify: n > 0 pending, -n committed, 0 none
         error_flag  [1]         int32   OR of error bits raised by kernels
+        work_counter [2]        int32   the persistent kernels' unit counter (0 at rest; one launch
+                                        at a time per cache)
         read_copy   [num_slots, heads, rows, cols]  read dtype  low-precision copy S_lp of the
                                         checkpoint that non-flush steps read (None without one)
         read_scale  [num_slots, heads, rows]  float32  S_lp's per-row scales (fp8; else None)
@@ -113,6 +115,7 @@ class ReplayCache:
         self.ring_done = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_draft = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=dev)
+        self.work_counter = torch.zeros(2, dtype=torch.int32, device=dev)
         self.read_copy: torch.Tensor | None = None
         self.read_scale: torch.Tensor | None = None
         if self.read_dtype is not None:

@@ -75,9 +75,10 @@ def pool_struct(cache) -> StatePool:
 def ring_fields(cache) -> tuple:
     """A family's Ring fields, in order (both families lay it out alike): pointer, slot stride and
     head stride of each of ``cache.rings()``, the four cursors (start, len, done, draft), the
-    capacity, and the reserved word."""
+    persistent kernels' unit counter, the capacity, and the reserved word."""
     arrays = [v for t in cache.rings() for v in (t.data_ptr(), t.stride(0), t.stride(1))]
-    return (*arrays, *(t.data_ptr() for t in cache.cursors()), cache.capacity, 0)
+    cursors = (t.data_ptr() for t in cache.cursors())
+    return (*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, 0)
 
 
 def current_stream(device: torch.device) -> int:

@@ -55,6 +55,7 @@ class Ring(ctypes.Structure):
         ("len", c_ptr),
         ("done", c_ptr),
         ("draft", c_ptr),
+        ("work", c_ptr),
         ("capacity", i32),
         ("reserved", i32),
     ]

@@ -1,7 +1,10 @@
 // Skeleton of the persistent, pipelined replay kernels (one producer warp, four consumer warps).
 //
-// A CTA walks work units u = blockIdx.x, blockIdx.x + gridDim.x, ...; a unit is a batch row and a
-// group of heads that share inputs (Mamba-2: a B/C group; GDN/KDA: a key head). For each unit the
+// A CTA walks work units; a unit is a batch row and a group of heads that share inputs (Mamba-2:
+// a B/C group; GDN/KDA: a key head). CTA i starts with unit i and then takes the next unit not yet
+// taken from a global counter (WorkCounter), so CTAs that meet slow units (rows that flush this
+// step, long rings) take fewer: with a fixed stride u += gridDim.x, rows that flush on different
+// steps leave some CTAs with several flushes and the rest idle at the end. For each unit the
 // producer fills a unit buffer (cursors, shared inputs, the live ring records the heads share),
 // then one stage buffer per checkpoint tile of the unit. The consumers wait on a unit, then on
 // each tile's stage, compute, and release it. Unit and stage buffers are rings of kUnits and
@@ -16,6 +19,7 @@
 #include <cstdint>
 
 #include "align.cuh"
+#include "persistent_units.cuh"
 #include "pipeline.cuh"
 
 namespace replayssm {
@@ -86,6 +90,26 @@ struct PipelineState {
   __device__ __forceinline__ void advance() { ++count; }
 };
 
+// The units' global counter: int32 [2] in global memory, 0 at rest. [0] counts units taken beyond
+// the first gridDim.x; [1] counts CTAs that have finished. The last CTA to finish sets both back to
+// 0, so consecutive launches (and graph replays) on one counter need no reset between them; two
+// persistent launches may not use one counter at the same time.
+struct WorkCounter {
+  int32_t* counts;
+
+  // Producer lane 0: the unit after the first ones (gridDim.x + how many were taken before).
+  __device__ __forceinline__ int64_t take() const { return static_cast<int64_t>(gridDim.x) + atomicAdd(&counts[0], 1); }
+
+  // One thread per CTA, after every thread of the CTA is done with the counter (__syncthreads).
+  __device__ __forceinline__ void finish() const {
+    __threadfence();  // this CTA's takes come before its count in
+    if (atomicAdd(&counts[1], 1) == static_cast<int>(gridDim.x) - 1) {
+      counts[0] = 0;
+      counts[1] = 0;
+    }
+  }
+};
+
 template <class Budget, size_t kUnitBytes, size_t kStageBytes>
 struct PersistentPipeline {
   using StagePosition = PipelineState<Budget::kStages>;
@@ -124,23 +148,44 @@ struct PersistentPipeline {
   }
 
   // Producer warp. fill_unit(u, U) -> bool: fill unit buffer U for unit u (every lane; lane 0
-  // writes the header); returns whether the unit has tiles (warp-uniform). fill_stage(u, t, S,
-  // bar): fill stage S with tile t of unit u; lane 0 announces and issues the bulk copy on bar.
+  // writes the header's slot, cursors and status); returns whether the unit has tiles
+  // (warp-uniform). fill_stage(u, t, S, bar): fill stage S with tile t of unit u; lane 0 announces
+  // and issues the bulk copy on bar. The pipeline writes the header's unit index; after the last
+  // unit it hands the consumers one more unit buffer whose index is kNoMoreUnits.
   template <class FillUnit, class FillStage>
-  __device__ void produce(int64_t units, int tiles_per_unit, FillUnit&& fill_unit, FillStage&& fill_stage) const {
+  __device__ void produce(int64_t units, int tiles_per_unit, WorkCounter work, FillUnit&& fill_unit,
+                          FillStage&& fill_stage) const {
     StagePosition stage_pos;
     UnitPosition unit_pos;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, unit_pos.advance()) {
+    const int lane = threadIdx.x % 32;
+    int64_t u = blockIdx.x;
+    for (;; unit_pos.advance()) {
       mbar_wait(&unit_empty[unit_pos.index()], unit_pos.empty_parity());
-      const bool active = fill_unit(u, unit(unit_pos.index()));
-      if (threadIdx.x % 32 == 0) mbar_arrive(&unit_full[unit_pos.index()]);  // the "+ 1" of kFullArrivals
-      mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
-      if (!active) continue;
-      for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {
-        mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
-        fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
-        mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
+      unsigned char* U = unit(unit_pos.index());
+      UnitHeader* header = reinterpret_cast<UnitHeader*>(U);
+      if (u >= units) {
+        if (lane == 0) header->unit = kNoMoreUnits;
+        if (lane == 0) mbar_arrive(&unit_full[unit_pos.index()]);
+        mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
+        break;
       }
+      // The next unit's index, requested now and needed only after this unit's tiles are issued.
+      int64_t next = 0;
+      if (lane == 0) next = work.take();
+      const bool active = fill_unit(u, U);
+      if (lane == 0) {
+        header->unit = static_cast<int32_t>(u);
+        mbar_arrive(&unit_full[unit_pos.index()]);  // the "+ 1" of kFullArrivals
+      }
+      mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
+      if (active) {
+        for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {
+          mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
+          fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
+          mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
+        }
+      }
+      u = __shfl_sync(0xffffffffu, next, 0);
     }
     cp_async_wait_all();
   }
@@ -152,12 +197,14 @@ struct PersistentPipeline {
   // the producer can refill the stage while the warp computes. end_unit(u, U): after the last
   // tile, before the unit buffer is handed back. counted_in(u): one thread, after the hand-back.
   template <class BeginUnit, class TileFn, class EndUnit, class CountIn>
-  __device__ void consume(int64_t units, int tiles_per_unit, BeginUnit&& begin_unit, TileFn&& tile, EndUnit&& end_unit,
+  __device__ void consume(int tiles_per_unit, BeginUnit&& begin_unit, TileFn&& tile, EndUnit&& end_unit,
                           CountIn&& counted_in) const {
     StagePosition stage_pos;
     UnitPosition unit_pos;
-    for (int64_t u = blockIdx.x; u < units; u += gridDim.x, unit_pos.advance()) {
+    for (;; unit_pos.advance()) {
       mbar_wait(&unit_full[unit_pos.index()], unit_pos.full_parity());
+      const int64_t u = reinterpret_cast<const UnitHeader*>(unit(unit_pos.index()))->unit;
+      if (u == kNoMoreUnits) break;
       const bool active = begin_unit(u, unit(unit_pos.index()));
       if (active) {
         for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {

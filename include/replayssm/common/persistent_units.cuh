@@ -16,14 +16,15 @@ namespace replayssm {
 
 enum UnitStatus : int32_t { kUnitActive = 0, kUnitPad = 1, kUnitOutOfRange = 2, kUnitBadCursor = 3 };
 
-// First bytes of every unit buffer: what the producer read for the unit.
+// First bytes of every unit buffer: which unit the producer put there and what it read for it.
 struct UnitHeader {
   int64_t slot;
   int32_t start;
   int32_t m;       // live records
   int32_t status;  // kUnitActive or why the unit is skipped
-  int32_t unused;
+  int32_t unit;    // the unit's index, or kNoMoreUnits: the CTA's walk is over (written by the pipeline)
 };
+constexpr int32_t kNoMoreUnits = -1;
 
 // The cursors a unit works with, as the producer warp sees them.
 struct UnitCursors {

@@ -48,7 +48,7 @@ struct ReadCopyBF16 {
   static constexpr bool kEnabled = true;
   static constexpr bool kScaled = false;
   using T = __nv_bfloat16;
-  __device__ __forceinline__ static T encode(float v, float /*inv_scale*/) { return __float2bfloat16_rn(v); }
+  __device__ __forceinline__ static T encode(float v, float /*inv_divisor*/) { return __float2bfloat16_rn(v); }
 };
 
 struct ReadCopyFP8 {
@@ -56,10 +56,12 @@ struct ReadCopyFP8 {
   static constexpr bool kScaled = true;
   static constexpr float kMax = 448.f;  // largest finite e4m3 magnitude
   using T = __nv_fp8_e4m3;
-  // v / s, saturated to +-448 (NaN stays NaN), nearest even. `divisor` is s, or 1 when s is 0
-  // or NaN (as the reference quantiser does).
-  __device__ __forceinline__ static T encode(float v, float divisor) {
-    return T(__fdiv_rn(v, divisor));  // the fp8 constructor saturates finite values (__NV_SATFINITE)
+  // e4m3(v / s), saturated to +-448 (NaN stays NaN), nearest even, with `inv_divisor` = 1 / s
+  // (1 when s is 0 or NaN, as the reference quantiser divides by 1 then). A product by the
+  // reciprocal instead of the quotient: the two differ by at most one fp32 ulp, which changes the
+  // e4m3 code only when v / s lies within an ulp of a rounding boundary (one code apart).
+  __device__ __forceinline__ static T encode(float v, float inv_divisor) {
+    return T(v * inv_divisor);  // the fp8 constructor saturates finite values (__NV_SATFINITE)
   }
 };
 
@@ -88,7 +90,7 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
   constexpr int kV = Tile::kVec;
   constexpr int kBytes = kV * static_cast<int>(sizeof(T));  // one run in S_lp: 4 (fp8), 8 (bf16) bytes
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "a run of S_lp is one 4-, 8- or 16-byte store");
-  float divisor = 1.f;
+  float inv_divisor = 1.f;
   if constexpr (RC::kScaled) {
     float amax = 0.f;
 #pragma unroll
@@ -100,7 +102,7 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
       }
     const float s = group_amax<Tile::kLanes>(amax) / RC::kMax;
     if (Tile::row_leader(lane)) *scale = s;
-    divisor = s > 0.f ? s : 1.f;
+    inv_divisor = s > 0.f ? 1.f / s : 1.f;
   }
 #pragma unroll
   for (int v = 0; v < Tile::kVpl; ++v) {
@@ -109,7 +111,7 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
       uint32_t words[kBytes / 4];
     } run;
 #pragma unroll
-    for (int e = 0; e < kV; ++e) run.codes[e] = RC::encode(q[v][e], divisor);
+    for (int e = 0; e < kV; ++e) run.codes[e] = RC::encode(q[v][e], inv_divisor);
     T* dst = row + Tile::col(lane, v);
     if constexpr (kBytes == 4) {
       *reinterpret_cast<uint32_t*>(dst) = run.words[0];

@@ -25,6 +25,7 @@ struct PersistentLayout {
   // (g or a) and dt_bias words [K], A_log word, and col, kt, qt [K] fp32.
   static constexpr size_t kChannelWords = PerChannelDecay ? K : 0;  // per-key-channel fp32 words (KDA)
   static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
+  static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
   static constexpr SmemRegion kQ = kHeader.then(K * sizeof(TI), 16);
   static constexpr SmemRegion kK = kQ.then(K * sizeof(TI), 16);
   static constexpr SmemRegion kKeyRing = kK.then(static_cast<size_t>(L) * K * 4, 16);
@@ -192,7 +193,7 @@ struct PersistentReplay {
       if (lane == 3) cp_async_scalar(&W[3], bt, b * bt.stride0 + hv * bt.stride1);
     };
 
-    pipe.produce(units, heads_per_unit * kChunks, fill_unit, fill_stage);
+    pipe.produce(units, heads_per_unit * kChunks, WorkCounter{p.ring.work}, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -338,7 +339,7 @@ struct PersistentReplay {
       finish_unit(p.ring, us.slot, units_per_row, us.arrived, us.next_cursors(), p.error_flag);
     };
 
-    pipe.consume(units, heads_per_unit * kChunks, begin_unit, tile_fn, end_unit, counted_in);
+    pipe.consume(heads_per_unit * kChunks, begin_unit, tile_fn, end_unit, counted_in);
   }
 
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).
@@ -527,6 +528,8 @@ __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persisten
   } else {
     k.consume(threadIdx.x);
   }
+  __syncthreads();
+  if (threadIdx.x == 0) WorkCounter{p.ring.work}.finish();
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif

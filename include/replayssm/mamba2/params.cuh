@@ -32,6 +32,7 @@ struct Ring {
   int32_t* len;    // [slots] committed records since the checkpoint
   int32_t* done;   // [slots] arrival counter of the in-kernel cursor move (0 at rest; common/cursors.cuh)
   int32_t* draft;  // [slots] pending drafts of the last verify (see common/commit.cuh)
+  int32_t* work;   // [2] the persistent kernels' unit counter (common/persistent.cuh WorkCounter), 0 at rest
   int32_t capacity;
   int32_t reserved;
 };
@@ -98,6 +99,7 @@ REPLAYSSM_FIELD(start)
 REPLAYSSM_FIELD(len)
 REPLAYSSM_FIELD(done)
 REPLAYSSM_FIELD(draft)
+REPLAYSSM_FIELD(work)
 REPLAYSSM_FIELD(capacity)
 REPLAYSSM_FIELD(reserved)
 REPLAYSSM_DESCRIBE_END

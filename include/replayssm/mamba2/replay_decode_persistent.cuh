@@ -3,8 +3,8 @@
 //
 // Work unit: one batch row and `heads_per_unit` heads of one group (the whole group unless the
 // launcher splits groups to have enough units). A unit's heads share B, C and the group's B ring,
-// so B_j . C is computed once per unit instead of once per head. Each CTA walks units u = blockIdx.x,
-// blockIdx.x + gridDim.x, ... with one producer warp and four consumer warps:
+// so B_j . C is computed once per unit instead of once per head. Each CTA walks units (its first,
+// then the next one no CTA has taken: common/persistent.cuh) with one producer warp and four consumer warps:
 //   - the producer reads the unit's slot and cursors, copies the live part of the group's ring
 //     (C, current B, B_j for j < m) into a unit buffer, then streams the unit's checkpoint tiles
 //     (ROWS x N, one bulk copy each) into a ring of kStages stage buffers, together with each
@@ -37,6 +37,7 @@ struct PersistentLayout {
   // Unit buffer: header, C [N], current B [N], B ring [L][N] (io dtype, logical record order),
   // B_j . C [L + 1] (fp32, written by the consumers).
   static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
+  static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
   static constexpr SmemRegion kC = kHeader.then(N * sizeof(TI), 16);
   static constexpr SmemRegion kBCurrent = kC.then(N * sizeof(TI), 16);
   static constexpr SmemRegion kBRing = kBCurrent.then(static_cast<size_t>(L) * N * sizeof(TI), 16);
@@ -87,6 +88,10 @@ struct PersistentReplay {
   static constexpr int kRowsPerWarp = Tile::kRowsPerWarp;
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
   static_assert(kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
+  static_assert(Tile::kRowsPerPass == ReadTile::kRowsPerPass && Tile::kPasses * Tile::kRowsPerPass == kRowsPerWarp,
+                "the epilogue finds row l of a warp in pass l / kRowsPerPass");
+  // Lane groups that split a row's ring records (1 when a warp's rows do not tile the warp, P = 80).
+  static constexpr int kRecordGroups = 32 % kRowsPerWarp == 0 ? 32 / kRowsPerWarp : 1;
   static_assert(L <= 32, "decay weights are one lane per record");
 
   const DecodeParams& p;
@@ -211,7 +216,7 @@ struct PersistentReplay {
       if (lane == 3) cp_async_scalar(&W[3], p.in.dt_bias, h * p.in.dt_bias.stride0);
     };
 
-    pipe.produce(units, heads_per_unit * kChunks, fill_unit, fill_stage);
+    pipe.produce(units, heads_per_unit * kChunks, WorkCounter{p.ring.work}, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -282,7 +287,7 @@ struct PersistentReplay {
       finish_unit(p.ring, us.slot, units_per_row, us.arrived, us.next_cursors(), p.error_flag);
     };
 
-    pipe.consume(units, heads_per_unit * kChunks, begin_unit, tile_fn, end_unit, counted_in);
+    pipe.consume(heads_per_unit * kChunks, begin_unit, tile_fn, end_unit, counted_in);
   }
 
   // One checkpoint tile (head tc.h, rows tc.p0..tc.p0+ROWS) from stage buffer S: this warp's rows.
@@ -314,14 +319,24 @@ struct PersistentReplay {
     const float wj = lane <= last ? dj * expf(A * excl) : 0.f;
     const float ck = expf(A * __shfl_sync(0xffffffffu, incl, 0));
 
-    // Ring part of row r = this warp's row `lane` (lanes >= kRowsPerWarp compute a copy of the last row).
-    const int rl = warp * kRowsPerWarp + (lane < kRowsPerWarp ? lane : kRowsPerWarp - 1);
+    // Ring part of row rl (this warp's row lane % kRowsPerWarp): the warp's lanes form kRecordGroups
+    // groups of kRowsPerWarp lanes, group g summing records j = g, g + kRecordGroups, ...; the
+    // groups' sums are then added up (every lane of a row's column ends with the row's sum).
+    const int rl = warp * kRowsPerWarp + lane % kRowsPerWarp;
     const float xr_cur = to_float(Sxc[rl]);
     float rs;
     if (!flush) {
       const float coef = wj * uv.bc_lane;  // lane m: delta_m (B_m . C)
+      const int group = kRecordGroups > 1 ? lane / kRowsPerWarp : 0;
       float acc = 0.f;
-      for (int j = 0; j < m; ++j) acc = fmaf(__shfl_sync(0xffffffffu, coef, j), to_float(Sx[j * ROWS + rl]), acc);
+      for (int j0 = 0; j0 < m; j0 += kRecordGroups) {  // the same trip count on every lane
+        const int j = j0 + group;
+        const float c = __shfl_sync(0xffffffffu, coef, j & 31);
+        if (j < m) acc = fmaf(c, to_float(Sx[j * ROWS + rl]), acc);
+      }
+#pragma unroll
+      for (int off = kRowsPerWarp; kRecordGroups > 1 && off < 32; off *= 2)
+        acc += __shfl_xor_sync(0xffffffffu, acc, off);
       rs = fmaf(__shfl_sync(0xffffffffu, coef, m), xr_cur, acc);
     } else {
       rs = dcur * uv.bc_current * xr_cur;
@@ -329,12 +344,7 @@ struct PersistentReplay {
 
     // What the epilogue and the append read from the stage, so it can be released early.
     const TI x_app = Sxc[rl];
-    float xs[Tile::kPasses], zs[Tile::kPasses];
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      xs[s] = to_float(Sxc[Tile::row(warp, lane, s)]);
-      zs[s] = p.in.z != nullptr ? to_float(Sz[Tile::row(warp, lane, s)]) : 0.f;
-    }
+    const float z_row = p.in.z != nullptr ? to_float(Sz[rl]) : 0.f;
 
     float ypre[Tile::kPasses];
     if (!flush) {
@@ -426,17 +436,19 @@ struct PersistentReplay {
       }
     }
 
-    // Epilogue: each row's leader lane writes y.
-    TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + h * p.in.out_stride_head + p0;
+    // Epilogue: lane l < kRowsPerWarp writes row rl's y. Its checkpoint part sits in pass
+    // l / kRowsPerPass at that row's leader lane (Tile::row).
+    float y_ck = 0.f;
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
-      const float rsr = __shfl_sync(0xffffffffu, rs, r - warp * kRowsPerWarp);
-      if (Tile::row_leader(lane)) {
-        float y = fmaf(Dh, xs[s], ypre[s] + rsr);
-        if (p.in.z != nullptr) y *= silu_gate(zs[s]);
-        out[r] = from_float<TI>(y);
-      }
+      const float v = __shfl_sync(0xffffffffu, ypre[s], (lane % Tile::kRowsPerPass) * Tile::kLanes);
+      if ((lane % kRowsPerWarp) / Tile::kRowsPerPass == s) y_ck = v;
+    }
+    TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + h * p.in.out_stride_head + p0;
+    if (lane < kRowsPerWarp) {
+      float y = fmaf(Dh, xr_cur, y_ck + rs);
+      if (p.in.z != nullptr) y *= silu_gate(z_row);
+      out[rl] = from_float<TI>(y);
     }
 
     // Append this step's record: x rows (exact io copies) and, once per head, delta.
@@ -460,6 +472,8 @@ __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persisten
   } else {
     k.consume(threadIdx.x);
   }
+  __syncthreads();
+  if (threadIdx.x == 0) WorkCounter{p.ring.work}.finish();
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif
