@@ -147,14 +147,14 @@ struct PersistentPipeline {
     mbar_init_fence();
   }
 
-  // Producer warp. fill_unit(u, U) -> bool: fill unit buffer U for unit u (every lane; lane 0
-  // writes the header's slot, cursors and status); returns whether the unit has tiles
-  // (warp-uniform). fill_stage(u, t, S, bar): fill stage S with tile t of unit u; lane 0 announces
-  // and issues the bulk copy on bar. The pipeline writes the header's unit index; after the last
-  // unit it hands the consumers one more unit buffer whose index is kNoMoreUnits.
+  // Producer warp. fill_unit(u, U) -> int: fill unit buffer U for unit u (every lane; lane 0
+  // writes the header's slot, cursors and status); returns how many tiles the unit has (0: none;
+  // warp-uniform, and the same count the consumers' begin_unit returns). fill_stage(u, t, S, bar):
+  // fill stage S with tile t of unit u; lane 0 announces and issues the bulk copy on bar. The
+  // pipeline writes the header's unit index; after the last unit it hands the consumers one more
+  // unit buffer whose index is kNoMoreUnits.
   template <class FillUnit, class FillStage>
-  __device__ void produce(int64_t units, int tiles_per_unit, WorkCounter work, FillUnit&& fill_unit,
-                          FillStage&& fill_stage) const {
+  __device__ void produce(int64_t units, WorkCounter work, FillUnit&& fill_unit, FillStage&& fill_stage) const {
     StagePosition stage_pos;
     UnitPosition unit_pos;
     const int lane = threadIdx.x % 32;
@@ -172,42 +172,41 @@ struct PersistentPipeline {
       // The next unit's index, requested now and needed only after this unit's tiles are issued.
       int64_t next = 0;
       if (lane == 0) next = work.take();
-      const bool active = fill_unit(u, U);
+      const int tiles = fill_unit(u, U);
       if (lane == 0) {
         header->unit = static_cast<int32_t>(u);
         mbar_arrive(&unit_full[unit_pos.index()]);  // the "+ 1" of kFullArrivals
       }
       mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
-      if (active) {
-        for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {
-          mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
-          fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
-          mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
-        }
+      for (int t = 0; t < tiles; ++t, stage_pos.advance()) {
+        mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
+        fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
+        mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
       }
       u = __shfl_sync(0xffffffffu, next, 0);
     }
     cp_async_wait_all();
   }
 
-  // Consumer warps. begin_unit(u, U) -> bool: read unit buffer U (may synchronise the consumers
-  // with consumer_sync()); false: the unit is skipped (it wrote its zero outputs).
+  // Consumer warps. begin_unit(u, U) -> int: read unit buffer U (may synchronise the consumers
+  // with consumer_sync()); returns the unit's tile count (as fill_unit did), 0: the unit is
+  // skipped (it wrote its zero outputs).
   // tile(u, t, S, release): this warp's part of tile t from stage S; it calls release() exactly
   // once (warp-uniformly), as soon as it has read everything it needs from S into registers, so
   // the producer can refill the stage while the warp computes. end_unit(u, U): after the last
   // tile, before the unit buffer is handed back. counted_in(u): one thread, after the hand-back.
   template <class BeginUnit, class TileFn, class EndUnit, class CountIn>
-  __device__ void consume(int tiles_per_unit, BeginUnit&& begin_unit, TileFn&& tile, EndUnit&& end_unit,
-                          CountIn&& counted_in) const {
+  __device__ void consume(BeginUnit&& begin_unit, TileFn&& tile, EndUnit&& end_unit, CountIn&& counted_in) const {
     StagePosition stage_pos;
     UnitPosition unit_pos;
     for (;; unit_pos.advance()) {
       mbar_wait(&unit_full[unit_pos.index()], unit_pos.full_parity());
       const int64_t u = reinterpret_cast<const UnitHeader*>(unit(unit_pos.index()))->unit;
       if (u == kNoMoreUnits) break;
-      const bool active = begin_unit(u, unit(unit_pos.index()));
+      const int tiles = begin_unit(u, unit(unit_pos.index()));
+      const bool active = tiles > 0;
       if (active) {
-        for (int t = 0; t < tiles_per_unit; ++t, stage_pos.advance()) {
+        for (int t = 0; t < tiles; ++t, stage_pos.advance()) {
           mbar_wait(&stage_full[stage_pos.index()], stage_pos.full_parity());
           uint64_t* empty = &stage_empty[stage_pos.index()];
           tile(u, t, stage(stage_pos.index()), [&] { mbar_arrive(empty); });

@@ -117,11 +117,11 @@ struct PersistentReplay {
     const int R = p.ring.capacity;
     UnitCursors cur;
 
-    auto fill_unit = [&](int64_t u, unsigned char* U) {
+    auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const int64_t b = u / units_per_row;
       const int hv0 = first_head(u), hk = key_head(hv0);
       read_unit_header(p.slots, p.ring, b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur);
-      if (cur.status != kUnitActive) return false;
+      if (cur.status != kUnitActive) return 0;
       const int64_t slot = cur.slot;
       const int m = cur.m;
       const TI* qp = static_cast<const TI*>(p.in.q) + b * p.in.q_stride_batch + hk * p.in.q_stride_head;
@@ -157,7 +157,7 @@ struct PersistentReplay {
           cp_async_scalar(reinterpret_cast<uint32_t*>(U + Layout::kALogWord.offset), p.in.A_log,
                           hv0 * p.in.A_log.stride0);
       }
-      return true;
+      return heads_per_unit * kChunks;
     };
 
     auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
@@ -193,7 +193,7 @@ struct PersistentReplay {
       if (lane == 3) cp_async_scalar(&W[3], bt, b * bt.stride0 + hv * bt.stride1);
     };
 
-    pipe.produce(units, heads_per_unit * kChunks, WorkCounter{p.ring.work}, fill_unit, fill_stage);
+    pipe.produce(units, WorkCounter{p.ring.work}, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -202,7 +202,7 @@ struct PersistentReplay {
     UnitState us;
     UnitValues uv;
 
-    auto begin_unit = [&](int64_t u, const unsigned char* U) {
+    auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
       const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
       const int64_t b = u / units_per_row;
       const int hv0 = first_head(u);
@@ -211,7 +211,7 @@ struct PersistentReplay {
         TI* out_b = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch;
         for (int i = tid; i < heads_per_unit * V; i += kPersistentConsumers)
           out_b[static_cast<int64_t>(hv0 + i / V) * p.in.out_stride_head + i % V] = from_float<TI>(0.f);
-        return false;
+        return 0;
       }
       us.from_header(hd, L, p.ring.capacity);
       const int m = us.m;
@@ -306,7 +306,7 @@ struct PersistentReplay {
       uv.kk_lane = lane < m ? Ukk[lane] : 0.f;
       uv.kq_lane = lane < m ? Ukq[lane] : 0.f;
       uv.kq_current = Ukq[m];
-      return true;
+      return heads_per_unit * kChunks;
     };
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
@@ -339,7 +339,7 @@ struct PersistentReplay {
       finish_unit(p.ring, us.slot, units_per_row, us.arrived, us.next_cursors(), p.error_flag);
     };
 
-    pipe.consume(heads_per_unit * kChunks, begin_unit, tile_fn, end_unit, counted_in);
+    pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
   }
 
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).

@@ -82,7 +82,9 @@ struct ReplayDecode {
     s->fallback = persistent_fallback(q.limits, f, &ctas);
     if (s->fallback == kFallbackNone) {
       const int64_t resident = static_cast<int64_t>(q.limits.sm_count) * ctas;
-      const int32_t hpu = split_heads(q.heads / q.groups, P / rows, batch * q.groups, resident, stages + 1);
+      const int32_t group = q.heads / q.groups;
+      int32_t hpu = split_heads(group, P / rows, batch * q.groups, resident, stages + 1);
+      while (hpu > kMaxUnitHeads || group % hpu) --hpu;  // a unit keeps per-head values for at most kMaxUnitHeads
       s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
       if (s->main.units < 0) return kPlanBadQuery;
     }
@@ -101,7 +103,7 @@ struct ReplayDecode {
     const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       const int group = p.ngroups > 0 ? p.nheads / p.ngroups : 0;
-      if (k.heads_per_unit < 1 || group % k.heads_per_unit ||
+      if (k.heads_per_unit < 1 || k.heads_per_unit > kMaxUnitHeads || group % k.heads_per_unit ||
           static_cast<int64_t>(k.units) != static_cast<int64_t>(p.batch) * (p.nheads / k.heads_per_unit))
         return cudaErrorInvalidValue;
       return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
