@@ -42,13 +42,14 @@ constexpr int kStageEmptyArrivals = kPersistentConsumers;
 // unit empty: consumer thread 0 hands the unit buffer back after the consumers' barrier.
 constexpr int kUnitEmptyArrivals = 1;
 
-// How many unit and stage buffers fit in one CTA's share of an SM (two CTAs per SM: 228 KB of
+// How many unit and stage buffers fit in one CTA's share of an SM (kCtasPerSm CTAs per SM, two by default: 228 KB of
 // shared memory per SM, 1 KB reserved per CTA). Two unit buffers when that costs no stage or
 // still leaves three: with one, the producer cannot start the next unit (nor its tiles) until
 // the consumers finish the current one, and the pipeline drains at every unit boundary.
-template <size_t kUnitBytes, size_t kStageBytes>
+template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2>
 struct PersistentBudget {
-  static constexpr size_t kBudget = 228 * 1024 / 2 - 1024;
+  static constexpr int kCtas = kCtasPerSm;  // CTAs meant to share an SM (the kernel's launch bound)
+  static constexpr size_t kBudget = 228 * 1024 / kCtasPerSm - 1024;
   static constexpr size_t kBarBytes = 256;
   static constexpr int kMaxStages = 12;
   static constexpr int stages_with(int units) {

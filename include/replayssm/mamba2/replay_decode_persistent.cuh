@@ -93,7 +93,10 @@ struct PersistentLayout {
                 "a bulk copy moves whole 16-byte blocks");
   static_assert(kXRing.aligned() && kXCurrent.aligned() && kZ.aligned(), "stage regions are 16-byte aligned");
 
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes>;
+  // With a read copy the tiles are small and the consumers need few registers: three CTAs per SM
+  // (more warps to hide the consumers' latency); without, two (fp32 tiles, the fold's registers).
+  static constexpr int kCtasPerSm = RC::kEnabled ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
@@ -536,7 +539,8 @@ struct PersistentReplay {
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
-__global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
+__global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, N, L, ROWS, RC>::kCtasPerSm))
+    replay_decode_persistent_kernel(const DecodeParams p) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, P, N, L, ROWS, RC> k(p, persistent_smem);
