@@ -84,7 +84,12 @@ struct ReplayDecode {
       const int64_t resident = static_cast<int64_t>(q.limits.sm_count) * ctas;
       const int32_t group = q.heads / q.groups;
       int32_t hpu = split_heads(group, P / rows, batch * q.groups, resident, stages + 1);
-      while (hpu > kMaxUnitHeads || group % hpu) --hpu;  // a unit keeps per-head values for at most kMaxUnitHeads
+      // A unit keeps per-head values for at most kMaxUnitHeads heads. With a read copy a flush unit
+      // costs several non-flush ones (it reads and writes the fp32 checkpoint), so units stay small
+      // (kReadCopyUnitHeads): when rows flush on different steps, the last CTA to finish is at most
+      // one such unit behind the others.
+      const int32_t max_heads = RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads;
+      while (hpu > max_heads || group % hpu) --hpu;
       s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
       if (s->main.units < 0) return kPlanBadQuery;
     }

@@ -35,6 +35,8 @@ namespace mamba2 {
 
 // Most heads in one persistent work unit (the plan splits larger groups).
 constexpr int kMaxUnitHeads = 16;
+// Most heads in one unit of a read-copy module (see ReplayDecode::plan).
+constexpr int kReadCopyUnitHeads = 4;
 
 // How many flush tiles one read tile of ROWS rows becomes: the checkpoint tile split so that it
 // is about the read tile's size, in tiles of a multiple of 16 rows (a warp's rows per pass).
