@@ -42,22 +42,23 @@ from bench_common import (  # noqa: E402
 )
 
 from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper  # noqa: E402
+from replayssm.families import FAMILIES as DESCRIPTORS  # noqa: E402
 
+# Model shapes of docs/benchmarks.md §4, from the family descriptors (replayssm.families), in the
+# benchmark's short keys.
+_SHORT = {
+    "nheads": "H",
+    "head_dim": "P",
+    "state_dim": "N",
+    "ngroups": "G",
+    "num_v_heads": "HV",
+    "num_k_heads": "HK",
+    "head_k_dim": "K",
+    "head_v_dim": "V",
+}
 SHAPES = {
-    "mamba2": {
-        "nemotron-super": dict(H=128, P=64, N=128, G=8),
-        "nemotron-h-tp8": dict(H=16, P=64, N=128, G=1),
-        "nemotron-nano": dict(H=64, P=64, N=128, G=8),
-        "nemotron-h-47b": dict(H=256, P=64, N=256, G=8),
-        "nemotron-nano-9b": dict(H=128, P=80, N=128, G=8),
-    },
-    "gdn": {
-        "qwen3-next": dict(HV=32, HK=16, K=128, V=128),
-        "qwen3.5-122b": dict(HV=64, HK=16, K=128, V=128),
-    },
-    "kda": {
-        "kimi-linear": dict(HV=32, HK=32, K=128, V=128),
-    },
+    name: {shape: {_SHORT[k]: v for k, v in dims.items()} for shape, dims in fam.model_shapes.items()}
+    for name, fam in DESCRIPTORS.items()
 }
 
 

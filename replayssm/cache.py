@@ -7,12 +7,13 @@ from typing import Any
 
 import torch
 
-from .configs import check_gdn_config, check_mamba2_config, check_max_draft, positive_int
+from .configs import check_max_draft, positive_int
 from .devices import cuda_device
+from .families import FAMILIES, Family
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
 from .ops.constants import ERROR_BITS as _BITS
-from .ops.generators import check_read_copy, read_format_name
+from .ops.generators import read_format_name
 from .ops.validate import check_tensor, per_head_stride
 from .reference.quant import quantize_fp8_e4m3_rows
 
@@ -88,6 +89,7 @@ class ReplayCache:
     """
 
     dims: Any  # the family's dims (set by each subclass)
+    descriptor: Family  # replayssm.families: the family's dims keys, checks, ring layout rules
 
     def __init__(
         self,
@@ -123,8 +125,15 @@ class ReplayCache:
             if self.read_dtype == "float8_e4m3fn":
                 self.read_scale = torch.zeros((num_slots, *state_shape[:-1]), dtype=torch.float32, device=dev)
 
+    def _make_rings(self, dims: dict) -> None:
+        """Allocate the family's rings (zeros) as the descriptor lays them out."""
+        self._ring_names = tuple(self.descriptor.ring_layout(dims, self.capacity, self.io_dtype))
+        for name, (shape, dtype) in self.descriptor.ring_layout(dims, self.capacity, self.io_dtype).items():
+            setattr(self, name, torch.zeros((self.num_slots, *shape), dtype=dtype, device=self.device))
+
     def rings(self) -> tuple[torch.Tensor, ...]:
-        raise NotImplementedError
+        """The ring tensors, in the order of the kernels' Ring struct (the descriptor's ring layout)."""
+        return tuple(getattr(self, name) for name in self._ring_names)
 
     def cursors(self) -> tuple[torch.Tensor, ...]:
         """The per-slot cursor tensors (int32 [num_slots] each)."""
@@ -244,6 +253,8 @@ class Mamba2Cache(ReplayCache):
     call ``set_A`` once; it must be the A that ``run`` is given (run does not record it).
     """
 
+    descriptor = FAMILIES["mamba2"]
+
     def __init__(
         self,
         num_slots: int,
@@ -260,8 +271,9 @@ class Mamba2Cache(ReplayCache):
         A: torch.Tensor | None = None,
         read_dtype=None,
     ):
-        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
-        check_read_copy("mamba2", "replay_decode", read_format_name(read_dtype), state_dtype, state_dim)
+        dims = dict(nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups)
+        state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
+        self.descriptor.check_read(read_dtype, "replay", state_dtype, dims)
         A_heads = None if A is None else self._per_head_A(A, nheads)
         super().__init__(
             num_slots,
@@ -274,10 +286,8 @@ class Mamba2Cache(ReplayCache):
             read_dtype=read_dtype,
         )
         self.dims = m2_ops.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
-        R, dev = self.capacity, self.device
-        self.x_ring = torch.zeros((num_slots, nheads, R, head_dim), dtype=io_dtype, device=dev)
-        self.B_ring = torch.zeros((num_slots, ngroups, R, state_dim), dtype=io_dtype, device=dev)
-        self.dt_ring = torch.zeros((num_slots, nheads, R), dtype=torch.float32, device=dev)
+        dev = self.device
+        self._make_rings(dims)
         self._A: torch.Tensor | None = None
         if A_heads is not None:
             self._A = A_heads.to(device=dev, dtype=torch.float32)
@@ -302,8 +312,9 @@ class Mamba2Cache(ReplayCache):
         ``materialize``; replaces an A given before. Host side, not capturable (it copies)."""
         self._A = self._per_head_A(A, self.dims.nheads).to(device=self.device, dtype=torch.float32)
 
-    def rings(self):
-        return self.x_ring, self.B_ring, self.dt_ring
+    x_ring: torch.Tensor
+    B_ring: torch.Tensor
+    dt_ring: torch.Tensor
 
     def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
@@ -346,7 +357,7 @@ class GDNCache(ReplayCache):
     16-bit u or k^ would add a rounding error the conventional kernel does not make.
     """
 
-    per_channel = False  # KDA: one log decay per key channel
+    descriptor = FAMILIES["gdn"]
 
     def __init__(
         self,
@@ -362,9 +373,8 @@ class GDNCache(ReplayCache):
         io_dtype=torch.bfloat16,
         device=None,
     ):
-        state_dtype, io_dtype = check_gdn_config(
-            num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, state_dtype, io_dtype
-        )
+        dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+        state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
         super().__init__(
             num_slots,
             (num_v_heads, head_v_dim, head_k_dim),
@@ -375,14 +385,11 @@ class GDNCache(ReplayCache):
             device=device,
         )
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
-        R, dev = self.capacity, self.device
-        self.u_ring = torch.zeros((num_slots, num_v_heads, R, head_v_dim), dtype=torch.float32, device=dev)
-        self.k_ring = torch.zeros((num_slots, num_k_heads, R, head_k_dim), dtype=torch.float32, device=dev)
-        gshape = (num_slots, num_v_heads, R, head_k_dim) if self.per_channel else (num_slots, num_v_heads, R)
-        self.g_ring = torch.zeros(gshape, dtype=torch.float32, device=dev)
+        self._make_rings(dims)
 
-    def rings(self):
-        return self.u_ring, self.k_ring, self.g_ring
+    u_ring: torch.Tensor
+    k_ring: torch.Tensor
+    g_ring: torch.Tensor
 
     def materialize(self, slots) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), HV, V, K] (nothing is modified)."""
@@ -393,7 +400,7 @@ class GDNCache(ReplayCache):
         HV, HK = self.dims.num_v_heads, self.dims.num_k_heads
         pos, valid = self._ring_positions(s)
         g = self._gather(self.g_ring, s, pos)  # [b, HV, R] or (KDA) [b, HV, R, K]
-        if not self.per_channel:
+        if not self.descriptor.per_channel:
             g = g[..., None]
         g = g * valid[:, None, :, None]  # zero beyond len
         total = g.sum(2)  # [b, HV, K or 1]
@@ -407,4 +414,4 @@ class KDACache(GDNCache):
     """One Kimi Delta Attention layer's ReplaySSM state: as GDNCache, but the decay is per key
     channel, so ``g_ring`` is [num_slots, HV, R, K] float32 (one K-vector of log decays per record)."""
 
-    per_channel = True
+    descriptor = FAMILIES["kda"]

@@ -33,17 +33,14 @@ from .configs import (  # noqa: F401 (re-exported)
     ALGORITHMS,
     check_algorithm,
     check_bool,
-    check_gdn_config,
-    check_mamba2_config,
     check_optional_bool,
     check_pad_slot_id,
-    check_read_dtype,
-    check_rows_per_cta,
     check_scale,
     positive_int,
     supported,
 )
 from .devices import cuda_device
+from .families import FAMILIES, Family
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
 from .ops.abi import CommitParams, Schedule, SlotArg, current_stream, pool_struct
@@ -58,6 +55,7 @@ class _DecodeWrapper:
 
     cache_type: type[ReplayCache] = ReplayCache
     family = ""
+    descriptor: Family  # FAMILIES[family] (replayssm.families): dims keys, checks, read copies
     read_dtype: str | None = None  # the read copy's format name (replayssm.reference.quant), or None
     dims: Any  # the family's dims (ops.mamba2.Mamba2Dims / ops.gdn.GDNDims), set by the constructor
 
@@ -73,21 +71,22 @@ class _DecodeWrapper:
         persistent,
         device,
         debug,
-        tile_dim,
+        dims: dict,
     ):
-        """Check the shared keywords (all before touching any device), then allocate the fixed buffers."""
+        """Check the shared keywords (all before touching any device), then allocate the fixed buffers.
+        dims: the family's dims by keyword (the descriptor's dim_keys)."""
         self.algorithm = check_algorithm(algorithm)
         self.max_batch = positive_int("max_batch", max_batch)
         self.pad_slot_id = check_pad_slot_id(pad_slot_id)
         self.debug = check_bool("debug", debug)
-        self._rows_override = check_rows_per_cta(self.family, rows_per_cta, tile_dim)
+        self._rows_override = self.descriptor.check_rows(rows_per_cta, dims)
         self._persistent_override = check_optional_bool("persistent", persistent)
         self.window, self.state_dtype, self.io_dtype = window, state_dtype, io_dtype
         self.device = cuda_device("device", device)  # last: every argument error comes first, even without a GPU
         self._slots = torch.full((max_batch,), pad_slot_id, dtype=torch.int64, device=self.device)
         self._batch: int | None = None
         self._modules: dict = {}
-        self._module = None
+        self._module: Any = None  # the loaded module serving the plan (replayssm.jit.loader.Module)
         self._schedule: Schedule | None = None  # fixed by plan()
         self._device_limits: dict | None = None  # None: the module queries the device (tests inject H200_LIMITS)
         self._drafts = DraftPlan(max_batch, self.device)
@@ -372,6 +371,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
 
     cache_type = Mamba2Cache
     family = "mamba2"
+    descriptor = FAMILIES["mamba2"]
 
     def __init__(
         self,
@@ -393,8 +393,9 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         debug: bool = False,
         read_dtype=None,
     ):
-        state_dtype, io_dtype = check_mamba2_config(nheads, head_dim, state_dim, ngroups, window, state_dtype, io_dtype)
-        self.read_dtype = check_read_dtype("mamba2", read_dtype, algorithm, state_dtype, state_dim)
+        dims = dict(nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups)
+        state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
+        self.read_dtype = self.descriptor.check_read(read_dtype, algorithm, state_dtype, dims)
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self._init_common(
@@ -408,7 +409,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             persistent,
             device,
             debug,
-            tile_dim=head_dim,
+            dims,
         )
 
     def create_cache(self, num_slots: int, max_draft: int = 1, *, A: torch.Tensor | None = None) -> Mamba2Cache:
@@ -483,6 +484,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
 
     cache_type = GDNCache
     family = "gdn"
+    descriptor = FAMILIES["gdn"]
 
     def __init__(
         self,
@@ -504,9 +506,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
         device=None,
         debug: bool = False,
     ):
-        state_dtype, io_dtype = check_gdn_config(
-            num_v_heads, num_k_heads, head_k_dim, head_v_dim, window, state_dtype, io_dtype
-        )
+        dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
+        state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
         self.use_l2norm = check_bool("use_l2norm", use_l2norm)
         scale = check_scale(scale)
         self.scale = scale if scale is not None else head_k_dim**-0.5
@@ -522,7 +523,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             persistent,
             device,
             debug,
-            tile_dim=head_v_dim,
+            dims,
         )
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
@@ -578,7 +579,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             dt_bias=dt_bias,
             b=b,
             out=out,
-            per_channel=self.cache_type.per_channel,
+            per_channel=self.descriptor.per_channel,
         )
         p = gdn_ops.DecodeParams(
             inputs=inputs,
@@ -601,3 +602,4 @@ class KDADecodeWrapper(GDNDecodeWrapper):
 
     cache_type = KDACache
     family = "kda"
+    descriptor = FAMILIES["kda"]

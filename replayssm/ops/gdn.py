@@ -34,7 +34,6 @@ from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring
 from .abi import plan_query as plan_query_
 from .constants import ROW_CHOICES
 from .generators import gdn_decode_spec
-from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing V
@@ -112,7 +111,12 @@ class GDNDims:
 
 
 def check_rows_per_cta(rows: int, V: int) -> int:
-    return check_rows(rows, V, "head_v_dim", ROWS_CHOICES)
+    """A row tiling of V (replayssm.families: GDN.check_rows)."""
+    from ..families import FAMILIES
+
+    checked = FAMILIES["gdn"].check_rows(rows, {"head_v_dim": V})
+    assert checked is not None  # rows is an int here
+    return checked
 
 
 def _per_row(name: str, t, batch: int, H: int, device) -> int:

@@ -146,40 +146,27 @@ def gdn_decode_spec(
     return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T)
 
 
-# Model shapes of docs/benchmarks.md §4: (P, N) per Mamba-2 model family.
-MAMBA2_MODEL_SHAPES = {
-    "nemotron-h-8b / nemotron-3-super / nemotron-3-nano": (64, 128),
-    "nemotron-h-47b/56b": (64, 256),
-    "nemotron-nano-9b-v2": (80, 128),
-}
-
-
-# Model shapes of docs/benchmarks.md §4: (K, V) per delta-rule family (Qwen3-Next / Qwen3.5, Kimi-Linear).
-DELTA_MODEL_SHAPES = {"gdn": ((128, 128),), "kda": ((128, 128),)}
-
-
 #: Draft capacities the AOT set carries for speculative decoding (a plan of T <= 8 drafts).
 AOT_VERIFY_T = (4, 8)
 
 
 def aot_specializations() -> list[Specialization]:
-    """The declared AOT set: model shapes x {fp32, bf16 state} x bf16 io, L=16, both decode ops,
-    and the ReplaySSM verify (with its commit) for draft capacities AOT_VERIFY_T."""
-    specs = []
+    """The declared AOT set: each family's model shapes (replayssm.families) x {fp32, bf16 state}
+    x bf16 io, L=16, both decode ops, and the ReplaySSM verify (with its commit) for draft
+    capacities AOT_VERIFY_T; one entry per distinct module."""
+    from ..families import FAMILIES  # the descriptors name the model shapes (and import this module)
+
+    specs: dict[str, Specialization] = {}
     for state in ("float32", "bfloat16"):
-        for P, N in MAMBA2_MODEL_SHAPES.values():
-            specs.append(mamba2_decode_spec("replay_decode", P, N, state, "bfloat16", L=16))
-            specs.append(mamba2_decode_spec("conventional_decode", P, N, state, "bfloat16"))
-            specs += [mamba2_decode_spec("replay_verify", P, N, state, "bfloat16", L=16, T=T) for T in AOT_VERIFY_T]
-        for family, shapes in DELTA_MODEL_SHAPES.items():
-            for K, V in shapes:
-                specs.append(gdn_decode_spec("replay_decode", K, V, state, "bfloat16", L=16, family=family))
-                specs.append(gdn_decode_spec("conventional_decode", K, V, state, "bfloat16", family=family))
-                specs += [
-                    gdn_decode_spec("replay_verify", K, V, state, "bfloat16", L=16, family=family, T=T)
-                    for T in AOT_VERIFY_T
+        for fam in FAMILIES.values():
+            for dims in fam.model_shapes.values():
+                built = [
+                    fam.spec("replay_decode", dims, state, "bfloat16", L=16),
+                    fam.spec("conventional_decode", dims, state, "bfloat16"),
+                    *(fam.spec("replay_verify", dims, state, "bfloat16", L=16, T=T) for T in AOT_VERIFY_T),
                 ]
-    return specs
+                specs.update((s.name, s) for s in built)
+    return list(specs.values())
 
 
 def compile_check_specializations() -> list[Specialization]:

@@ -31,6 +31,7 @@ check_state_pool checks a foreign one).
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 from dataclasses import dataclass
 
 import torch
@@ -40,7 +41,6 @@ from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring
 from .abi import plan_query as plan_query_
 from .constants import ROW_CHOICES
 from .generators import mamba2_decode_spec
-from .tiling import check_rows
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
 
 ROWS_CHOICES = ROW_CHOICES  # kRowChoices (constants.h); a module instantiates those dividing P
@@ -119,24 +119,10 @@ class Mamba2Dims:
     ngroups: int
 
     def validate(self) -> None:
-        from .generators import MAMBA2_N, MAMBA2_P
+        """TypeError/ValueError unless the kernels have these dims (replayssm.families: MAMBA2)."""
+        from ..families import FAMILIES
 
-        for arg, v in (
-            ("nheads", self.nheads),
-            ("ngroups", self.ngroups),
-            ("head_dim", self.head_dim),
-            ("state_dim", self.state_dim),
-        ):
-            if isinstance(v, bool) or not isinstance(v, int):
-                raise TypeError(f"{arg}: expected a positive int, got {type(v).__name__} {v!r}")
-            if v < 1:
-                raise ValueError(f"{arg}: expected a positive int, got {v!r}")
-        if self.nheads % self.ngroups:
-            raise ValueError(f"nheads % ngroups: expected 0, got nheads={self.nheads}, ngroups={self.ngroups}")
-        if self.head_dim not in MAMBA2_P:
-            raise ValueError(f"head_dim (P): expected one of {list(MAMBA2_P)}, got {self.head_dim}")
-        if self.state_dim not in MAMBA2_N:
-            raise ValueError(f"state_dim (N): expected one of {list(MAMBA2_N)}, got {self.state_dim}")
+        FAMILIES["mamba2"].check_dims(dataclasses.asdict(self))
 
 
 def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=None) -> torch.Tensor:
@@ -153,7 +139,12 @@ def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=No
 
 
 def check_rows_per_cta(rows: int, P: int) -> int:
-    return check_rows(rows, P, "head_dim", ROWS_CHOICES)
+    """A row tiling of P (replayssm.families: MAMBA2.check_rows)."""
+    from ..families import FAMILIES
+
+    checked = FAMILIES["mamba2"].check_rows(rows, {"head_dim": P})
+    assert checked is not None  # rows is an int here
+    return checked
 
 
 def step_inputs(

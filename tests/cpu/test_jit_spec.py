@@ -12,11 +12,11 @@ import pytest
 import torch
 
 from replayssm._version import __version__
+from replayssm.families import FAMILIES
 from replayssm.jit import env
 from replayssm.jit.spec import CTYPES, Specialization, dtype_code, fingerprint, header_digest, render, source_hash
 from replayssm.ops.generators import (
     DECODE_OPS,
-    MAMBA2_MODEL_SHAPES,
     MAMBA2_N,
     MAMBA2_P,
     WINDOWS,
@@ -159,7 +159,8 @@ def test_aot_set_covers_the_benchmark_model_shapes():
     specs = aot_specializations()
     shapes = {(dict(s.dims)["P"], dict(s.dims)["N"]) for s in specs if s.family == "mamba2"}
     # docs/benchmarks.md: Nemotron-3-Super/H-8B/Nano (64, 128), H-47B/56B (64, 256), Nano-9B-v2 (80, 128)
-    assert shapes == {(64, 128), (64, 256), (80, 128)} == set(MAMBA2_MODEL_SHAPES.values())
+    described = {(d["head_dim"], d["state_dim"]) for d in FAMILIES["mamba2"].model_shapes.values()}
+    assert shapes == {(64, 128), (64, 256), (80, 128)} == described
     for P, N in shapes:
         for op in ("replay_decode", "conventional_decode"):
             assert any(
