@@ -10,9 +10,9 @@ import torch
 from .configs import check_max_draft, positive_int
 from .devices import cuda_device
 from .families import FAMILIES, Family
+from .jit.constants import ERROR_BITS as _BITS
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
-from .ops.constants import ERROR_BITS as _BITS
 from .ops.generators import read_format_name
 from .ops.validate import check_tensor, per_head_stride
 from .reference.quant import quantize_fp8_e4m3_rows

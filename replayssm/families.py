@@ -23,8 +23,8 @@ from typing import Any
 
 import torch
 
+from .jit.constants import ROW_CHOICES
 from .ops import generators
-from .ops.constants import ROW_CHOICES
 from .ops.tiling import check_rows
 
 IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .jit.constants import MAX_DRAFTS
 from .ops.abi import CommitParams, DraftArgs, SlotArg, commit_params
-from .ops.constants import MAX_DRAFTS
 from .ops.validate import INDEX_DTYPES, check_tensor
 
 

@@ -41,10 +41,10 @@ from .configs import (  # noqa: F401 (re-exported)
 )
 from .devices import cuda_device
 from .families import FAMILIES, Family
+from .jit.constants import ENTRY_COMMIT, ENTRY_STEP
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
-from .ops.abi import CommitParams, Schedule, SlotArg, current_stream, pool_struct
-from .ops.constants import ENTRY_COMMIT, ENTRY_STEP
+from .ops.abi import CommitParams, Schedule, ScheduleStruct, SlotArg, current_stream, pool_struct
 from .ops.generators import verify_capacity
 from .ops.validate import check_slot_indices
 from .speculative import DraftPlan, PendingDrafts
@@ -190,7 +190,7 @@ class _DecodeWrapper:
         slot_max = self._debug_check_slots(slot_indices, drafts, num_slots) if self.debug else -1
         key = (self._op_for(drafts.T), self._capacity_for(drafts.T))
         module = self._modules[key] if key in self._modules else self._load_module(*key)
-        schedule = Schedule.from_struct(module.plan(self._plan_query(batch, drafts.T)))
+        schedule = Schedule.from_struct(module.plan(self._plan_query(batch, drafts.T), ScheduleStruct()))
         # Nothing below raises: the new plan replaces the old one as a whole.
         self._modules[key] = module
         self._drafts.apply(drafts)

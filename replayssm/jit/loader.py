@@ -40,7 +40,7 @@ class PlanError(ValueError):
 
 class Module:
     def __init__(self, path: Path, name: str):
-        from ..ops import constants as C
+        from . import constants as C
 
         self.path = Path(path)
         self.name = name
@@ -116,7 +116,7 @@ class Module:
     def check_params(self, entry: int, struct_type) -> None:
         """Fail loudly if the Python mirror of a params struct disagrees with the C++ one: size, and
         every field's name, order, offset and size."""
-        from ..ops.abi import field_table
+        from .fields import field_table
 
         key = (entry, struct_type)
         if key in self._checked:
@@ -145,13 +145,13 @@ class Module:
             self._raise_if(self._lib.replayssm_prepare(), "prepare")
             self._prepared = True
 
-    def plan(self, query, entry: int | None = None):
-        """The module's schedule for ``query`` (replayssm.ops.abi.PlanQuery), as a ScheduleStruct.
-        With device limits in the query it calls no CUDA API (plans without a GPU)."""
-        from ..ops import constants as C
-        from ..ops.abi import ScheduleStruct
+    def plan(self, query, result, entry: int | None = None):
+        """Fill ``result`` (a replayssm.ops.abi.ScheduleStruct) with the module's schedule for
+        ``query`` (a PlanQuery) and return it. With device limits in the query it calls no CUDA API
+        (plans without a GPU)."""
+        from . import constants as C
 
-        s = ScheduleStruct()
+        s = result
         code = self._lib.replayssm_plan(C.ENTRY_STEP if entry is None else entry, ctypes.byref(query), ctypes.byref(s))
         if code >= C.PLAN_ERROR_BASE:
             raise PlanError(f"{self.name}: {self._lib.replayssm_error_string(code).decode()}")

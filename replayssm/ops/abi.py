@@ -1,6 +1,6 @@
 """ctypes mirrors of the shared C structs in include/replayssm/common/ (types.cuh, slots.cuh,
-drafts.cuh, commit.cuh, schedule.h), the plan's Schedule as Python sees it, and the field tables
-the loader compares with each module's (replayssm_params_field)."""
+drafts.cuh, commit.cuh, state_pool.cuh, schedule.h) and the plan's Schedule as Python sees it. The
+loader compares each mirror with the module's struct field by field (replayssm.jit.fields)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import constants as C
+from ..jit import constants as C
 
 c_ptr = ctypes.c_void_p
 i64 = ctypes.c_int64
@@ -20,9 +20,6 @@ DTYPE_CODE = {
     torch.bfloat16: C.DTYPE_CODES["bfloat16"],
     torch.float16: C.DTYPE_CODES["float16"],
 }
-
-#: C++ field names that Python spells differently (``in`` is a Python keyword).
-CXX_FIELD_NAMES = {"inputs": "in"}
 
 
 class ScalarArg(ctypes.Structure):
@@ -333,33 +330,3 @@ class Schedule:
             f"Schedule(kernel={self.kernel!r}, rows_per_cta={self.rows_per_cta}, heads_per_unit="
             f"{self.heads_per_unit}, grid={self.grid}, smem_bytes={self.smem_bytes}{tile}{fb})"
         )
-
-
-# ------------------------------------------------------------------ field tables
-def field_table(struct_type) -> list[tuple[str, int, int]]:
-    """(dotted C++ name, offset, size) of every leaf field of a ctypes Structure, recursively through
-    nested structures and arrays of structures, as replayssm_params_field lists them."""
-    out: list[tuple[str, int, int]] = []
-
-    def walk(t, prefix: str, base: int) -> None:
-        for f in t._fields_:
-            name, ftype = f[0], f[1]
-            desc = getattr(t, name)
-            path = prefix + CXX_FIELD_NAMES.get(name, name)
-            at = base + desc.offset
-            if isinstance(ftype, type) and issubclass(ftype, ctypes.Structure):
-                walk(ftype, path + ".", at)
-            elif (
-                isinstance(ftype, type)
-                and issubclass(ftype, ctypes.Array)
-                and isinstance(ftype._type_, type)
-                and issubclass(ftype._type_, ctypes.Structure)
-            ):
-                esz = ctypes.sizeof(ftype._type_)
-                for i in range(ctypes.sizeof(ftype) // esz):  # the array's length
-                    walk(ftype._type_, f"{path}[{i}].", at + i * esz)
-            else:
-                out.append((path, at, ctypes.sizeof(ftype)))
-
-    walk(struct_type, "", 0)
-    return out

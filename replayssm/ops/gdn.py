@@ -30,9 +30,9 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
+from ..jit.constants import ROW_CHOICES
 from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
-from .constants import ROW_CHOICES
 from .generators import gdn_decode_spec
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
 
@@ -289,8 +289,8 @@ def load(
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
     capacity; replay_verify's commit entry takes CommitParams."""
+    from ..jit.constants import ENTRY_COMMIT, ENTRY_STEP
     from .abi import CommitParams
-    from .constants import ENTRY_COMMIT, ENTRY_STEP
 
     mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T))
     mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)

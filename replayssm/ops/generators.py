@@ -6,8 +6,8 @@ configuration fails here with a clear message instead of as a template error in 
 
 from __future__ import annotations
 
+from ..jit.constants import MAX_DRAFTS as _MAX_DRAFTS
 from ..jit.spec import READ_CODES, Specialization, dtype_code
-from .constants import MAX_DRAFTS as _MAX_DRAFTS
 
 MAMBA2_P = (64, 80, 128)
 MAMBA2_N = (64, 128, 256)

@@ -37,9 +37,9 @@ from dataclasses import dataclass
 import torch
 
 from ..jit import get_module
+from ..jit.constants import ROW_CHOICES
 from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
-from .constants import ROW_CHOICES
 from .generators import mamba2_decode_spec
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
 
@@ -245,8 +245,8 @@ def load(
     put its kernels on the current device (outside capture). Verify modules: T is the draft
     capacity; replay_verify's commit entry takes CommitParams. read_dtype: the read copy the
     module is built for (replay_decode only; see generators.mamba2_decode_spec)."""
+    from ..jit.constants import ENTRY_COMMIT, ENTRY_STEP
     from .abi import CommitParams
-    from .constants import ENTRY_COMMIT, ENTRY_STEP
 
     mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T, read_dtype))
     mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)

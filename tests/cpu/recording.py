@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from replayssm.ops import constants as C
+from replayssm.jit import constants as C
 from replayssm.ops.abi import KernelLaunch, ScheduleStruct
 
 

@@ -16,12 +16,12 @@ import torch
 
 from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper
 from replayssm.jit import builder as jb
+from replayssm.jit import constants as C
 from replayssm.jit import env
 from replayssm.jit.loader import PlanError, load_module
-from replayssm.ops import constants as C
 from replayssm.ops import gdn as gdn_ops
 from replayssm.ops import mamba2 as m2
-from replayssm.ops.abi import A100_LIMITS, H200_LIMITS, Schedule, plan_query
+from replayssm.ops.abi import A100_LIMITS, H200_LIMITS, Schedule, ScheduleStruct, plan_query
 from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec
 
 from .conftest import FIGURES, needs_nvcc
@@ -55,7 +55,9 @@ def modules(tmp_path_factory):
 
 
 def plan(mod, batch, heads, groups, persistent=None, rows=None, drafts=0, limits=H200_LIMITS) -> Schedule:
-    return Schedule.from_struct(mod.plan(plan_query(batch, heads, groups, persistent, rows, drafts, limits)))
+    return Schedule.from_struct(
+        mod.plan(plan_query(batch, heads, groups, persistent, rows, drafts, limits), ScheduleStruct())
+    )
 
 
 # ---------------------------------------------------------------- the oracle (former Python heuristics)

@@ -1,6 +1,6 @@
 // The one definition of every constant that the kernels and the Python side share.
 //
-// Plain C++ (no CUDA headers), one `constexpr` per line: replayssm/ops/constants.py reads this
+// Plain C++ (no CUDA headers), one `constexpr` per line: replayssm/jit/constants.py reads this
 // file with a regular expression (no compiler needed; the wheel carries include/), and every
 // module exports the values it was compiled with (replayssm_constant, module_abi.cuh), which the
 // loader compares with the parsed ones at load. Add a constant here, then to kConstantTable in

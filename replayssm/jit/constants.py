@@ -14,7 +14,7 @@ _ARRAY = re.compile(r"^\s*constexpr\s+[\w:]+\s+(k\w+)\s*\[\s*\]\s*=\s*\{([^}]*)\
 
 
 def header_path() -> Path:
-    from ..jit import env
+    from . import env
 
     return env.include_dir() / "replayssm" / "common" / "constants.h"
 
