@@ -583,8 +583,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
         )
         p = gdn_ops.DecodeParams(
             inputs=inputs,
-            nv_heads=self.dims.num_v_heads,
-            nk_heads=self.dims.num_k_heads,
+            num_v_heads=self.dims.num_v_heads,
+            num_k_heads=self.dims.num_k_heads,
             use_l2norm=int(self.use_l2norm),
             scale=self.scale,
         )

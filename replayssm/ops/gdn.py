@@ -91,8 +91,8 @@ class DecodeParams(ctypes.Structure):
         ("slots", SlotArg),  # inputs: C++ `in`
         ("error_flag", c_ptr),
         ("batch", i32),
-        ("nv_heads", i32),
-        ("nk_heads", i32),
+        ("num_v_heads", i32),
+        ("num_k_heads", i32),
         ("use_l2norm", i32),
         ("scale", ctypes.c_float),
     ]

@@ -244,7 +244,7 @@ def test_launcher_rule_matches_the_python_predicate(tmp_path):
             for prefix, t, second in zip(("x", "z", "B", "C"), ts, ("head", "head", "group", "group")):
                 lines += _fields(prefix, t, second)
         else:
-            lines += [f"p.nv_heads = {HV};", f"p.nk_heads = {HK};"]
+            lines += [f"p.num_v_heads = {HV};", f"p.num_k_heads = {HK};"]
             for prefix, t in zip(("q", "k", "v"), ts):
                 lines += _fields(prefix, t, "head")
         lines.append(f'std::printf("%d\\n", int({fam}::persistent_inputs_aligned<__nv_bfloat16>(p)));')

@@ -250,6 +250,6 @@ class TestWrapperPlumbing:
         q, v = torch.randn(2, 4, 2, 128).to(BF16), torch.randn(2, 4, 4, 128).to(BF16)
         w.run(cache, q, q, v, g=-torch.rand(2, 4, 4, 128), beta=torch.rand(2, 4, 4))
         entry, kind, p = rec.launches[-1]
-        assert (entry, kind, p.drafts.T, p.d.batch, p.d.nv_heads, p.d.nk_heads) == (0, "VerifyParams", 4, 2, 4, 2)
+        assert (entry, kind, p.drafts.T, p.d.batch, p.d.num_v_heads, p.d.num_k_heads) == (0, "VerifyParams", 4, 2, 4, 2)
         assert p.d.use_l2norm == 1 and abs(p.d.scale - 128**-0.5) < 1e-7 and p.drafts.counts is not None
         assert p.d.ring.g == cache.g_ring.data_ptr() and p.d.inputs.g.stride0 == 4 * 128

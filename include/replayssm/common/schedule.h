@@ -179,8 +179,8 @@ inline int32_t mamba2_persistent_rows(int32_t P, int32_t N, int32_t state_bytes)
 constexpr int64_t kDeltaPersistentMinUnits = 128;
 
 // 64 rows of V once there are enough tiles (32 when a K-row is 1 KB or more), else 32.
-inline int32_t delta_tile_rows(int32_t V, int32_t K, int64_t batch, int32_t nv_heads) {
-  int32_t rows = batch * nv_heads >= 512 && K <= 128 ? 64 : 32;
+inline int32_t delta_tile_rows(int32_t V, int32_t K, int64_t batch, int32_t num_v_heads) {
+  int32_t rows = batch * num_v_heads >= 512 && K <= 128 ? 64 : 32;
   while (V % rows) rows /= 2;
   return rows;
 }

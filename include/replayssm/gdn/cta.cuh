@@ -24,9 +24,9 @@ __device__ __forceinline__ CtaCoords cta_coords(const DecodeParams& p) {
   CtaCoords c;
   c.chunk = static_cast<int>(blockIdx.x % kChunks);
   const int64_t bh = blockIdx.x / kChunks;
-  c.hv = static_cast<int>(bh % p.nv_heads);
-  c.b = bh / p.nv_heads;
-  c.hk = c.hv / (p.nv_heads / p.nk_heads);
+  c.hv = static_cast<int>(bh % p.num_v_heads);
+  c.b = bh / p.num_v_heads;
+  c.hk = c.hv / (p.num_v_heads / p.num_k_heads);
   c.v0 = c.chunk * ROWS;
   return c;
 }

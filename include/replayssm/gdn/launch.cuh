@@ -27,9 +27,9 @@ template <typename TI>
 inline bool persistent_inputs_aligned(const DecodeParams& p) {
   constexpr int e = sizeof(TI);
   const StepInputs& in = p.in;
-  return aligned16(in.q, e, in.q_stride_batch, p.batch, in.q_stride_head, p.nk_heads) &&
-         aligned16(in.k, e, in.k_stride_batch, p.batch, in.k_stride_head, p.nk_heads) &&
-         aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.nv_heads);
+  return aligned16(in.q, e, in.q_stride_batch, p.batch, in.q_stride_head, p.num_k_heads) &&
+         aligned16(in.k, e, in.k_stride_batch, p.batch, in.k_stride_head, p.num_k_heads) &&
+         aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.num_v_heads);
 }
 
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay>
@@ -44,8 +44,8 @@ struct ReplayDecode {
 
   // Work units of the persistent kernel: a row's key head with its HV / HK value heads (GDN), or
   // one value head (KDA).
-  static int64_t units(int64_t batch, int nv_heads, int nk_heads) {
-    return batch * (PerChannelDecay ? nv_heads : nk_heads);
+  static int64_t units(int64_t batch, int num_v_heads, int num_k_heads) {
+    return batch * (PerChannelDecay ? num_v_heads : num_k_heads);
   }
 
   static int plan(PlanQuery q, Schedule* s) {
@@ -92,7 +92,7 @@ struct ReplayDecode {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
-      if (static_cast<int64_t>(k.units) != units(p.batch, p.nv_heads, p.nk_heads)) return cudaErrorInvalidValue;
+      if (static_cast<int64_t>(k.units) != units(p.batch, p.num_v_heads, p.num_k_heads)) return cudaErrorInvalidValue;
       return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
         constexpr int kRows = decltype(rows)::value;
         if constexpr (kPersistentOk<kRows>) {
@@ -102,7 +102,7 @@ struct ReplayDecode {
         return cudaErrorInvalidValue;
       });
     }
-    if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.nv_heads, V)) return cudaErrorInvalidValue;
+    if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       return launch_planned(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, p, k,
@@ -152,7 +152,7 @@ struct ConventionalDecode {
   }
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const KernelLaunch& k = s.main;
-    if (k.kernel != kKernelConventional || !tile_matches(k, p.batch, p.nv_heads, V)) return cudaErrorInvalidValue;
+    if (k.kernel != kKernelConventional || !tile_matches(k, p.batch, p.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       return launch_planned(conventional_decode_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0,
                             stream);
@@ -194,7 +194,7 @@ struct ReplayVerify {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main;
-    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nv_heads, V)) return cudaErrorInvalidValue;
+    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, p, k,
@@ -237,7 +237,7 @@ struct ConventionalVerify {
     if (p.drafts.T < 1 || p.drafts.T > TMAX || p.drafts.parents != nullptr || p.drafts.state_slots == nullptr)
       return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main;
-    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nv_heads, V)) return cudaErrorInvalidValue;
+    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       return launch_planned(conventional_verify_kernel<TS, TI, K, V, decltype(rows)::value, PerChannelDecay>, p, k, 0,
                             stream);

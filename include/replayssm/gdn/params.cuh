@@ -68,8 +68,8 @@ struct DecodeParams {
   SlotArg slots;
   int32_t* error_flag;  // [1], OR of error bits (kErr*, common/constants.h)
   int32_t batch;
-  int32_t nv_heads;     // HV
-  int32_t nk_heads;     // HK (HV % HK == 0)
+  int32_t num_v_heads;     // HV
+  int32_t num_k_heads;     // HK (HV % HK == 0)
   int32_t use_l2norm;   // normalise q and k (eps 1e-6) before use
   float scale;          // multiplies q (K^-1/2 by default)
 };
@@ -130,8 +130,8 @@ REPLAYSSM_FIELD(in)
 REPLAYSSM_FIELD(slots)
 REPLAYSSM_FIELD(error_flag)
 REPLAYSSM_FIELD(batch)
-REPLAYSSM_FIELD(nv_heads)
-REPLAYSSM_FIELD(nk_heads)
+REPLAYSSM_FIELD(num_v_heads)
+REPLAYSSM_FIELD(num_k_heads)
 REPLAYSSM_FIELD(use_l2norm)
 REPLAYSSM_FIELD(scale)
 REPLAYSSM_DESCRIBE_END

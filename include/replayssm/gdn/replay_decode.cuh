@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if constexpr (PerChannelDecay)
       for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
     else if (tid == 0) gout[0] = gate_s[0];
-    if (c.hv % (p.nv_heads / p.nk_heads) == 0) {
+    if (c.hv % (p.num_v_heads / p.num_k_heads) == 0) {
       float* kout =
           p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;
       for (int i = tid; i < K; i += kThreads) kout[i] = k_s[i];
@@ -287,7 +287,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
   }
 }
 

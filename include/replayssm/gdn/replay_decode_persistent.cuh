@@ -85,12 +85,12 @@ struct PersistentReplay {
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
       : p(params),
         pipe(smem),
-        heads_per_unit(PerChannelDecay ? 1 : params.nv_heads / params.nk_heads),
-        units_per_row(PerChannelDecay ? params.nv_heads : params.nk_heads),
-        units(static_cast<int64_t>(params.batch) * (PerChannelDecay ? params.nv_heads : params.nk_heads)) {}
+        heads_per_unit(PerChannelDecay ? 1 : params.num_v_heads / params.num_k_heads),
+        units_per_row(PerChannelDecay ? params.num_v_heads : params.num_k_heads),
+        units(static_cast<int64_t>(params.batch) * (PerChannelDecay ? params.num_v_heads : params.num_k_heads)) {}
 
   __device__ int first_head(int64_t u) const { return static_cast<int>(u % units_per_row) * heads_per_unit; }
-  __device__ int key_head(int hv) const { return hv / (p.nv_heads / p.nk_heads); }
+  __device__ int key_head(int hv) const { return hv / (p.num_v_heads / p.num_k_heads); }
 
   // Which checkpoint tile tile t of unit u is: batch row, value head and first row.
   struct TileCoords {
@@ -318,7 +318,7 @@ struct PersistentReplay {
       // value head is the first of its key head) and, for KDA, the value head's decays.
       const int hv0 = first_head(u), hk = key_head(hv0);
       const TI* Uk = reinterpret_cast<const TI*>(U + Layout::kK.offset);
-      if (!PerChannelDecay || hv0 % (p.nv_heads / p.nk_heads) == 0) {
+      if (!PerChannelDecay || hv0 % (p.num_v_heads / p.num_k_heads) == 0) {
         float ksq = 0.f;
         for (int c = lane; c < K; c += 32) ksq = fmaf(to_float(Uk[c]), to_float(Uk[c]), ksq);
         ksq = group_sum<32>(ksq);

@@ -380,7 +380,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head;
     for (int idx = tid; idx < n * kG; idx += kThreads)
       gout[static_cast<int64_t>(phys(m + idx / kG)) * kG + idx % kG] = gd_s[idx];
-    if (c.hv % (p.nv_heads / p.nk_heads) == 0) {
+    if (c.hv % (p.num_v_heads / p.num_k_heads) == 0) {
       float* kout = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
       for (int idx = tid; idx < n * K; idx += kThreads)
         kout[static_cast<int64_t>(phys(m + idx / K)) * K + idx % K] = kh_s[idx];
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nv_heads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n),
+    finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n),
                 p.error_flag);
   }
 }
