@@ -67,6 +67,8 @@ DTYPE_CODES: dict[str, int] = {"float32": _c["kFloat32"], "bfloat16": _c["kBFloa
 ERROR_BITS: dict[str, int] = {k: v for k, v in _c.items() if k.startswith("kErr")}
 ENTRY_STEP: int = _c["kEntryStep"]
 ENTRY_COMMIT: int = _c["kEntryCommit"]
+ENTRY_PLAN_QUERY: int = _c["kEntryPlanQuery"]  # field tables of the plan structs, not an entry
+ENTRY_SCHEDULE: int = _c["kEntrySchedule"]
 KERNEL_NAMES: dict[int, str] = {
     _c["kKernelNone"]: "none",
     _c["kKernelPersistent"]: "persistent",

@@ -198,6 +198,13 @@ class ScheduleStruct(ctypes.Structure):
     _fields_ = [("main", KernelLaunch), ("tile", KernelLaunch), ("fallback", i32), ("reserved", i32)]
 
 
+def check_plan_structs(module) -> None:
+    """Compare the mirrors of the plan's structs (PlanQuery with its DeviceLimits, ScheduleStruct
+    with its KernelLaunches) with the module's, field by field (ModuleLoadError on a difference)."""
+    module.check_params(C.ENTRY_PLAN_QUERY, PlanQuery)
+    module.check_params(C.ENTRY_SCHEDULE, ScheduleStruct)
+
+
 #: H200 (SXM, 141 GB) limits, for plans made without the device (tests, tools).
 H200_LIMITS = dict(
     sm_count=132,

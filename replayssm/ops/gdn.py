@@ -31,7 +31,7 @@ import torch
 
 from ..jit import get_module
 from ..jit.constants import ROW_CHOICES
-from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, i32, i64, ring_fields, scalar_arg
+from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, check_plan_structs, i32, i64, ring_fields, scalar_arg
 from .abi import plan_query as plan_query_
 from .generators import gdn_decode_spec
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
@@ -296,6 +296,7 @@ def load(
     mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)
     if op == "replay_verify":
         mod.check_params(ENTRY_COMMIT, CommitParams)
+    check_plan_structs(mod)
     if prepare:
         mod.prepare()
     return mod

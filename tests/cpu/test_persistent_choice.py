@@ -306,6 +306,24 @@ def test_field_tables_match_the_mirrors(modules):
 
 
 @needs_nvcc
+def test_plan_struct_tables_match_the_mirrors(modules):
+    """PlanQuery (with DeviceLimits) and Schedule (with KernelLaunch) are compared field by field
+    too (pseudo-entries kEntryPlanQuery / kEntrySchedule); a mirror with two limits swapped is refused."""
+    from replayssm.jit.loader import ModuleLoadError
+    from replayssm.ops.abi import DeviceLimits, PlanQuery, check_plan_structs
+
+    for mod in modules.values():
+        check_plan_structs(mod)
+    names = [n for n, _, _ in modules["m2"].params_fields(C.ENTRY_PLAN_QUERY)]
+    assert names[-1] == "limits.cc_minor" and "limits.sm_count" in names
+    swapped = [DeviceLimits._fields_[1], DeviceLimits._fields_[0], *DeviceLimits._fields_[2:]]
+    BadLimits = type("DeviceLimits", (ctypes.Structure,), {"_fields_": swapped})
+    BadQuery = type("PlanQuery", (ctypes.Structure,), {"_fields_": [*PlanQuery._fields_[:-1], ("limits", BadLimits)]})
+    with pytest.raises(ModuleLoadError, match="limits.sm_count"):
+        modules["gdn"].check_params(C.ENTRY_PLAN_QUERY, BadQuery)
+
+
+@needs_nvcc
 def test_module_constants_are_the_headers(modules):
     mod = modules["m2"]
     for name, value in C.flat().items():

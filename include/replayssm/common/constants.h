@@ -37,6 +37,8 @@ constexpr int32_t kErrDuplicateSlot = 16;  // a slot named by two rows of one ba
 // Module entries (replayssm_plan / replayssm_launch / replayssm_params_field).
 constexpr int32_t kEntryStep = 0;    // the module's op: a decode step or a verify
 constexpr int32_t kEntryCommit = 1;  // replay_verify modules: the commit of the last verify
+constexpr int32_t kEntryPlanQuery = 2;  // not an entry: replayssm_params_* of the plan's PlanQuery
+constexpr int32_t kEntrySchedule = 3;   // not an entry: replayssm_params_* of the plan's Schedule
 
 // Schedule::kernel / KernelLaunch::kernel (common/schedule.h).
 constexpr int32_t kKernelNone = 0;

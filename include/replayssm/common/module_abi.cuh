@@ -9,6 +9,7 @@
 //   size_t      replayssm_params_size(int entry);
 //   int         replayssm_params_field(int entry, int index, const char** name, long long* offset,
 //                                      long long* size);          // 0, or -1 past the last field
+//               (entry kEntryPlanQuery / kEntrySchedule: the plan's PlanQuery / Schedule structs)
 //   int         replayssm_constant(const char* name, long long* value);  // 0, or -1: unknown name
 //   int         replayssm_prepare(void);
 //   int         replayssm_plan(int entry, PlanQuery* query, Schedule* schedule);
@@ -71,6 +72,8 @@ inline const ConstantRow kConstantTable[] = {
     REPLAYSSM_CONSTANT(kErrDuplicateSlot),
     REPLAYSSM_CONSTANT(kEntryStep),
     REPLAYSSM_CONSTANT(kEntryCommit),
+    REPLAYSSM_CONSTANT(kEntryPlanQuery),
+    REPLAYSSM_CONSTANT(kEntrySchedule),
     REPLAYSSM_CONSTANT(kKernelNone),
     REPLAYSSM_CONSTANT(kKernelPersistent),
     REPLAYSSM_CONSTANT(kKernelTile),
@@ -174,6 +177,8 @@ REPLAYSSM_DESCRIBE_END
   REPLAYSSM_EXPORT size_t replayssm_params_size(int entry) {                                                         \
     if (entry == replayssm::kEntryStep) return sizeof(typename OP::Params);                                          \
     if (entry == replayssm::kEntryCommit && kReplayssmHasCommit) return sizeof(typename COMMIT::Params);             \
+    if (entry == replayssm::kEntryPlanQuery) return sizeof(replayssm::PlanQuery);                                    \
+    if (entry == replayssm::kEntrySchedule) return sizeof(replayssm::Schedule);                                      \
     return 0;                                                                                                        \
   }                                                                                                                  \
   REPLAYSSM_EXPORT int replayssm_params_field(int entry, int index, const char** name, long long* offset,            \
@@ -184,6 +189,10 @@ REPLAYSSM_DESCRIBE_END
     if constexpr (kReplayssmHasCommit)                                                                               \
       if (entry == replayssm::kEntryCommit)                                                                          \
         return replayssm::params_field<typename COMMIT::Params>(index, name, offset, size);                          \
+    if (entry == replayssm::kEntryPlanQuery)                                                                         \
+      return replayssm::params_field<replayssm::PlanQuery>(index, name, offset, size);                               \
+    if (entry == replayssm::kEntrySchedule)                                                                          \
+      return replayssm::params_field<replayssm::Schedule>(index, name, offset, size);                                \
     return -1;                                                                                                       \
   }                                                                                                                  \
   REPLAYSSM_EXPORT int replayssm_constant(const char* name, long long* value) {                                      \

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "constants.h"
+#include "fields.h"
 
 namespace replayssm {
 
@@ -248,5 +249,45 @@ inline const char* plan_error_string(int code) {
     default: return nullptr;
   }
 }
+
+// Field tables (common/fields.h): the loader compares them with the ctypes mirrors of the plan's
+// structs (replayssm/ops/abi.py) through the pseudo-entries kEntryPlanQuery and kEntrySchedule.
+REPLAYSSM_DESCRIBE_BEGIN(DeviceLimits)
+REPLAYSSM_FIELD(sm_count)
+REPLAYSSM_FIELD(smem_per_block_optin)
+REPLAYSSM_FIELD(smem_per_sm)
+REPLAYSSM_FIELD(reserved_smem_per_block)
+REPLAYSSM_FIELD(max_blocks_per_sm)
+REPLAYSSM_FIELD(max_threads_per_sm)
+REPLAYSSM_FIELD(cc_major)
+REPLAYSSM_FIELD(cc_minor)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(PlanQuery)
+REPLAYSSM_FIELD(batch)
+REPLAYSSM_FIELD(heads)
+REPLAYSSM_FIELD(groups)
+REPLAYSSM_FIELD(persistent)
+REPLAYSSM_FIELD(rows_per_cta)
+REPLAYSSM_FIELD(drafts)
+REPLAYSSM_FIELD(has_limits)
+REPLAYSSM_FIELD(reserved)
+REPLAYSSM_FIELD(limits)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(KernelLaunch)
+REPLAYSSM_FIELD(kernel)
+REPLAYSSM_FIELD(rows_per_cta)
+REPLAYSSM_FIELD(heads_per_unit)
+REPLAYSSM_FIELD(grid)
+REPLAYSSM_FIELD(threads)
+REPLAYSSM_FIELD(smem_bytes)
+REPLAYSSM_FIELD(ctas_per_sm)
+REPLAYSSM_FIELD(units)
+REPLAYSSM_DESCRIBE_END
+REPLAYSSM_DESCRIBE_BEGIN(Schedule)
+REPLAYSSM_FIELD(main)
+REPLAYSSM_FIELD(tile)
+REPLAYSSM_FIELD(fallback)
+REPLAYSSM_FIELD(reserved)
+REPLAYSSM_DESCRIBE_END
 
 }  // namespace replayssm
