@@ -12,7 +12,7 @@ the same values, and computes its output from S_hp. So, per slot, with a float64
 * after every flush S_hp equals the exact state within 2e-5 (fp32), and S_lp equals the
   reference quantiser (replayssm.reference.quant) applied to the S_hp the kernel stored: fp8
   codes equal or one code apart (rounding of the division), scales within 1 ulp; bf16 bit-equal;
-* over 1,024 steps S_hp stays within 2e-5 of float64, i.e. read-copy rounding never enters the
+* over 4,096 steps S_hp stays within 2e-5 of float64, i.e. read-copy rounding never enters the
   recurrence;
 * NaN in one state row stays in that row's outputs; pad rows are zeros and touch nothing;
   unused slots are never written; a CUDA graph of the step replays correctly.
@@ -251,8 +251,8 @@ class TestMamba2ReadCopyDecode:
 
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)
 class TestMamba2ReadCopyFidelity:
-    def test_fp8_1024_steps_checkpoint_stays_exact(self, persistent):
-        """Nemotron head layout (H128, G8), 8 sequences, 1,024 steps with the fp8 read copy: S_hp
+    def test_fp8_4096_steps_checkpoint_stays_exact(self, persistent):
+        """Nemotron head layout (H128, G8), 8 sequences, 4,096 steps with the fp8 read copy: S_hp
         within 2e-5 of float64 (read-copy rounding never enters the recurrence); the outputs'
         error against the exact recurrence (read-copy rounding included) is reported."""
         gen = seeded_generator()
@@ -265,7 +265,7 @@ class TestMamba2ReadCopyFidelity:
         w.plan(slots)
         S_ref = torch.zeros(8, Hm, P, N, dtype=torch.float64, device=dev)
         sq = sq_ref = 0.0
-        for step in range(1024):
+        for step in range(4096):
             x, dt, B, C, z = step_inputs(8, Hm, P, N, Gm, BF16, gen, dev)
             y = w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
             y_ref, S_ref = mamba2_step(
@@ -280,14 +280,14 @@ class TestMamba2ReadCopyFidelity:
                 dt_bias=dt_bias.double(),
                 dt_softplus=True,
             )
-            if step % 64 == 63:
+            if step % 256 == 255:
                 sq += float((y.double() - y_ref).norm() ** 2)
                 sq_ref += float(y_ref.norm() ** 2)
         err = rel_err(cache.materialize(slots, A=A), S_ref)
-        assert err <= STATE_TOL, f"S_hp rel err after 1024 steps {err:.3e} > {STATE_TOL}"
+        assert err <= STATE_TOL, f"S_hp rel err after 4096 steps {err:.3e} > {STATE_TOL}"
         out_err = (sq / sq_ref) ** 0.5
         assert out_err <= 0.1, f"fp8 read-copy outputs drift from the exact recurrence: {out_err:.3e}"
-        print(f"fp8 read copy, 1024 steps: S_hp rel err {err:.3e}, output rel err vs exact {out_err:.3e}")
+        print(f"fp8 read copy, 4096 steps: S_hp rel err {err:.3e}, output rel err vs exact {out_err:.3e}")
 
 
 class TestMamba2ReadCopyContract:
