@@ -67,7 +67,21 @@ _COMMON_OPTIONS: dict[str, Callable[[Any], object]] = {
     "num_slots": lambda v: positive_int("num_slots", v),
     "max_draft": check_max_draft,
 }
-_SHARED_KEYS = ("window", "state_dtype", "io_dtype", "rows_per_cta", "read_dtype")
+_SHARED_KEYS = ("window", "state_dtype", "io_dtype", "rows_per_cta", "read_dtype", "arch")
+
+
+def check_target_arch(v) -> str:
+    """An arch to plan for ('8.0', '8.9', '9.0a', 'sm_100a', ...): sm_80 or newer, one CUDA has.
+    Returns its normalized spelling ('80', '90a'). Every module builds for it; below sm_90 the
+    persistent kernels are not compiled in and plans run the tile kernels (fallback 'arch')."""
+    from .jit.env import SettingsError, check_arch
+
+    if not isinstance(v, str):
+        raise TypeError(f"arch: expected a CUDA arch string such as '9.0a' or '8.0', got {type(v).__name__} {v!r}")
+    try:
+        return check_arch(v, "arch")
+    except SettingsError as e:
+        raise ValueError(str(e)) from None
 
 
 def known_keys(family: str) -> tuple[str, ...]:
@@ -86,8 +100,10 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     read_dtype (None; Mamba-2: torch.float8_e4m3fn or torch.bfloat16, a read copy of a float32
     checkpoint for the replay algorithm),
     max_batch, algorithm, pad_slot_id, rows_per_cta, persistent, debug, device (checked only when
-    given: a visible CUDA device), and the cache's num_slots and max_draft. An unknown key is
-    reported, not ignored."""
+    given: a visible CUDA device of compute capability 8.0 or newer), arch (checked only when
+    given: the arch to plan for, e.g. '8.0', '8.9', '9.0a', '10.0a'; sm_80 or newer, where every
+    kernel but the sm_90 persistent pipeline exists), and the cache's num_slots and max_draft. An
+    unknown key is reported, not ignored."""
     if family not in FAMILIES:
         return False, f"family {family!r} has no kernels yet (available: {', '.join(FAMILIES)})"
     fam = FAMILIES[family]
@@ -110,6 +126,8 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
         )
         fam.check_rows(config.get("rows_per_cta"), dims)
         fam.check_read(config.get("read_dtype"), config.get("algorithm", "replay"), state, dims)
+        if "arch" in config:
+            check_target_arch(config["arch"])
         for key, value in config.items():
             if key in options:
                 options[key](value)

@@ -73,10 +73,15 @@ def normalize_device(arg: str, device) -> torch.device:
     return torch.device("cuda", torch.cuda.current_device())
 
 
+#: Oldest GPUs the kernels build for (sm_80); the persistent pipeline needs sm_90 (the plan checks).
+MIN_COMPUTE_CAPABILITY = (8, 0)
+
+
 def cuda_device(arg: str, device) -> torch.device:
     """The CUDA device a wrapper or cache is built on, normalised (``normalize_device``).
 
-    ValueError: a device of another type (e.g. 'cpu'), or an index no visible GPU has.
+    ValueError: a device of another type (e.g. 'cpu'), an index no visible GPU has, or a GPU older
+    than compute capability 8.0.
     RuntimeError: torch has no CUDA support or sees no GPU (the message says which)."""
     d = None if device is None else parse_device(arg, device)
     if d is not None and d.type != "cuda":
@@ -92,6 +97,12 @@ def cuda_device(arg: str, device) -> torch.device:
     count = torch.cuda.device_count()
     if d.index >= count:
         raise ValueError(f"{arg}: expected a visible CUDA device (cuda:0 to cuda:{count - 1}), got {_show(device)}")
+    major, minor = torch.cuda.get_device_capability(d)
+    if major < MIN_COMPUTE_CAPABILITY[0]:
+        raise ValueError(
+            f"{arg}: expected a GPU of compute capability 8.0 or newer (the kernels use sm_80 features), "
+            f"got {_show(device)}: {torch.cuda.get_device_name(d)}, compute capability {major}.{minor}"
+        )
     return d
 
 

@@ -25,6 +25,7 @@ sizes) with its ctypes mirror before first use (check_params).
 from __future__ import annotations
 
 import ctypes
+import json
 from pathlib import Path
 
 ABI_VERSION = 2
@@ -32,6 +33,11 @@ ABI_VERSION = 2
 
 class ModuleLoadError(RuntimeError):
     pass
+
+
+#: CUDA errors that mean "this module has no code for this device": cudaErrorInvalidDeviceFunction,
+#: cudaErrorInvalidKernelImage, cudaErrorNoKernelImageForDevice, cudaErrorUnsupportedPtxVersion.
+NO_CODE_FOR_DEVICE = (98, 200, 209, 222)
 
 
 class PlanError(ValueError):
@@ -140,10 +146,34 @@ class Module:
 
     # ------------------------------------------------------------------ entries
     def prepare(self) -> None:
-        """Load the kernels onto the current device (call outside graph capture)."""
+        """Load the kernels onto the current device (call outside graph capture). A module without
+        code the device can run raises ModuleLoadError naming its archs and the device's."""
         if not self._prepared:
-            self._raise_if(self._lib.replayssm_prepare(), "prepare")
+            code = self._lib.replayssm_prepare()
+            if code in NO_CODE_FOR_DEVICE:
+                raise ModuleLoadError(self._no_code_message(code))
+            self._raise_if(code, "prepare")
             self._prepared = True
+
+    def built_archs(self) -> list[str]:
+        """The archs the module was built for (its meta.json), [] when unknown."""
+        try:
+            meta = json.loads((self.path.parent / "meta.json").read_text())
+        except (OSError, ValueError):
+            return []
+        return [str(a) for a in meta.get("archs", [])]
+
+    def _no_code_message(self, code: int) -> str:
+        from .env import visible_gpu_archs
+
+        built = ", ".join(f"sm_{a}" for a in self.built_archs()) or "unknown archs"
+        gpus = ", ".join(f"sm_{a}" for a in visible_gpu_archs()) or "unknown"
+        msg = self._lib.replayssm_error_string(code).decode()
+        return (
+            f"replayssm: {self.name} was built for {built} but the GPU cannot run that code (visible GPUs: "
+            f"{gpus}; CUDA error {code}: {msg}); rebuild it for the GPU's arch (REPLAYSSM_CUDA_ARCH_LIST, "
+            f"or python -m replayssm.aot --arch ...)"
+        )
 
     def plan(self, query, result, entry: int | None = None):
         """Fill ``result`` (a replayssm.ops.abi.ScheduleStruct) with the module's schedule for

@@ -170,9 +170,11 @@ def aot_specializations() -> list[Specialization]:
 
 
 def compile_check_specializations() -> list[Specialization]:
-    """Representative set CI compiles for sm_90a: every dtype and dim appears at least once."""
+    """Representative set CI compiles for sm_90a: every dtype, dim and read copy appears at least once."""
     return [
         mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16),
+        mamba2_decode_spec("replay_decode", 64, 256, "float32", "bfloat16", L=32, read_dtype="float8_e4m3fn"),
+        mamba2_decode_spec("replay_decode", 128, 64, "float32", "float16", L=8, read_dtype="bfloat16"),
         mamba2_decode_spec("conventional_decode", 64, 128, "float32", "bfloat16"),
         mamba2_decode_spec("replay_decode", 80, 256, "bfloat16", "float16", L=32),
         mamba2_decode_spec("replay_decode", 128, 64, "float16", "float32", L=8),

@@ -1,5 +1,6 @@
 """nvcc compile-only check (sm_90a) of the representative set of specializations, plus one
-replay decode module per family for sm_80 (persistent kernel compiled to a trap) and sm_100a.
+replay decode module per family, and the fp8 read-copy one, for sm_80 and sm_89 (persistent kernel
+compiled to a trap; fp8 decoded in software on sm_80) and sm_100a.
 
 Every dim, dtype and window appears at least once in
 :func:`replayssm.ops.generators.compile_check_specializations`, so a template or header error in
@@ -26,9 +27,10 @@ SPECS = compile_check_specializations()
 
 # Archs besides sm_90a that CI builds, with one specialization per family: the replay decode
 # modules, which also hold the persistent kernel (mbarrier, bulk copies: sm_90+ code only).
-OTHER_ARCHS = ("80", "100a")
+OTHER_ARCHS = ("80", "89", "100a")
 OTHER_SPECS = [
     mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16),
+    mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16, read_dtype="float8_e4m3fn"),
     gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16),
     gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16, family="kda"),
 ]

@@ -38,12 +38,15 @@ WRAPPERS = list(DIMS)
 
 
 # ------------------------------------------------------------------------------ simulated CUDA setups
-def fake_cuda(monkeypatch, *, current: int = 0, count: int = 2) -> None:
-    """torch believes it is a CUDA build with ``count`` visible GPUs, ``current`` the current one."""
+def fake_cuda(monkeypatch, *, current: int = 0, count: int = 2, capability=(9, 0)) -> None:
+    """torch believes it is a CUDA build with ``count`` visible GPUs of compute ``capability``,
+    ``current`` the current one."""
     monkeypatch.setattr(torch.version, "cuda", "12.4")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: current)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda d=None: capability)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda d=None: "a fake GPU")
 
 
 def no_cuda_build(monkeypatch) -> None:
