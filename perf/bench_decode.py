@@ -154,7 +154,9 @@ class GDNFamily:
         dt0 = log_uniform(HV * (shape["K"] if self.per_channel else 1), 1e-3, 1e-1, gen).reshape(HV, *self.gate_tail)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows, persistent=None):
+    def wrapper(self, batch, algorithm, rows, persistent=None, read_dtype=None):
+        if read_dtype is not None:
+            raise ValueError(f"{self.wrapper_cls.__name__} has no read copy yet (--read-dtypes none)")
         s, a = self.s, self.args
         return self.wrapper_cls(
             s["HV"],
@@ -193,7 +195,7 @@ class GDNFamily:
         s = self.s
         return s["HV"] * s["V"] * s["K"] * self.args.state_dtype.itemsize
 
-    def step_bytes(self, kind, batch):
+    def step_bytes(self, kind, batch, read_dtype=None):
         s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
         state = batch * self.state_bytes()
         io = batch * ((2 * s["HK"] * s["K"] + 2 * s["HV"] * s["V"]) * ib + 2 * s["HV"] * ib)
@@ -239,7 +241,7 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, read_dtype=No
     """One pool; a graph of L consecutive steps, plus one graph per step for non-flush/flush."""
     L = fam.args.window
     num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
-    w = fam.wrapper(batch, algorithm, rows, persistent, **({"read_dtype": read_dtype} if read_dtype else {}))
+    w = fam.wrapper(batch, algorithm, rows, persistent, read_dtype)
     cache = w.create_cache(num_slots)
     cache.checkpoint.normal_(generator=fam.gen)
     if read_dtype is not None:
@@ -363,7 +365,7 @@ def bench_fla(fam, batch, reps, ops):
 def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, read_dtype=None):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
     L = fam.args.window
-    w = fam.wrapper(batch, algorithm, rows, persistent, **({"read_dtype": read_dtype} if read_dtype else {}))
+    w = fam.wrapper(batch, algorithm, rows, persistent, read_dtype)
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
         c.checkpoint.normal_(generator=fam.gen)
@@ -420,7 +422,7 @@ def run(args):
                         torch.cuda.empty_cache()
                         continue
                     kind = "conventional" if algorithm == "fla" else algorithm
-                    nbytes = fam.step_bytes(kind, batch, read_dtype) if read_dtype else fam.step_bytes(kind, batch)
+                    nbytes = fam.step_bytes(kind, batch, read_dtype)
                     floor = nbytes / (bw * 1e12) * 1e6
                     row = {
                         "family": args.family,

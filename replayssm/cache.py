@@ -127,8 +127,9 @@ class ReplayCache:
 
     def _make_rings(self, dims: dict) -> None:
         """Allocate the family's rings (zeros) as the descriptor lays them out."""
-        self._ring_names = tuple(self.descriptor.ring_layout(dims, self.capacity, self.io_dtype))
-        for name, (shape, dtype) in self.descriptor.ring_layout(dims, self.capacity, self.io_dtype).items():
+        layout = self.descriptor.ring_layout(dims, self.capacity, self.io_dtype)
+        self._ring_names = tuple(layout)
+        for name, (shape, dtype) in layout.items():
             setattr(self, name, torch.zeros((self.num_slots, *shape), dtype=dtype, device=self.device))
 
     def rings(self) -> tuple[torch.Tensor, ...]:
@@ -141,7 +142,8 @@ class ReplayCache:
 
     # -- sizes --------------------------------------------------------------------------
     def state_bytes_per_slot(self) -> int:
-        return self.checkpoint[0].numel() * self.checkpoint.element_size()
+        """Bytes per slot of the checkpoint (``bytes_per_slot()['checkpoint']``)."""
+        return self.bytes_per_slot()["checkpoint"]
 
     def bytes_per_slot(self) -> dict[str, int]:
         """Bytes per slot of every buffer the cache keeps: 'checkpoint', 'read_copy' and
@@ -162,7 +164,8 @@ class ReplayCache:
 
     def ring_bytes_per_slot(self) -> int:
         """Extra bytes per slot that ReplaySSM adds on top of the state (rings + cursors)."""
-        return sum(t[0].numel() * t.element_size() for t in (*self.rings(), *self.cursors()))
+        sizes = self.bytes_per_slot()
+        return sizes["rings"] + sizes["cursors"]
 
     # -- sequence lifecycle ---------------------------------------------------------------
     def _empty_rings(self, s: torch.Tensor) -> None:

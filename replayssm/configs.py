@@ -21,7 +21,6 @@ from .families import (  # noqa: F401 (re-exported: the checks every layer uses)
 )
 from .ops.generators import MAX_DRAFTS
 
-FAMILY_NAMES = tuple(FAMILIES)
 ALGORITHMS = ("replay", "conventional")
 INT64_RANGE = (-(2**63), 2**63 - 1)
 

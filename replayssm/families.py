@@ -84,8 +84,7 @@ def check_window_and_dtypes(window, state_dtype, io_dtype) -> tuple[torch.dtype,
 
 def _check_choice(key: str, symbol: str, v, choices) -> None:
     positive_int(key, v)
-    if v not in choices:
-        raise ValueError(f"{key} ({symbol}): expected one of {list(choices)}, got {v}")
+    generators.check_choice(f"{key} ({symbol})", v, choices)
 
 
 def _check_mamba2_dims(d: Mapping[str, Any]) -> None:
@@ -202,11 +201,8 @@ def _mamba2_spec(op, dims, state_dtype, io_dtype, L, T, read_dtype):
 
 def _delta_spec(family: str):
     def spec(op, dims, state_dtype, io_dtype, L, T, read_dtype):
-        if read_dtype is not None:
-            generators.check_read_copy(family, op, generators.read_format_name(read_dtype), state_dtype, 0)
-        return generators.gdn_decode_spec(
-            op, dims["head_k_dim"], dims["head_v_dim"], state_dtype, io_dtype, L, family, T
-        )
+        K, V = dims["head_k_dim"], dims["head_v_dim"]
+        return generators.gdn_decode_spec(op, K, V, state_dtype, io_dtype, L, family, T, read_dtype)
 
     return spec
 

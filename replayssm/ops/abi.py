@@ -55,25 +55,19 @@ class StatePool(ctypes.Structure):
 def pool_struct(cache) -> StatePool:
     """The cache's checkpoint [num_slots, heads, rows, cols] and, when it keeps one, its read copy
     (same shape) and the copy's scales [num_slots, heads, rows] as the kernels' StatePool."""
-    c, r, sc = cache.checkpoint, cache.read_copy, cache.read_scale
-    return StatePool(
-        c.data_ptr(),
-        c.stride(0),
-        c.stride(1),
-        None if r is None else r.data_ptr(),
-        0 if r is None else r.stride(0),
-        0 if r is None else r.stride(1),
-        None if sc is None else sc.data_ptr(),
-        0 if sc is None else sc.stride(0),
-        0 if sc is None else sc.stride(1),
-    )
+    return StatePool(*(v for t in (cache.checkpoint, cache.read_copy, cache.read_scale) for v in _slot_array(t)))
+
+
+def _slot_array(t: torch.Tensor | None) -> tuple:
+    """A [num_slots, heads, ...] array as (pointer, slot stride, head stride); (None, 0, 0) when absent."""
+    return (None, 0, 0) if t is None else (t.data_ptr(), t.stride(0), t.stride(1))
 
 
 def ring_fields(cache) -> tuple:
     """A family's Ring fields, in order (both families lay it out alike): pointer, slot stride and
     head stride of each of ``cache.rings()``, the four cursors (start, len, done, draft), the
     persistent kernels' unit counter, the capacity, and the reserved word."""
-    arrays = [v for t in cache.rings() for v in (t.data_ptr(), t.stride(0), t.stride(1))]
+    arrays = [v for t in cache.rings() for v in _slot_array(t)]
     cursors = (t.data_ptr() for t in cache.cursors())
     return (*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, 0)
 
@@ -196,6 +190,22 @@ class KernelLaunch(ctypes.Structure):
 
 class ScheduleStruct(ctypes.Structure):
     _fields_ = [("main", KernelLaunch), ("tile", KernelLaunch), ("fallback", i32), ("reserved", i32)]
+
+
+def load_checked(spec, decode_params: type, verify_params: type, *, prepare: bool):
+    """Build or load the module of ``spec``, compare its params structs with the mirrors (the
+    step's: ``verify_params`` for verify ops, else ``decode_params``; a replay verify's commit;
+    the plan's), and (``prepare``) put its kernels on the current device (outside capture)."""
+    from ..jit import get_module
+
+    mod = get_module(spec)
+    mod.check_params(C.ENTRY_STEP, verify_params if spec.op.endswith("verify") else decode_params)
+    if spec.op == "replay_verify":
+        mod.check_params(C.ENTRY_COMMIT, CommitParams)
+    check_plan_structs(mod)
+    if prepare:
+        mod.prepare()
+    return mod
 
 
 def check_plan_structs(module) -> None:

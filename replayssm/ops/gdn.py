@@ -29,9 +29,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..jit import get_module
 from ..jit.constants import ROW_CHOICES
-from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, check_plan_structs, i32, i64, ring_fields, scalar_arg
+from .abi import (
+    DraftArgs,
+    ScalarArg,
+    SlotArg,
+    StatePool,
+    c_ptr,
+    i32,
+    i64,
+    load_checked,
+    ring_fields,
+    scalar_arg,
+)
 from .abi import plan_query as plan_query_
 from .generators import gdn_decode_spec
 from .validate import FLOAT_DTYPES, check_tensor, merge_token_dims, per_head_stride
@@ -108,15 +118,6 @@ class GDNDims:
     num_k_heads: int
     head_k_dim: int
     head_v_dim: int
-
-
-def check_rows_per_cta(rows: int, V: int) -> int:
-    """A row tiling of V (replayssm.families: GDN.check_rows)."""
-    from ..families import FAMILIES
-
-    checked = FAMILIES["gdn"].check_rows(rows, {"head_v_dim": V})
-    assert checked is not None  # rows is an int here
-    return checked
 
 
 def _per_row(name: str, t, batch: int, H: int, device) -> int:
@@ -289,14 +290,5 @@ def load(
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
     capacity; replay_verify's commit entry takes CommitParams."""
-    from ..jit.constants import ENTRY_COMMIT, ENTRY_STEP
-    from .abi import CommitParams
-
-    mod = get_module(gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T))
-    mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)
-    if op == "replay_verify":
-        mod.check_params(ENTRY_COMMIT, CommitParams)
-    check_plan_structs(mod)
-    if prepare:
-        mod.prepare()
-    return mod
+    spec = gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T)
+    return load_checked(spec, DecodeParams, VerifyParams, prepare=prepare)

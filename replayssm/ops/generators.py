@@ -14,7 +14,8 @@ MAMBA2_N = (64, 128, 256)
 WINDOWS = (8, 16, 32)
 
 
-def _check_choice(arg: str, value, allowed) -> None:
+def check_choice(arg: str, value, allowed) -> None:
+    """ValueError naming ``arg`` unless ``value`` is one of ``allowed``."""
     if value not in allowed:
         raise ValueError(f"{arg}: expected one of {list(allowed)}, got {value!r}")
 
@@ -49,15 +50,15 @@ def _decode_spec(
 ) -> Specialization:
     """The part every decode generator shares: op, window and draft-capacity checks, dtype codes.
     Decode ops have T = 1; verify ops T in VERIFY_T (their draft capacity)."""
-    _check_choice("op", op, DECODE_OPS)
+    check_choice("op", op, DECODE_OPS)
     if op.startswith("replay"):
-        _check_choice("L (window)", L, WINDOWS)
+        check_choice("L (window)", L, WINDOWS)
     else:
         L = None
     if op.endswith("verify"):
-        _check_choice("T (draft capacity)", T, VERIFY_T)
+        check_choice("T (draft capacity)", T, VERIFY_T)
     else:
-        _check_choice("T (tokens per row)", T, (1,))
+        check_choice("T (tokens per row)", T, (1,))
     return Specialization(
         family=family,
         op=op,
@@ -122,28 +123,38 @@ def mamba2_decode_spec(
     or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, torch.bfloat16; replay
     decode of a float32 checkpoint only).
     """
-    _check_choice("op", op, DECODE_OPS)
-    _check_choice("P (head dim)", P, MAMBA2_P)
-    _check_choice("N (state dim)", N, MAMBA2_N)
+    check_choice("op", op, DECODE_OPS)
+    check_choice("P (head dim)", P, MAMBA2_P)
+    check_choice("N (state dim)", N, MAMBA2_N)
     read = check_read_copy("mamba2", op, read_format_name(read_dtype), state_dtype, N)
     dims = (("P", P), ("N", N))
     return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, dims, state_dtype, io_dtype, L, T, read)
 
 
 def gdn_decode_spec(
-    op: str, K: int, V: int, state_dtype, io_dtype, L: int | None = None, family: str = "gdn", T: int = 1
+    op: str,
+    K: int,
+    V: int,
+    state_dtype,
+    io_dtype,
+    L: int | None = None,
+    family: str = "gdn",
+    T: int = 1,
+    read_dtype=None,
 ) -> Specialization:
     """Specialization of a Gated DeltaNet (family 'gdn') or KDA (family 'kda', per-channel decay)
     decode module.
 
     op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
     K, V (key and value head dims) in GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16};
-    L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops."""
-    _check_choice("family", family, ("gdn", "kda"))
-    _check_choice("op", op, DECODE_OPS)
-    _check_choice("K (key head dim)", K, GDN_DIMS)
-    _check_choice("V (value head dim)", V, GDN_DIMS)
-    return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T)
+    L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
+    (no read copy exists for GDN/KDA yet: any other value raises ValueError)."""
+    check_choice("family", family, ("gdn", "kda"))
+    check_choice("op", op, DECODE_OPS)
+    check_choice("K (key head dim)", K, GDN_DIMS)
+    check_choice("V (value head dim)", V, GDN_DIMS)
+    read = check_read_copy(family, op, read_format_name(read_dtype), state_dtype, K)  # none yet: refuses any
+    return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T, read)
 
 
 #: Draft capacities the AOT set carries for speculative decoding (a plan of T <= 8 drafts).

@@ -36,9 +36,19 @@ from dataclasses import dataclass
 
 import torch
 
-from ..jit import get_module
 from ..jit.constants import ROW_CHOICES
-from .abi import DraftArgs, ScalarArg, SlotArg, StatePool, c_ptr, check_plan_structs, i32, i64, ring_fields, scalar_arg
+from .abi import (
+    DraftArgs,
+    ScalarArg,
+    SlotArg,
+    StatePool,
+    c_ptr,
+    i32,
+    i64,
+    load_checked,
+    ring_fields,
+    scalar_arg,
+)
 from .abi import plan_query as plan_query_
 from .generators import mamba2_decode_spec
 from .validate import FLOAT_DTYPES, check_aligned, check_tensor, merge_token_dims, per_head_stride
@@ -136,15 +146,6 @@ def check_state_pool(name: str, t, dims: Mamba2Dims, dtype, device, num_slots=No
     )
     check_aligned(name, t, 16 // t.element_size(), (0, 1))
     return t
-
-
-def check_rows_per_cta(rows: int, P: int) -> int:
-    """A row tiling of P (replayssm.families: MAMBA2.check_rows)."""
-    from ..families import FAMILIES
-
-    checked = FAMILIES["mamba2"].check_rows(rows, {"head_dim": P})
-    assert checked is not None  # rows is an int here
-    return checked
 
 
 def step_inputs(
@@ -245,17 +246,8 @@ def load(
     put its kernels on the current device (outside capture). Verify modules: T is the draft
     capacity; replay_verify's commit entry takes CommitParams. read_dtype: the read copy the
     module is built for (replay_decode only; see generators.mamba2_decode_spec)."""
-    from ..jit.constants import ENTRY_COMMIT, ENTRY_STEP
-    from .abi import CommitParams
-
-    mod = get_module(mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T, read_dtype))
-    mod.check_params(ENTRY_STEP, VerifyParams if op.endswith("verify") else DecodeParams)
-    if op == "replay_verify":
-        mod.check_params(ENTRY_COMMIT, CommitParams)
-    check_plan_structs(mod)
-    if prepare:
-        mod.prepare()
-    return mod
+    spec = mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T, read_dtype)
+    return load_checked(spec, DecodeParams, VerifyParams, prepare=prepare)
 
 
 __all__ = [

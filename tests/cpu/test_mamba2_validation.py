@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from replayssm.cache import Mamba2Cache
+from replayssm.families import FAMILIES
 from replayssm.ops import mamba2 as m2
 from replayssm.ops.abi import DTYPE_CODE, pool_struct
 from replayssm.ops.validate import check_slot_indices, check_tensor, per_head_stride
@@ -233,13 +234,13 @@ def test_dims_accept_every_supported_shape(P_, N_):
 def test_check_rows_per_cta():
     for P_, allowed in ((64, (16, 32, 64)), (80, (16,)), (128, (16, 32, 64))):
         for rows in allowed:
-            assert m2.check_rows_per_cta(rows, P_) == rows
+            assert FAMILIES["mamba2"].check_rows(rows, {"head_dim": P_}) == rows
     with pytest.raises(ValueError, match=re.escape("rows_per_cta: expected one of [16, 80] for head_dim 80, got 64")):
-        m2.check_rows_per_cta(64, 80)
+        FAMILIES["mamba2"].check_rows(64, {"head_dim": 80})
     with pytest.raises(
         ValueError, match=re.escape("rows_per_cta: expected one of [16, 32, 64] for head_dim 64, got 48")
     ):
-        m2.check_rows_per_cta(48, 64)
+        FAMILIES["mamba2"].check_rows(48, {"head_dim": 64})
 
 
 # The default tilings are the plan entry's (include/replayssm/common/schedule.h): see
