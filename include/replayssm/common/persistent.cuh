@@ -39,8 +39,11 @@ constexpr int kFullArrivals = kPersistentProducerLanes + 1;
 // hazards (perf/racecheck_probe.cu shows both on the bare protocol); per-thread arrivals are
 // what the tool can verify.
 constexpr int kStageEmptyArrivals = kPersistentConsumers;
-// unit empty: consumer thread 0 hands the unit buffer back after the consumers' barrier.
-constexpr int kUnitEmptyArrivals = 1;
+// unit empty: every consumer thread hands the unit buffer back, after the consumers' barrier.
+// One arrival by thread 0 after the named barrier is as correct, but racecheck does not carry the
+// named barrier's ordering through thread 0's arrive either: it reported the producer's next
+// header write as racing the other threads' header reads (sanitize log of 7a32c5d).
+constexpr int kUnitEmptyArrivals = kPersistentConsumers;
 
 // How many unit and stage buffers fit in one CTA's share of an SM (kCtasPerSm CTAs per SM, two by default: 228 KB of
 // shared memory per SM, 1 KB reserved per CTA). Two unit buffers when that costs no stage or
@@ -95,14 +98,25 @@ struct PipelineState {
 // the first gridDim.x; [1] counts CTAs that have finished. The last CTA to finish sets both back to
 // 0, so consecutive launches (and graph replays) on one counter need no reset between them; two
 // persistent launches may not use one counter at the same time.
+// With no more units than CTAs (small batches) each CTA's first unit is its only one: the counter
+// is not touched at all, which saves the kernel's tail two dependent global atomics and a fence.
 struct WorkCounter {
   int32_t* counts;
+  int64_t units;  // the launch's unit count
+
+  __device__ WorkCounter(int32_t* counter, int64_t launch_units) : counts(counter), units(launch_units) {}
+
+  // Whether this launch uses the counter (the same answer in every CTA).
+  __device__ __forceinline__ bool used() const { return units > static_cast<int64_t>(gridDim.x); }
 
   // Producer lane 0: the unit after the first ones (gridDim.x + how many were taken before).
-  __device__ __forceinline__ int64_t take() const { return static_cast<int64_t>(gridDim.x) + atomicAdd(&counts[0], 1); }
+  __device__ __forceinline__ int64_t take() const {
+    return used() ? static_cast<int64_t>(gridDim.x) + atomicAdd(&counts[0], 1) : units;
+  }
 
   // One thread per CTA, after every thread of the CTA is done with the counter (__syncthreads).
   __device__ __forceinline__ void finish() const {
+    if (!used()) return;
     __threadfence();  // this CTA's takes come before its count in
     if (atomicAdd(&counts[1], 1) == static_cast<int>(gridDim.x) - 1) {
       counts[0] = 0;
@@ -215,10 +229,8 @@ struct PersistentPipeline {
         end_unit(u, unit(unit_pos.index()));
       }
       consumer_sync();
-      if (threadIdx.x == 0) {
-        mbar_arrive(&unit_empty[unit_pos.index()]);
-        if (active) counted_in(u);
-      }
+      mbar_arrive(&unit_empty[unit_pos.index()]);
+      if (threadIdx.x == 0 && active) counted_in(u);
     }
   }
 

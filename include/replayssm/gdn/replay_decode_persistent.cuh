@@ -193,7 +193,7 @@ struct PersistentReplay {
       if (lane == 3) cp_async_scalar(&W[3], bt, b * bt.stride0 + hv * bt.stride1);
     };
 
-    pipe.produce(units, WorkCounter{p.ring.work}, fill_unit, fill_stage);
+    pipe.produce(units, WorkCounter{p.ring.work, units}, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -529,7 +529,7 @@ __global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persisten
     k.consume(threadIdx.x);
   }
   __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{p.ring.work}.finish();
+  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish();
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif

@@ -269,7 +269,7 @@ struct PersistentReplay {
       }
     };
 
-    pipe.produce(units, WorkCounter{p.ring.work}, fill_unit, fill_stage);
+    pipe.produce(units, WorkCounter{p.ring.work, units}, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, 
     k.consume(threadIdx.x);
   }
   __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{p.ring.work}.finish();
+  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish();
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif
