@@ -20,6 +20,11 @@
 // running is never lost. Since a mover subtracts U only after its own arrival, old % U counts the
 // slot's arrivals in this launch exactly, and the U-th, 2U-th, ... arrivals are the movers.
 //
+// Caller-owned cursors (ring.done == nullptr): the kernels read start and len and never write
+// them, as in FlashInfer's checkpointing_ssu contract, where the host advances ring_start and
+// prev_num_accepted_tokens after each call (replayssm/flashinfer_contract.py). No arrival is
+// counted and no duplicate slot detected then.
+//
 // A slot named by two rows of one batch violates the contract (rows write the same ring records;
 // the slot's state is then unspecified until reset). It is detected on the device, raising
 // kErrDuplicateSlot, when an arrival finds old >= U: more than U units arrived before a mover
@@ -60,6 +65,7 @@ __device__ __forceinline__ Cursors cursors_after_verify(const Cursors& seen, boo
 // Returns the counter's previous value, for finish_unit; nothing waits on the atomic until then.
 template <typename RingT>
 __device__ __forceinline__ int arrive(const RingT& ring, int64_t slot) {
+  if (ring.done == nullptr) return 0;  // caller-owned cursors
   return atomicAdd(&ring.done[slot], 1);
 }
 
@@ -71,6 +77,7 @@ __device__ __forceinline__ void finish_unit(const RingT& ring, int64_t slot, int
   // Keep the compiler from computing on `arrived` as soon as the atomic returns (mid-kernel in
   // the tile kernels, where registers are scarce): nothing here is needed before this point.
   asm volatile("" : "+r"(arrived)::"memory");
+  if (ring.done == nullptr) return;  // caller-owned cursors: the caller moves them
   if (arrived >= units) raise_error(error_flag, kErrDuplicateSlot);
   if (arrived % units != units - 1) return;
   ring.start[slot] = next.start;

@@ -30,7 +30,8 @@ struct Ring {
   int64_t dt_stride_head;
   int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
   int32_t* len;    // [slots] committed records since the checkpoint
-  int32_t* done;   // [slots] arrival counter of the in-kernel cursor move (0 at rest; common/cursors.cuh)
+  int32_t* done;   // [slots] arrival counter of the in-kernel cursor move (0 at rest; common/cursors.cuh),
+                   // or nullptr: the caller owns the cursors (the kernels never write them)
   int32_t* draft;  // [slots] pending drafts of the last verify (see common/commit.cuh)
   int32_t* work;   // [2] the persistent kernels' unit counter (common/persistent.cuh WorkCounter), 0 at rest
   int32_t capacity;
