@@ -1,9 +1,10 @@
 """A small workload for compute-sanitizer: every kernel kind of every family, once or twice each.
 
 Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (for
-Mamba-2 also with an fp8 and a bf16 read copy), a conventional step, a replay verify with a chain commit and a tree verify with a path commit (the
-flush fused into the verify included), and a conventional verify. Sizes are small so that memcheck,
-racecheck and synccheck finish in seconds. Exits non-zero if a kernel raised an error bit.
+Mamba-2 also with an fp8 and a bf16 read copy), a conventional step, a replay verify with a chain
+commit and a tree verify with a path commit (the flush fused into the verify included), and a
+conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in seconds.
+Exits non-zero if a kernel raised an error bit.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 perf/sanitize_driver.py
     (perf/device_check.sh sanitize runs all three tools and writes their logs under $OUT)

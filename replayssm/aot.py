@@ -10,9 +10,15 @@ total. Modules land in the JIT's own layout::
     DIR/<archs>/<name>/<name>.so   DIR/<archs>/<name>/meta.json   DIR/<archs>/<name>/<name>.cu
 
 (``<archs>`` is e.g. ``90a``; ``--arch`` takes the archs the JIT accepts, sm_80 or newer, and an
-arch the installed nvcc cannot build is an error before anything is created). The runtime serves
-such a module when its ``source_hash`` matches what it would build itself (same sources, headers
-and flags; the compiler version may differ):
+arch the installed nvcc cannot build is an error before anything is created). Several archs make
+one set of fat modules, each holding a cubin per arch, under one folder: ``--arch "8.0+PTX 8.9
+9.0a 10.0a"`` gives ``DIR/80+ptx_89_90a_100a/`` (``+PTX`` also embeds that arch's PTX, which
+newer GPUs JIT-compile). Each module's meta.json lists its archs. The runtime serves such a module
+when its ``source_hash`` matches what it would build itself for those archs (same sources, headers
+and flags; the compiler version may differ). With no arch list set, a GPU takes the module with
+its own arch's cubin, else an older minor's cubin of its major, else PTX of a lower arch, from any
+folder (docs/gpus.md); with REPLAYSSM_CUDA_ARCH_LIST set, only modules built for exactly that
+list are served:
 
 * point ``REPLAYSSM_AOT_DIR`` at ``DIR`` (or ``DIR/<archs>``), or
 * build into ``replayssm/data/aot`` of a source tree and run ``pip wheel .``: the wheel then
@@ -57,7 +63,7 @@ def resolve_archs(arch_args: list[str] | None) -> tuple[str, ...]:
 
     Raises SettingsError (a ValueError) naming ``--arch`` for an arch replayssm cannot build."""
     if arch_args:
-        return tuple(sorted({a for text in arch_args for a in env.parse_arch_list(text, "--arch")}))
+        return env.sort_archs(env.parse_arch_list(arch_args[0] if len(arch_args) == 1 else arch_args, "--arch"))
     return env.target_archs()
 
 
@@ -97,7 +103,7 @@ def build_set(
         log.info(
             "replayssm.aot: compiling %d module(s) for %s with -j%d into %s",
             len(todo),
-            ",".join(f"sm_{a}" for a in archs),
+            ",".join(env.arch_label(a) for a in archs),
             jobs,
             root,
         )
@@ -137,8 +143,10 @@ def parser() -> argparse.ArgumentParser:
         "--arch",
         action="append",
         metavar="ARCH",
-        help="CUDA arch(s), sm_80 or newer, e.g. 9.0a (Hopper builds sm_90a), 8.0 or 12.0; repeat or "
-        "separate with commas. Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs",
+        help="CUDA arch(s), sm_80 or newer, e.g. 9.0a (Hopper builds sm_90a), 8.0 or 12.0; 8.0+PTX also "
+        "embeds compute_80 PTX that newer GPUs JIT-compile; repeat or separate with commas or spaces: "
+        "several archs make one module per specialization holding code for each (e.g. "
+        "'8.0+PTX 8.9 9.0a 10.0a'). Default: REPLAYSSM_CUDA_ARCH_LIST or the visible GPUs",
     )
     p.add_argument("--out", type=Path, metavar="DIR", help="output directory; modules go to DIR/<archs>/<name>/")
     p.add_argument("--list", action="store_true", help="print the names of the set and exit (no compile)")

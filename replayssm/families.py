@@ -240,7 +240,7 @@ MAMBA2 = Family(
     dim_defaults={"ngroups": 1},
     tile_key="head_dim",
     row_key="state_dim",
-    options={"dt_softplus": lambda v: check_bool("dt_softplus", v)},
+    options={"dt_softplus": lambda v: check_bool("dt_softplus", v), "pdl": lambda v: check_bool("pdl", v)},
     per_channel=False,
     # docs/benchmarks.md §4
     model_shapes={

@@ -366,6 +366,11 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     torch.bfloat16); each flush reads the fp32 checkpoint, folds, and writes both. It selects the
     binary (names end in ``_read_fp8`` / ``_read_bf16``); replay standard decode only so far (a
     verify plan raises ValueError). ``create_cache`` allocates the copy.
+    ``pdl``: launch the replay step as a programmatic dependent launch (sm_90+, the tile kernel:
+    ``w.schedule.pdl`` says whether the plan does), so it starts and loads its cache data while
+    the kernel before it on the stream finishes. Only valid when that kernel does not write this
+    step's cache: true in a model (projections and conv run between two steps of a layer), not for
+    back-to-back steps of one cache or a step right after commit() of the same cache.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -392,11 +397,13 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         device=None,
         debug: bool = False,
         read_dtype=None,
+        pdl: bool = False,
     ):
         dims = dict(nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
         self.read_dtype = self.descriptor.check_read(read_dtype, algorithm, state_dtype, dims)
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
+        self.pdl = check_bool("pdl", pdl)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self._init_common(
             window,
@@ -437,7 +444,9 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         )
 
     def _plan_query(self, batch: int, T: int):
-        return m2.plan_query(self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits)
+        return m2.plan_query(
+            self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits, self.pdl
+        )
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
         """One decode step (or verify) for the planned rows. Launch only: capturable in a CUDA graph.

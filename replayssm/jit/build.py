@@ -71,7 +71,7 @@ class BuildTarget:
 
 
 def plan(spec: Specialization, archs: tuple[str, ...] | None = None, headers: str | None = None) -> BuildTarget:
-    archs = tuple(sorted(archs if archs is not None else env.target_archs()))
+    archs = env.sort_archs(archs if archs is not None else env.target_archs())
     if not archs:
         raise ToolchainError(
             "replayssm: no CUDA arch to build for: no GPU is visible and REPLAYSSM_CUDA_ARCH_LIST "
@@ -281,10 +281,10 @@ def check_nvcc_archs(nvcc: Path, compiler: str, archs) -> None:
     listed = env.nvcc_archs(str(nvcc))
     if listed is None:  # an nvcc that cannot list its archs: let it try
         return
-    missing = [a for a in archs if a.rstrip("af") not in listed]
+    missing = [a for a in env.sort_archs(archs) if env.split_arch(a)[0] not in listed]
     if missing:
         raise ToolchainError(
-            f"replayssm: {nvcc} ({compiler}) cannot build {', '.join(f'sm_{a}' for a in missing)}; it builds "
+            f"replayssm: {nvcc} ({compiler}) cannot build {', '.join(env.arch_label(a) for a in missing)}; it builds "
             f"{', '.join(f'sm_{a}' for a in sorted(listed, key=int) if int(a) >= env.MIN_ARCH)} (of those "
             "replayssm can use). Choose another arch or point CUDA_HOME at a CUDA toolkit that has it"
         )
@@ -383,15 +383,10 @@ def _slots() -> threading.BoundedSemaphore:
 _warned_aot_dirs: set[Path] = set()  # each missing AOT dir is logged once per process
 
 
-def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
-    """Directories that may hold prebuilt modules for ``archs``, in search order.
-
-    Each REPLAYSSM_AOT_DIR entry is accepted both as the ``--out`` DIR of ``python -m
-    replayssm.aot`` (modules under ``DIR/<archs>/``) and as that ``DIR/<archs>`` folder itself;
-    then the wheel's ``replayssm/data/aot/<archs>/``."""
-    tag = env.arch_tag(archs)
-    roots: list[Path] = []
-    for d in env.settings().aot_dirs:
+def _aot_dirs() -> tuple[Path, ...]:
+    """The REPLAYSSM_AOT_DIR / ``configure(aot_dirs=...)`` entries (a missing one is logged once)."""
+    dirs = env.settings().aot_dirs
+    for d in dirs:
         if not d.is_dir() and d not in _warned_aot_dirs:
             _warned_aot_dirs.add(d)
             log.warning(
@@ -400,13 +395,87 @@ def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
                 d,
                 "is not a directory" if d.exists() else "does not exist",
             )
+    return dirs
+
+
+def prebuilt_roots(archs: tuple[str, ...]) -> list[Path]:
+    """Directories that may hold prebuilt modules for exactly ``archs``, in search order.
+
+    Each REPLAYSSM_AOT_DIR entry is accepted both as the ``--out`` DIR of ``python -m
+    replayssm.aot`` (modules under ``DIR/<archs>/``) and as that ``DIR/<archs>`` folder itself;
+    then the wheel's ``replayssm/data/aot/<archs>/``."""
+    tag = env.arch_tag(archs)
+    roots: list[Path] = []
+    for d in _aot_dirs():
         roots += [d, d / tag]
     roots += list(_packaged_aot_dirs(archs))
     return roots
 
 
-def find_prebuilt(bp: BuildTarget) -> Path | None:
-    """An AOT module whose sources and flags match (compiler version is not required)."""
+def _subfolders(d: Path) -> list[Path]:
+    try:
+        return sorted(p for p in d.iterdir() if p.is_dir() and not p.name.startswith("."))
+    except OSError:
+        return []
+
+
+def aot_folders() -> list[Path]:
+    """Every folder that may hold prebuilt modules of any archs, in search order: each AOT dir
+    and its subfolders (``DIR`` itself or ``DIR/<archs>``), then the wheel's
+    ``replayssm/data/aot/<archs>/`` folders."""
+    out: list[Path] = []
+    for d in _aot_dirs():
+        if d.is_dir():
+            out += [d, *_subfolders(d)]
+    return out + _subfolders(packaged_aot_root())
+
+
+def _meta_archs(mod_dir: Path) -> tuple[str, ...] | None:
+    """The archs a module's meta.json lists (normalized, oldest first); None when it lists none."""
+    meta = _read_meta(mod_dir)
+    archs = meta.get("archs") if meta else None
+    if not isinstance(archs, list) or not archs:
+        return None
+    try:
+        return env.sort_archs(env.normalize_arch(str(a)) for a in archs)
+    except ValueError:
+        return None
+
+
+def _best_prebuilt(bp: BuildTarget, gpus: tuple[str, ...]) -> tuple[Path, tuple[str, ...], tuple[int, int]] | None:
+    """The prebuilt module of ``bp.spec``, built for any archs, whose code serves the GPUs of
+    archs ``gpus`` best (:func:`replayssm.jit.env.serving_score`: their own arch's cubin, else an
+    older minor's cubin of the same major, else PTX of a lower arch; then fewer archs, then search
+    order), and which matches the sources and flags this process would build it from for those
+    archs. Returns (module dir, its archs, its score) or None."""
+    found = []
+    for order, folder in enumerate(aot_folders()):
+        mod_dir = folder / bp.name
+        archs = _meta_archs(mod_dir)
+        score = env.serving_score(archs, gpus) if archs else None
+        if archs and score is not None:
+            found.append((score, len(archs), order, mod_dir, archs))
+    headers = None
+    for score, _, _, mod_dir, archs in sorted(found, key=lambda f: f[:3]):
+        if archs == bp.archs:
+            src_hash = bp.src_hash
+        else:  # the same source, hashed with the flags of the module's archs
+            headers = headers or header_digest()
+            src_hash = source_hash(bp.source, compile_flags(archs), headers)
+        if _matches(mod_dir, bp.name, src_hash, None):
+            return mod_dir, archs, score
+    return None
+
+
+def find_prebuilt(bp: BuildTarget, gpus: tuple[str, ...] | None = None) -> Path | None:
+    """An AOT module whose sources and flags match (compiler version is not required).
+
+    ``gpus`` None: one built for exactly ``bp.archs`` (:func:`prebuilt_roots`). ``gpus`` given
+    (the archs of the GPUs it must run on): the best module, built for any archs, whose code they
+    all run (see :func:`_best_prebuilt`)."""
+    if gpus is not None:
+        hit = _best_prebuilt(bp, gpus)
+        return hit[0] if hit else None
     for root in prebuilt_roots(bp.archs):
         mod_dir = root / bp.name
         if _matches(mod_dir, bp.name, bp.src_hash, None):
@@ -433,15 +502,48 @@ def cached_module_dir(bp: BuildTarget, check_compiler: bool = True) -> Path | No
     return mod_dir if _matches(mod_dir, bp.name, bp.src_hash, fp) else None
 
 
+def _existing(bp: BuildTarget, gpus: tuple[str, ...] | None) -> Path | None:
+    """A current module for ``bp`` that needs no compile, or None.
+
+    Targets named by the arch list (``gpus`` None): a prebuilt module for exactly those archs,
+    else the cache's. Targets that are the visible GPUs (``gpus`` their archs): a prebuilt module
+    with their own archs' cubins, else the cache's (JIT-built for their archs), else a prebuilt
+    module whose code they run otherwise (an older minor's cubin, or PTX the driver compiles)."""
+    if gpus is None:
+        return find_prebuilt(bp) or cached_module_dir(bp)
+    hit = _best_prebuilt(bp, gpus)
+    if hit and hit[2] == (0, 0):
+        return hit[0]
+    cached = cached_module_dir(bp)
+    if cached or not hit:
+        return cached
+    mod_dir, archs, score = hit
+    log.info(
+        "replayssm: %s: using the prebuilt module in %s, built for %s, on GPUs of %s%s",
+        bp.name,
+        mod_dir.parent,
+        ", ".join(env.arch_label(a) for a in archs),
+        ", ".join(env.arch_label(g) for g in gpus),
+        " (the driver JIT-compiles its PTX)" if score[0] == 2 else "",
+    )
+    return mod_dir
+
+
 def build(spec: Specialization, archs: tuple[str, ...] | None = None) -> Path:
-    """Make sure a current module exists for ``spec``; return its directory. Compiles if needed."""
+    """Make sure a current module exists for ``spec``; return its directory. Compiles if needed.
+
+    ``archs`` None builds for the target archs (:func:`replayssm.jit.env.target_archs`); when
+    those are the visible GPUs' (no arch list set), a prebuilt module of any archs whose code the
+    GPUs run is served too (see :func:`_existing`)."""
     bp = plan(spec, archs)
-    found = find_prebuilt(bp) or cached_module_dir(bp)
+    s = env.settings()
+    gpus = bp.archs if archs is None and not s.arch_list else None
+    found = _existing(bp, gpus)
     if found:
         return found
-    s = env.settings()
     if s.disable_jit:
-        searched = [str(p) for p in prebuilt_roots(bp.archs)] + [str(env.cache_dir(bp.archs))]
+        folders = aot_folders() if gpus is not None else prebuilt_roots(bp.archs)
+        searched = [str(p) for p in folders] + [str(env.cache_dir(bp.archs))]
         raise MissingModuleError(bp.name, searched)
     root = env.cache_dir(bp.archs)
     with file_lock(root / ".locks" / f"{bp.name}.lock"):
@@ -449,7 +551,7 @@ def build(spec: Specialization, archs: tuple[str, ...] | None = None) -> Path:
         if found:
             return found
         with _slots():
-            log.info("replayssm: compiling %s for %s", bp.name, ",".join(f"sm_{a}" for a in bp.archs))
+            log.info("replayssm: compiling %s for %s", bp.name, ",".join(env.arch_label(a) for a in bp.archs))
             t0 = time.perf_counter()
             try:
                 (mod_dir,) = compile_into(root, [bp], jobs=1)

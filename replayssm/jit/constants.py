@@ -84,7 +84,8 @@ FALLBACK_NAMES: dict[int, str | None] = {
     _c["kFallbackTileSmem"]: "tile_smem: the default tile exceeds the device's shared memory; a smaller tile runs",
     _c[
         "kFallbackArch"
-    ]: "arch: the persistent kernel needs sm_90 or newer (the device or the module's code for it is older)",
+    ]: "arch: the persistent kernel needs sm_90 or newer code (the device is older, or the code it runs was "
+    "compiled for an older arch, e.g. sm_80 PTX that the driver JIT-compiled)",
 }
 PERSISTENT_AUTO, PERSISTENT_OFF, PERSISTENT_ON = _c["kPersistentAuto"], _c["kPersistentOff"], _c["kPersistentOn"]
 PLAN_ERROR_BASE: int = _c["kPlanErrorBase"]

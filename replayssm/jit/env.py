@@ -13,7 +13,8 @@ REPLAYSSM_CACHE_DIR        ``cache_root``   cache root (default ``~/.cache/repla
                                             modules go under ``<root>/<version>/<archs>/``
 REPLAYSSM_CUDA_ARCH_LIST   ``arch_list``    archs to build, sm_80 or newer, e.g. ``"9.0a"``
                                             or ``"8.0 9.0a"`` (default: the visible GPUs;
-                                            Hopper becomes ``9.0a``)
+                                            Hopper becomes ``9.0a``); ``"8.0+PTX"`` also
+                                            embeds compute_80 PTX (docs/gpus.md)
 REPLAYSSM_DISABLE_JIT      ``disable_jit``  ``1``/``true``/``yes``/``on`` forbid compiling
                                             (a missing module raises
                                             :class:`~replayssm.jit.errors.MissingModuleError`);
@@ -135,8 +136,9 @@ def parse_jobs(text: str, name: str) -> int | None:
 
 
 def parse_arch_list(value, name: str) -> tuple[str, ...]:
-    """'9.0a', '9.0a,12.0', '9.0a 12.0' or a list/tuple of such strings -> ('90a', '120'),
-    each arch checked with :func:`check_arch` (duplicates dropped, order kept)."""
+    """'9.0a', '9.0a,12.0', '9.0a 12.0', '8.0+PTX 9.0a' or a list/tuple of such strings ->
+    ('90a', '120'), ('80+ptx', '90a'), each arch checked with :func:`check_arch` (duplicates
+    dropped, order kept; an arch given with and without '+PTX' is kept once, with it)."""
     if isinstance(value, str):
         items = value.replace(",", " ").split()
     elif isinstance(value, (list, tuple)):
@@ -160,7 +162,8 @@ def parse_arch_list(value, name: str) -> tuple[str, ...]:
         a = check_arch(text, name, value)
         if a not in archs:
             archs.append(a)
-    return tuple(archs)
+    # '8.0 8.0+PTX' is one arch: the '+PTX' build carries the sm_80 cubin too.
+    return tuple(a for a in archs if a + PTX_SUFFIX not in archs)
 
 
 def _parse_path(value, name: str) -> Path:
@@ -255,7 +258,9 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
     ``arch_list``   the CUDA archs to build, instead of REPLAYSSM_CUDA_ARCH_LIST: a string
                     (``'9.0a'``, ``'9.0a,12.0'`` or ``'9.0a 12.0'``) or a list/tuple of such
                     strings (``['9.0a', 'sm_120']``); sm_80 or newer (the persistent kernel
-                    only runs from sm_90 on). ``None``: build for the visible GPUs.
+                    only runs from sm_90 on). ``'8.0+PTX'`` embeds compute_80 PTX beside the
+                    sm_80 cubin (the driver JIT-compiles it on newer GPUs). ``None``: build for
+                    the visible GPUs (and use any prebuilt module whose code they run).
     ``disable_jit`` ``True`` or ``False`` (a bool), instead of REPLAYSSM_DISABLE_JIT: ``True``
                     never compiles; a missing module raises ``MissingModuleError``.
     ``max_jobs``    an int >= 1, instead of REPLAYSSM_MAX_JOBS: bound on parallel nvcc jobs.
@@ -326,22 +331,57 @@ def configure(*, cache_root=_UNSET, arch_list=_UNSET, disable_jit=_UNSET, max_jo
 KNOWN_ARCHS = ("80", "86", "87", "89", "90", "100", "101", "103", "110", "120", "121")
 MIN_ARCH = 80
 
+#: Suffix of an arch whose build also embeds its PTX ('8.0+PTX' -> '80+ptx'), as torch's
+#: TORCH_CUDA_ARCH_LIST spells it: the driver JIT-compiles that PTX on newer GPUs.
+PTX_SUFFIX = "+ptx"
+
 
 def normalize_arch(arch: str) -> str:
-    """'9.0' / '90' / 'sm_90a' / '9.0a' -> '90a' (Hopper always gets its 'a' features).
+    """'9.0' / '90' / 'sm_90a' / '9.0a' -> '90a' (Hopper always gets its 'a' features);
+    '8.0+PTX' -> '80+ptx' (any case).
 
     Checks the spelling only; :func:`check_arch` also checks that the arch exists."""
-    a = arch.strip().lower().removeprefix("sm_").removeprefix("compute_")
+    a = arch.strip().lower()
+    ptx = a.endswith(PTX_SUFFIX)
+    if ptx:
+        a = a[: -len(PTX_SUFFIX)].rstrip()
+    a = a.removeprefix("sm_").removeprefix("compute_")
     suffix = ""
     if a and a[-1] in "af":
         a, suffix = a[:-1], a[-1]
     digits = a.replace(".", "")
     if not digits.isdigit() or len(digits) < 2:
-        raise ValueError(f"CUDA arch: expected e.g. '9.0a' or 'sm_90a', got {arch!r}")
+        raise ValueError(f"CUDA arch: expected e.g. '9.0a', 'sm_90a' or '8.0+PTX', got {arch!r}")
     major = int(digits[:-1])
     if major == 9 or major in (10, 11):
         suffix = suffix or "a"
-    return f"{digits}{suffix}"
+    return f"{digits}{suffix}{PTX_SUFFIX if ptx else ''}"
+
+
+def split_arch(arch: str) -> tuple[str, str, bool]:
+    """A normalized arch -> (digits, suffix, embeds PTX): '90a' -> ('90', 'a', False),
+    '80+ptx' -> ('80', '', True)."""
+    ptx = arch.endswith(PTX_SUFFIX)
+    a = arch[: -len(PTX_SUFFIX)] if ptx else arch
+    if a and a[-1] in "af":
+        return a[:-1], a[-1], ptx
+    return a, "", ptx
+
+
+def arch_number(arch: str) -> int:
+    """major * 10 + minor of a normalized arch: '90a' -> 90, '80+ptx' -> 80, '121' -> 121."""
+    return int(split_arch(arch)[0])
+
+
+def arch_label(arch: str) -> str:
+    """How messages name a normalized arch: '90a' -> 'sm_90a', '80+ptx' -> 'sm_80+PTX'."""
+    digits, suffix, ptx = split_arch(arch)
+    return f"sm_{digits}{suffix}" + ("+PTX" if ptx else "")
+
+
+def sort_archs(archs) -> tuple[str, ...]:
+    """Normalized archs, oldest first, duplicates dropped: ('100a', '80', '90a') -> ('80', '90a', '100a')."""
+    return tuple(sorted(set(archs), key=lambda a: (arch_number(a), a)))
 
 
 def _known_spellings() -> str:
@@ -351,11 +391,13 @@ def _known_spellings() -> str:
 def check_arch(text: str, name: str, value=None) -> str:
     """Normalize ``text`` (see :func:`normalize_arch`) and check that replayssm can build it:
     sm_80 or newer, an arch CUDA names (``KNOWN_ARCHS`` or one the installed nvcc lists), with an
-    'f' suffix only from sm_100 on. Raises :class:`SettingsError` naming ``name``."""
+    'f' suffix only from sm_100 on, and '+PTX' only on an arch without suffix (PTX of an 'a' or
+    'f' arch runs on that arch or family only). Raises :class:`SettingsError` naming ``name``."""
     got = repr(value if value is not None else text)
     expected = (
-        f"{name}: expected CUDA archs of sm_{MIN_ARCH} or newer, e.g. '9.0a' or '9.0a,12.0' "
-        f"(known: {_known_spellings()}; 'a'/'f' suffixes where CUDA has them)"
+        f"{name}: expected CUDA archs of sm_{MIN_ARCH} or newer, e.g. '9.0a', '9.0a,12.0' or '8.0+PTX' "
+        f"(known: {_known_spellings()}; 'a'/'f' suffixes where CUDA has them; '+PTX' embeds the PTX "
+        "of an arch without suffix)"
     )
 
     def fail(why: str):
@@ -366,25 +408,39 @@ def check_arch(text: str, name: str, value=None) -> str:
         a = normalize_arch(text)
     except ValueError:
         raise fail(f"{text!r} is not a CUDA arch" if value is not None and text != value else "") from None
-    base, suffix = (a[:-1], a[-1]) if a[-1] in "af" else (a, "")
+    base, suffix, ptx = split_arch(a)
+    shown = f"sm_{base}{suffix}"
     if int(base) < MIN_ARCH:
-        raise fail(f"sm_{a} is older than sm_{MIN_ARCH}, whose features the kernels use")
+        raise fail(f"{shown} is older than sm_{MIN_ARCH}, whose features the kernels use")
     if suffix == "f" and int(base) < 100:
-        raise fail(f"sm_{a} does not exist: 'f' variants start at sm_100")
+        raise fail(f"{shown} does not exist: 'f' variants start at sm_100")
     if suffix == "a" and int(base) < 90:
-        raise fail(f"sm_{a} does not exist: 'a' variants start at sm_90")
+        raise fail(f"{shown} does not exist: 'a' variants start at sm_90")
+    if ptx and suffix:
+        raise fail(
+            f"{arch_label(a)}: the PTX of an '{suffix}' arch runs on that {'family' if suffix == 'f' else 'arch'} "
+            "only (sm_90, sm_100 and sm_110 are always built as 'a' archs); put +PTX on an arch without "
+            "suffix, e.g. 8.0+PTX or 12.0+PTX"
+        )
     if base not in KNOWN_ARCHS:
         nvcc = find_nvcc()
         listed = nvcc_archs(str(nvcc)) if nvcc else None
         if not listed or base not in listed:
             raise fail(
-                f"sm_{a} is not a CUDA arch replayssm knows" + (" or the installed nvcc lists" if listed else "")
+                f"{shown} is not a CUDA arch replayssm knows" + (" or the installed nvcc lists" if listed else "")
             )
     return a
 
 
 def gencode_flags(archs: tuple[str, ...]) -> list[str]:
-    return [f"-gencode=arch=compute_{a},code=sm_{a}" for a in archs]
+    """nvcc's -gencode flags: a cubin per arch, and beside it the arch's PTX for a '+ptx' arch."""
+    flags = []
+    for a in archs:
+        digits, suffix, ptx = split_arch(a)
+        flags.append(f"-gencode=arch=compute_{digits}{suffix},code=sm_{digits}{suffix}")
+        if ptx:
+            flags.append(f"-gencode=arch=compute_{digits}{suffix},code=compute_{digits}{suffix}")
+    return flags
 
 
 @cache
@@ -403,19 +459,55 @@ def visible_gpu_archs() -> tuple[str, ...]:
 
 
 def target_archs() -> tuple[str, ...]:
+    """The archs the JIT builds for: the arch list in force, else the visible GPUs' own archs."""
     s = settings()
     if s.arch_list:
-        return tuple(sorted(set(s.arch_list)))
-    return visible_gpu_archs()
+        return sort_archs(s.arch_list)
+    return sort_archs(visible_gpu_archs())
 
 
 def arch_tag(archs: tuple[str, ...]) -> str:
-    return "_".join(sorted(archs)) if archs else "noarch"
+    """The folder name of a set of archs: '80_90a', '80+ptx_90a_100a' (oldest first)."""
+    return "_".join(sort_archs(archs)) if archs else "noarch"
 
 
 def cache_dir(archs: tuple[str, ...] | None = None) -> Path:
     """``<root>/<version>/<archs>/`` for the given archs (default: the target archs)."""
     return settings().cache_root / __version__ / arch_tag(archs if archs is not None else target_archs())
+
+
+# ----------------------------------------------------------------------------------------
+# Which prebuilt code a GPU runs
+# ----------------------------------------------------------------------------------------
+
+
+def code_match(arch: str, gpu: str) -> tuple[int, int] | None:
+    """How a GPU of arch ``gpu`` (as :func:`visible_gpu_archs` names it, e.g. '86', '90a') runs
+    code built for ``arch`` (normalized): ``(0, 0)`` its own arch's cubin; ``(1, d)`` the cubin of
+    an arch ``d`` minor versions older of the same major (never an 'a' cubin of another arch);
+    ``(2, d)`` PTX of an arch ``d`` below it, which the driver JIT-compiles; None: it cannot. Lower
+    is better; among cubins and among PTX the closest arch wins, as the driver chooses."""
+    digits, suffix, ptx = split_arch(arch)
+    a, g = int(digits), arch_number(gpu)
+    if a == g:
+        return (0, 0)
+    if suffix != "a" and a // 10 == g // 10 and a < g:
+        return (1, g - a)
+    if ptx and a < g:
+        return (2, g - a)
+    return None
+
+
+def serving_score(archs, gpus) -> tuple[int, int] | None:
+    """How well a module built for ``archs`` serves every GPU of ``gpus``: the worst over the GPUs
+    of the best :func:`code_match` over the module's archs; None when some GPU cannot run it."""
+    worst: tuple[int, int] | None = None
+    for gpu in gpus:
+        best = min((m for m in (code_match(a, gpu) for a in archs) if m is not None), default=None)
+        if best is None:
+            return None
+        worst = best if worst is None else max(worst, best)
+    return worst
 
 
 # ----------------------------------------------------------------------------------------

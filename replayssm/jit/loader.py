@@ -164,15 +164,16 @@ class Module:
         return [str(a) for a in meta.get("archs", [])]
 
     def _no_code_message(self, code: int) -> str:
-        from .env import visible_gpu_archs
+        from .env import arch_label, visible_gpu_archs
 
-        built = ", ".join(f"sm_{a}" for a in self.built_archs()) or "unknown archs"
-        gpus = ", ".join(f"sm_{a}" for a in visible_gpu_archs()) or "unknown"
+        built = ", ".join(arch_label(a) for a in self.built_archs()) or "unknown archs"
+        gpus = ", ".join(arch_label(a) for a in visible_gpu_archs()) or "unknown"
         msg = self._lib.replayssm_error_string(code).decode()
         return (
             f"replayssm: {self.name} was built for {built} but the GPU cannot run that code (visible GPUs: "
             f"{gpus}; CUDA error {code}: {msg}); rebuild it for the GPU's arch (REPLAYSSM_CUDA_ARCH_LIST, "
-            f"or python -m replayssm.aot --arch ...)"
+            f"or python -m replayssm.aot --arch ...), or with '+PTX' (e.g. 8.0+PTX) so that newer GPUs "
+            f"JIT-compile its PTX"
         )
 
     def plan(self, query, result, entry: int | None = None):

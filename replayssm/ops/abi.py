@@ -170,7 +170,7 @@ class PlanQuery(ctypes.Structure):
         ("rows_per_cta", i32),
         ("drafts", i32),
         ("has_limits", i32),
-        ("reserved", i32),
+        ("pdl", i32),
         ("limits", DeviceLimits),
     ]
 
@@ -189,7 +189,7 @@ class KernelLaunch(ctypes.Structure):
 
 
 class ScheduleStruct(ctypes.Structure):
-    _fields_ = [("main", KernelLaunch), ("tile", KernelLaunch), ("fallback", i32), ("reserved", i32)]
+    _fields_ = [("main", KernelLaunch), ("tile", KernelLaunch), ("fallback", i32), ("pdl", i32)]
 
 
 def load_checked(spec, decode_params: type, verify_params: type, *, prepare: bool):
@@ -248,9 +248,11 @@ def plan_query(
     rows_per_cta: int | None,
     drafts: int = 0,
     limits: dict | None = None,
+    pdl: bool = False,
 ) -> PlanQuery:
     """The plan entry's query. ``limits``: None (the module queries the current device) or a dict of
-    DeviceLimits fields (e.g. H200_LIMITS) to plan without one."""
+    DeviceLimits fields (e.g. H200_LIMITS) to plan without one. ``pdl``: allow a programmatic
+    dependent launch where the kernel supports it (Schedule.pdl says whether the plan uses it)."""
     q = PlanQuery(
         batch=batch,
         heads=heads,
@@ -258,6 +260,7 @@ def plan_query(
         persistent=C.PERSISTENT_AUTO if persistent is None else (C.PERSISTENT_ON if persistent else C.PERSISTENT_OFF),
         rows_per_cta=rows_per_cta or 0,
         drafts=drafts,
+        pdl=int(bool(pdl)),
     )
     if limits is not None:
         q.has_limits = 1
@@ -330,6 +333,12 @@ class Schedule:
     def persistent(self) -> bool:
         return self.main.kernel == "persistent"
 
+    @property
+    def pdl(self) -> bool:
+        """Whether ``main`` launches as a programmatic dependent launch (the wrapper's ``pdl=True``,
+        on sm_90+, for kernels that support it: Mamba-2's replay decode tile kernel so far)."""
+        return bool(self.struct.pdl)
+
     @classmethod
     def from_struct(cls, s: ScheduleStruct) -> Schedule:
         copy = ScheduleStruct.from_buffer_copy(s)
@@ -342,6 +351,7 @@ class Schedule:
 
     def __repr__(self) -> str:
         fb = f", fallback={self.fallback!r}" if self.fallback else ""
+        fb += ", pdl=True" if self.pdl else ""
         tile = f", tile(misaligned inputs)={self.tile.rows_per_cta} rows x {self.tile.grid}" if self.persistent else ""
         return (
             f"Schedule(kernel={self.kernel!r}, rows_per_cta={self.rows_per_cta}, heads_per_unit="

@@ -226,9 +226,9 @@ def ring_struct(cache) -> Ring:
     return Ring(*ring_fields(cache))
 
 
-def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
+def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None, pdl=False):
     """The module's plan query (heads = H, groups = G); see replayssm.ops.abi.plan_query."""
-    return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits)
+    return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits, pdl)
 
 
 def load(

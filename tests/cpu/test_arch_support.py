@@ -17,7 +17,8 @@ M2 = dict(nheads=128, head_dim=64, state_dim=128, ngroups=8)
 
 class TestSupportedPerArch:
     @pytest.mark.parametrize(
-        "arch, norm", [("8.0", "80"), ("8.6", "86"), ("8.9", "89"), ("9.0", "90a"), ("10.0a", "100a")]
+        "arch, norm",
+        [("8.0", "80"), ("8.6", "86"), ("8.9", "89"), ("9.0", "90a"), ("10.0a", "100a"), ("8.0+PTX", "80+ptx")],
     )
     def test_archs_from_sm80(self, arch, norm):
         assert check_target_arch(arch) == norm

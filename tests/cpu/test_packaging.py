@@ -76,10 +76,16 @@ def test_aot_wheel_ships_modules_and_is_platform_tagged(tmp_path):
     (mod / "meta.json").write_text(json.dumps({"name": "mamba2_x"}))
     (mod.parent / ".tmp").mkdir()  # build leftovers are not shipped
     (mod.parent / ".tmp" / "junk").write_text("x")
+    # a multi-arch set (python -m replayssm.aot --arch "8.0+PTX 8.9 9.0a 10.0a"): one folder of fat modules
+    fat = src / "replayssm" / "data" / "aot" / "80+ptx_89_90a_100a" / "mamba2_x"
+    fat.mkdir(parents=True)
+    (fat / "mamba2_x.so").write_bytes(b"\x7fELF fake")
+    (fat / "meta.json").write_text(json.dumps({"name": "mamba2_x", "archs": ["80+ptx", "89", "90a", "100a"]}))
     whl = _wheel(src, tmp_path / "dist")
     assert whl.name.startswith("replayssm-") and "-py3-none-linux_" in whl.name, whl.name
     names = _names(whl)
-    assert any(n.endswith("replayssm/data/aot/90a/mamba2_x/mamba2_x.so") for n in names), names
-    assert any(n.endswith("replayssm/data/aot/90a/mamba2_x/meta.json") for n in names), names
+    for tag in ("90a", "80+ptx_89_90a_100a"):
+        assert any(n.endswith(f"replayssm/data/aot/{tag}/mamba2_x/mamba2_x.so") for n in names), names
+        assert any(n.endswith(f"replayssm/data/aot/{tag}/mamba2_x/meta.json") for n in names), names
     assert not any("/.tmp/" in n for n in names)
     assert any(n.endswith("replayssm/data/include/replayssm/mamba2/launch.cuh") for n in names)

@@ -54,9 +54,9 @@ def modules(tmp_path_factory):
     return {k: load_module(d / f"{s.name}.so", s.name) for (k, s), d in zip(SPECS.items(), dirs)}
 
 
-def plan(mod, batch, heads, groups, persistent=None, rows=None, drafts=0, limits=H200_LIMITS) -> Schedule:
+def plan(mod, batch, heads, groups, persistent=None, rows=None, drafts=0, limits=H200_LIMITS, pdl=False) -> Schedule:
     return Schedule.from_struct(
-        mod.plan(plan_query(batch, heads, groups, persistent, rows, drafts, limits), ScheduleStruct())
+        mod.plan(plan_query(batch, heads, groups, persistent, rows, drafts, limits, pdl), ScheduleStruct())
     )
 
 
@@ -427,3 +427,19 @@ def _run(w, cache, batch):
             g=-torch.ones(gate),
             beta=torch.ones(batch, d.num_v_heads),
         )
+
+
+class TestPdlPlan:
+    """Programmatic dependent launch (common/pdl.cuh): the plan uses it only when asked, on sm_90+,
+    for the kernels that wait for their prerequisites (Mamba-2's replay decode tile kernel)."""
+
+    @pytest.mark.parametrize("batch", [1, 4, 8, 64])
+    def test_mamba2_replay_tile_only(self, modules, batch):
+        s = plan(modules["m2"], batch, 128, 8, pdl=True)
+        assert s.pdl == (s.kernel == "tile")
+        assert not plan(modules["m2"], batch, 128, 8).pdl  # not asked
+
+    def test_not_before_sm90_nor_elsewhere(self, modules):
+        assert not plan(modules["m2"], 1, 128, 8, limits=A100_LIMITS, pdl=True).pdl
+        assert not plan(modules["m2_conv"], 1, 128, 8, pdl=True).pdl
+        assert not plan(modules["gdn"], 1, 32, 16, pdl=True).pdl

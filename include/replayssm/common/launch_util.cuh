@@ -66,17 +66,19 @@ inline cudaError_t query_device_limits(DeviceLimits* l) {
   return e;
 }
 
-// Whether code that the device runs, built for `binary_version` (cudaFuncAttributes), has the
-// persistent kernels' bodies (common/pipeline.cuh): a module built for sm_80 alone runs its sm_80
-// code, in which they are a trap, on newer GPUs too.
-inline bool has_bulk_pipeline(int binary_version) { return binary_version >= 90; }
+// Whether the code the device runs for a kernel has the persistent kernels' bodies
+// (common/pipeline.cuh). They are compiled in where __CUDA_ARCH__ >= 900, i.e. where the code was
+// compiled from PTX of sm_90 or newer: a.ptxVersion, the virtual arch (a compute_90a -> sm_90a
+// cubin reads 90). Not a.binaryVersion: compute_80 PTX that the driver JIT-compiles on an sm_90
+// GPU reads binaryVersion 90, but its persistent kernels are traps.
+inline bool has_bulk_pipeline(const cudaFuncAttributes& a) { return a.ptxVersion >= 90 && a.binaryVersion >= 90; }
 
 // prepare(): whether the device runs `kernel`'s sm_90+ code.
 template <typename Kernel>
 cudaError_t kernel_has_bulk_pipeline(Kernel kernel, bool* ok) {
   cudaFuncAttributes a;
   const cudaError_t e = cudaFuncGetAttributes(&a, kernel);
-  *ok = e == cudaSuccess && has_bulk_pipeline(a.binaryVersion);
+  *ok = e == cudaSuccess && has_bulk_pipeline(a);
   return e;
 }
 
@@ -97,7 +99,7 @@ cudaError_t kernel_facts(Kernel kernel, bool query_device, const DeviceLimits& l
   cudaError_t e = cudaFuncGetAttributes(&a, kernel);
   if (e != cudaSuccess) return e;
   f->static_smem = static_cast<int32_t>(a.sharedSizeBytes);
-  f->predates_sm90 = !has_bulk_pipeline(a.binaryVersion);
+  f->predates_sm90 = !has_bulk_pipeline(a);
   if (static_cast<int64_t>(dyn_smem) + a.sharedSizeBytes > lim.smem_per_block_optin) {
     f->ctas_per_sm = 0;
     return cudaSuccess;
@@ -111,14 +113,28 @@ cudaError_t kernel_facts(Kernel kernel, bool query_device, const DeviceLimits& l
 // Fills q->limits from the device unless the caller gave them.
 inline cudaError_t plan_limits(PlanQuery* q) { return q->has_limits ? cudaSuccess : query_device_limits(&q->limits); }
 
-// Launches `kernel` as planned by `k` (grid, threads), with `smem_bytes` of dynamic shared memory.
+// Launches `kernel` as planned by `k` (grid, threads), with `smem_bytes` of dynamic shared memory;
+// `pdl`: as a programmatic dependent launch (common/pdl.cuh; only for kernels that wait).
 template <typename Kernel, typename Params>
 cudaError_t launch_planned(Kernel kernel, const Params& params, const KernelLaunch& k, size_t smem_bytes,
-                           cudaStream_t stream) {
+                           cudaStream_t stream, bool pdl = false) {
   if (k.grid == 0) return cudaSuccess;
   if (k.grid < 0 || k.threads < 1) return cudaErrorInvalidConfiguration;
-  kernel<<<static_cast<unsigned>(k.grid), static_cast<unsigned>(k.threads), smem_bytes, stream>>>(params);
-  return cudaGetLastError();
+  if (!pdl) {
+    kernel<<<static_cast<unsigned>(k.grid), static_cast<unsigned>(k.threads), smem_bytes, stream>>>(params);
+    return cudaGetLastError();
+  }
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attr[0].val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(static_cast<unsigned>(k.grid));
+  cfg.blockDim = dim3(static_cast<unsigned>(k.threads));
+  cfg.dynamicSmemBytes = smem_bytes;
+  cfg.stream = stream;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  return cudaLaunchKernelEx(&cfg, kernel, params);
 }
 
 // Whether a planned tile launch matches the params it is given (the plan's batch and heads).

@@ -38,7 +38,7 @@ struct PlanQuery {
   int32_t rows_per_cta;  // 0: the plan picks; else forced (one of kRowChoices dividing the dim)
   int32_t drafts;        // verify: planned drafts per row T (1..capacity); decode: 0
   int32_t has_limits;    // 1: use `limits` and model occupancy (no CUDA call); 0: query the current device
-  int32_t reserved;
+  int32_t pdl;           // 1: the caller allows programmatic dependent launch (common/pdl.cuh); 0: not
   DeviceLimits limits;   // has_limits = 1: the limits to plan for; 0: unused (the module reads the device's)
 };
 
@@ -60,7 +60,7 @@ struct Schedule {
   KernelLaunch main;  // what runs
   KernelLaunch tile;  // persistent main: the tile kernel a launch with misaligned inputs runs; else = main
   int32_t fallback;   // kFallback*: why a persistent request runs the tile kernel (0: it does not)
-  int32_t reserved;
+  int32_t pdl;        // 1: main is launched as a programmatic dependent launch (common/pdl.cuh)
 };
 
 // What the plan needs to know of one candidate kernel.
@@ -193,6 +193,13 @@ inline int32_t delta_persistent_rows(int32_t V, int32_t K, int32_t state_bytes) 
   return largest_rows(V, static_cast<int64_t>(K) * state_bytes, 32 * 1024);
 }
 
+// Whether a launch may be a programmatic dependent launch: the caller asked for it (PlanQuery::pdl),
+// the device has it (sm_90 and newer) and the kernel waits for its prerequisites before it reads
+// the step's inputs or writes anything (kernels that do: common/pdl.cuh).
+inline int32_t pdl_allowed(const PlanQuery& q, const KernelLaunch& k, bool kernel_waits) {
+  return q.pdl && kernel_waits && q.limits.cc_major >= 9 && k.grid > 0 ? 1 : 0;
+}
+
 // ---- assembling a schedule ---------------------------------------------------------------------
 
 // A one-CTA-per-tile launch of `kernel`: batch * heads * dim / rows CTAs of 128 threads.
@@ -270,7 +277,7 @@ REPLAYSSM_FIELD(persistent)
 REPLAYSSM_FIELD(rows_per_cta)
 REPLAYSSM_FIELD(drafts)
 REPLAYSSM_FIELD(has_limits)
-REPLAYSSM_FIELD(reserved)
+REPLAYSSM_FIELD(pdl)
 REPLAYSSM_FIELD(limits)
 REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(KernelLaunch)
@@ -287,7 +294,7 @@ REPLAYSSM_DESCRIBE_BEGIN(Schedule)
 REPLAYSSM_FIELD(main)
 REPLAYSSM_FIELD(tile)
 REPLAYSSM_FIELD(fallback)
-REPLAYSSM_FIELD(reserved)
+REPLAYSSM_FIELD(pdl)
 REPLAYSSM_DESCRIBE_END
 
 }  // namespace replayssm

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "../common/math.cuh"
+#include "../common/pdl.cuh"
 #include "../common/token_rows.cuh"
 #include "params.cuh"
 
@@ -51,6 +52,7 @@ __device__ __forceinline__ bool resolve_slot(const DecodeParams& p, const CtaCoo
   const SlotKind kind = decode_slot(p.slots, c.b, slot);
   if (kind == SlotKind::kValid) return true;
   if (kind == SlotKind::kOutOfRange && threadIdx.x == 0) raise_error(p.error_flag, kErrSlotOutOfRange);
+  pdl_wait();  // writes only after the kernel before has completed (common/pdl.cuh)
   zero_rows<TI, ROWS>(p, c);
   return false;
 }

@@ -52,16 +52,22 @@ struct ReplayDecode {
     const int64_t batch = q.batch;
     *s = Schedule{};
     const int32_t auto_tile = mamba2_tile_rows(P, batch, q.heads, true);
+    bool tile_predates_sm90 = false;  // of the tiling chosen (the last one described)
     int e = plan_tiles<P>(
         q, kKernelTile, auto_tile, false,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
-          return kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>, dev, q.limits, 128,
-                              ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>), f);
+          const cudaError_t err = kernel_facts(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>, dev, q.limits, 128,
+                                               ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>), f);
+          tile_predates_sm90 = f->predates_sm90;
+          return err;
         },
         &s->tile, &s->fallback);
     if (e) return e;
     s->main = s->tile;
+    // The tile kernel waits for its prerequisites (replay_decode.cuh), where its code has
+    // griddepcontrol: not in code compiled for an arch before sm_90 (e.g. sm_80 PTX on an H200).
+    s->pdl = pdl_allowed(q, s->main, !tile_predates_sm90);
     const bool want =
         q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads : q.persistent == kPersistentOn;
     if (!want) return 0;
@@ -91,6 +97,7 @@ struct ReplayDecode {
       const int32_t max_heads = RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads;
       while (hpu > max_heads || group % hpu) --hpu;
       s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
+      s->pdl = 0;  // the persistent kernel reads its inputs with the cache's data: no PDL
       if (s->main.units < 0) return kPlanBadQuery;
     }
     return 0;
@@ -126,7 +133,7 @@ struct ReplayDecode {
     return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       return launch_planned(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>, p, k,
-                            ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity), stream);
+                            ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity), stream, s.pdl && &k == &s.main);
     });
   }
 

@@ -101,6 +101,12 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
 
+  // Under a programmatic dependent launch, the kernel before may still be producing this step's
+  // inputs: wait for it here, with this step's cache loads in flight, then let the next kernel
+  // start (common/pdl.cuh). No-ops otherwise.
+  pdl_wait();
+  pdl_launch_dependents();
+
   // This step's inputs (independent of the slot).
   __shared__ float C_s[N];
   __shared__ float Bcur_s[N];
