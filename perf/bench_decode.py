@@ -11,9 +11,10 @@ Every time is a CUDA-graph replay timed with CUDA events (median over many repla
 Pools hold random slot permutations and are larger than L2; inputs follow the model init ranges.
 
 --read-dtypes none float8_e4m3fn bfloat16 runs the replay kernel once per read copy in the same
-call (Mamba-2; `none` is the plain checkpoint), so the formats are measured side by side. Floors
-count what each must move per step over a window: the read copy (and its scales) on L - 1 steps,
-the checkpoint read, checkpoint write and read-copy write once. --phases staggered starts each
+call (every family; `none` is the plain checkpoint), so the formats are measured side by side.
+Floors count what each must move per step over a window: the read copy (and its scales) on L - 1
+steps, the checkpoint read, checkpoint write and read-copy write once; GDN/KDA also the ring's
+live records and, once per window, the v and beta records the flush recomputes u from. --phases staggered starts each
 slot at a random point of its window (random ring lengths), as in serving, instead of all slots
 flushing on the same step (lockstep).
 """
@@ -155,8 +156,6 @@ class GDNFamily:
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
     def wrapper(self, batch, algorithm, rows, persistent=None, read_dtype=None):
-        if read_dtype is not None:
-            raise ValueError(f"{self.wrapper_cls.__name__} has no read copy yet (--read-dtypes none)")
         s, a = self.s, self.args
         return self.wrapper_cls(
             s["HV"],
@@ -170,6 +169,7 @@ class GDNFamily:
             algorithm=algorithm,
             rows_per_cta=rows,
             persistent=persistent,
+            read_dtype=read_dtype,
         )
 
     def inputs(self, batch):
@@ -195,21 +195,34 @@ class GDNFamily:
         s = self.s
         return s["HV"] * s["V"] * s["K"] * self.args.state_dtype.itemsize
 
+    def read_copy_bytes(self, read_dtype):
+        """Bytes of one slot's read copy and its scales (0 without one)."""
+        s = self.s
+        if read_dtype is None:
+            return 0
+        rows = s["HV"] * s["V"]
+        return rows * s["K"] * READ_ITEMSIZE[read_dtype] + (rows * 4 if read_dtype == "float8_e4m3fn" else 0)
+
     def step_bytes(self, kind, batch, read_dtype=None):
+        """Fewest bytes one step must move (mean over a window for replay). With a read copy: the copy
+        and its scales, and the live u, k, g records, on L - 1 steps; once per window the checkpoint
+        read, the checkpoint write and the copy's write, and the window's k, g, v, beta records (the
+        flush recomputes u from them); every step appends u, k, g, v, beta."""
         s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
         state = batch * self.state_bytes()
         io = batch * ((2 * s["HK"] * s["K"] + 2 * s["HV"] * s["V"]) * ib + 2 * s["HV"] * ib)
         if kind == "conventional":
             return 2 * state + io
         gates = s["HV"] * (s["K"] if self.per_channel else 1) * 4
-        rec = s["HV"] * s["V"] * 4 + s["HK"] * s["K"] * 4 + gates  # fp32 ring record
-        return (
-            state
-            + state / L
-            + batch * rec * ((L - 1) / 2 + 1)
-            + io
-            + (batch * gates // 4 * ib if self.per_channel else 0)
-        )
+        kda_gates = batch * gates // 4 * ib if self.per_channel else 0  # a [batch, HV, K] inputs
+        u, k = s["HV"] * s["V"] * 4, s["HK"] * s["K"] * 4  # fp32 ring: u, k^ per record
+        rec = u + k + gates  # fp32 ring record
+        if read_dtype is None:
+            return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io + kda_gates
+        vb = s["HV"] * s["V"] * ib + s["HV"] * 4  # a read copy's v and beta per record
+        lp = batch * self.read_copy_bytes(read_dtype)  # read on L - 1 steps, written once
+        ring = batch * (rec * (L - 1) / 2 + (rec + vb) + (k + gates + vb))  # reads, append, flush reads
+        return lp + 2 * state / L + ring + io + kda_gates
 
 
 class KDAFamily(GDNFamily):

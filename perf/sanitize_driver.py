@@ -1,7 +1,7 @@
 """A small workload for compute-sanitizer: every kernel kind of every family, once or twice each.
 
-Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (for
-Mamba-2 also with an fp8 and a bf16 read copy), a conventional step, a replay verify with a chain
+Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also
+with an fp8 and a bf16 read copy), a conventional step, a replay verify with a chain
 commit and a tree verify with a path commit (the flush fused into the verify included), and a
 conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in seconds.
 Exits non-zero if a kernel raised an error bit.
@@ -73,12 +73,11 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         ("persistent", "replay", {"persistent": True}),
         ("conventional", "conventional", {}),
     ]
-    if name == "mamba2":  # the read copies (Mamba-2 only so far): both kernels, both formats
-        configs += [
-            (f"{kind} read {fmt}", "replay", {"persistent": kind == "persistent", "read_dtype": fmt})
-            for kind in ("tile", "persistent")
-            for fmt in ("float8_e4m3fn", "bfloat16")
-        ]
+    configs += [
+        (f"{kind} read {fmt}", "replay", {"persistent": kind == "persistent", "read_dtype": fmt})
+        for kind in ("tile", "persistent")
+        for fmt in ("float8_e4m3fn", "bfloat16")
+    ]  # the read copies: both kernels, both formats
     for label, algorithm, kw in configs:
         w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
         cache = w.create_cache(num_slots, max_draft=T)

@@ -13,6 +13,8 @@ _LAZY = {
     "KDADecodeWrapper": ("replayssm.wrappers", "KDADecodeWrapper"),
     "KDACache": ("replayssm.cache", "KDACache"),
     "supported": ("replayssm.configs", "supported"),
+    "materialize_many": ("replayssm.prefix", "materialize_many"),
+    "HostReplayState": ("replayssm.swap", "HostReplayState"),
 }
 
 __all__ = ["__version__", *_LAZY]

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import dataclasses
 import reprlib
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
+from . import prefix
 from .configs import check_max_draft, positive_int
 from .devices import cuda_device
 from .families import FAMILIES, Family
@@ -16,6 +18,9 @@ from .ops import mamba2 as m2_ops
 from .ops.generators import read_format_name
 from .ops.validate import check_tensor, per_head_stride
 from .reference.quant import quantize_fp8_e4m3_rows
+
+if TYPE_CHECKING:
+    from .swap import HostReplayState
 
 #: What each error bit of the kernels' flag means (bits: kErr* in include/replayssm/common/constants.h).
 ERROR_BITS = {
@@ -28,6 +33,9 @@ ERROR_BITS = {
     "state is unspecified until reset; other slots are unaffected)",
 }
 assert set(ERROR_BITS) == set(_BITS.values()), "describe every kErr* bit of constants.h"
+
+_CURSOR_NAMES = ("ring_start", "ring_len", "ring_done", "ring_draft")  # per-slot int32 (ReplayCache.cursors)
+_COUNTER_NAMES = ("error_flag", "work_counter")  # per-cache int32
 
 
 def _as_slots(name: str, slots, num_slots: int, device, *, distinct: bool = False) -> torch.Tensor:
@@ -125,9 +133,38 @@ class ReplayCache:
             if self.read_dtype == "float8_e4m3fn":
                 self.read_scale = torch.zeros((num_slots, *state_shape[:-1]), dtype=torch.float32, device=dev)
 
+    @classmethod
+    def _over(
+        cls,
+        tensors: dict[str, torch.Tensor | None],
+        *,
+        dims,
+        window: int,
+        state_dtype,
+        io_dtype,
+        read_dtype: str | None,
+        device: torch.device,
+    ) -> ReplayCache:
+        """A cache of this class over existing tensors, allocating and copying nothing (for
+        replayssm.torch_ops: inside a custom op the tensors may be torch.compile's stand-ins for a
+        cache's own). tensors: by attribute name ('checkpoint', 'read_copy', 'read_scale', the
+        ring names, 'ring_start', 'ring_len', 'ring_done', 'ring_draft', 'error_flag',
+        'work_counter'); absent ones are None. The ring names and 'ring_start' are required:
+        num_slots is ring_start's length and the capacity the first ring's dim 2."""
+        c = cls.__new__(cls)
+        c.dims, c.window, c.state_dtype, c.io_dtype = dims, window, state_dtype, io_dtype
+        c.read_dtype, c.device = read_dtype, device
+        c._ring_names = tuple(cls.descriptor.ring_layout(dataclasses.asdict(dims), 1, io_dtype, read_dtype))
+        for name in (*c._ring_names, "checkpoint", "read_copy", "read_scale", *_CURSOR_NAMES, *_COUNTER_NAMES):
+            setattr(c, name, tensors.get(name))
+        c.num_slots = tensors["ring_start"].shape[0]  # type: ignore[union-attr]
+        c.capacity = tensors[c._ring_names[0]].shape[2]  # type: ignore[union-attr]
+        c.max_draft = c.capacity - window
+        return c
+
     def _make_rings(self, dims: dict) -> None:
         """Allocate the family's rings (zeros) as the descriptor lays them out."""
-        layout = self.descriptor.ring_layout(dims, self.capacity, self.io_dtype)
+        layout = self.descriptor.ring_layout(dims, self.capacity, self.io_dtype, self.read_dtype)
         self._ring_names = tuple(layout)
         for name, (shape, dtype) in layout.items():
             setattr(self, name, torch.zeros((self.num_slots, *shape), dtype=dtype, device=self.device))
@@ -211,18 +248,44 @@ class ReplayCache:
         else:
             self.read_copy[s] = S.to(self.read_copy.dtype)
 
-    def _ring_positions(self, s: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """Physical ring index of logical record j for each slot [b, R], and its validity [b, R]."""
-        j = torch.arange(self.capacity, device=self.device)
-        pos = (self.ring_start[s].long()[:, None] + j[None, :]) % self.capacity
-        return pos, j[None, :] < self.ring_len[s].long()[:, None]
+    def _prefix_counts(self, s: torch.Tensor, upto) -> torch.Tensor:
+        """Records to fold per slot of ``s`` (int64 [n] on the device): every committed one (upto
+        None), else ``upto`` (an int, or ints [n]), each in [0, ring_len] (ValueError names upto)."""
+        committed = self.ring_len[s].long()
+        if upto is None:
+            return committed
+        count = prefix.check_upto("upto", upto, s.numel(), self.device)
+        prefix.check_within("upto", count, committed, s)
+        return count
 
-    @staticmethod
-    def _gather(ring: torch.Tensor, s: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
-        """ring [slots, heads, R, *rest] -> records of slots s in logical order, fp32 [b, heads, R, *rest]."""
-        t = ring[s].float()
-        idx = pos[:, None, :].reshape(pos.shape[0], 1, -1, *([1] * (t.dim() - 3)))
-        return torch.gather(t, 2, idx.expand(-1, t.shape[1], -1, *t.shape[3:]))
+    def _records(self, s: torch.Tensor, count: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """The rings of slots ``s`` in logical order ({ring name: fp32 [b, heads, R, ...]}) and which
+        records to fold (bool [b, R]: the first ``count`` of each slot)."""
+        pos, valid = prefix.ring_order(self.ring_start[s], count, self.capacity)
+        return {name: prefix.in_order(t[s], pos, valid) for name, t in zip(self._ring_names, self.rings())}, valid
+
+    def slot_tensors(self) -> dict[str, torch.Tensor]:
+        """Every tensor the cache keeps per slot (slot dim first), by attribute name: the checkpoint,
+        the read copy and its scales (when kept), the rings and the cursors (what swap_out copies)."""
+        named = {"checkpoint": self.checkpoint, "read_copy": self.read_copy, "read_scale": self.read_scale}
+        named.update(zip(self._ring_names, self.rings()))
+        named.update(zip(_CURSOR_NAMES, self.cursors()))
+        return {name: t for name, t in named.items() if t is not None}
+
+    def swap_out(self, slots, *, non_blocking: bool = True) -> HostReplayState:
+        """Copy the whole replay state of ``slots`` to pinned host memory, for preemption (see
+        replayssm.swap.swap_out); ``swap_in`` writes it back, bit-exact, into any slots of a cache
+        like this one. Nothing is modified."""
+        from .swap import swap_out
+
+        return swap_out(self, slots, non_blocking=non_blocking)
+
+    def swap_in(self, slots, state: HostReplayState) -> None:
+        """Write a state taken by ``swap_out`` (of this cache or one of the same configuration) into
+        ``slots``, bit-exact (see replayssm.swap.swap_in)."""
+        from .swap import swap_in
+
+        swap_in(self, slots, state)
 
     def check_errors(self, clear: bool = True) -> int:
         """Read (and clear) the kernels' error flag; syncs. Returns the bits (0 = no error)."""
@@ -319,18 +382,21 @@ class Mamba2Cache(ReplayCache):
     B_ring: torch.Tensor
     dt_ring: torch.Tensor
 
-    def materialize(self, slots, A: torch.Tensor | None = None) -> torch.Tensor:
+    def materialize(self, slots, A: torch.Tensor | None = None, *, upto=None) -> torch.Tensor:
         """Exact current state of ``slots`` as float32 [len(slots), H, P, N] (nothing is modified).
 
         A: per-head A [H] (or stride-0 [H, P, N]) for this call; default: the A the cache keeps
         (``A=`` at construction / ``create_cache``, or ``set_A``). Needed only when a slot has
-        pending records; missing then, it raises ValueError."""
+        pending records; missing then, it raises ValueError.
+        upto: None (every committed record), or the state after the first ``upto`` committed
+        records of each slot's ring (a prefix: an int, or int [len(slots)] as a tensor or list; 0
+        is the checkpoint), each at most the slot's ``ring_len`` (see replayssm.prefix)."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
-        H, G = self.dims.nheads, self.dims.ngroups
         if A is not None:
-            A = self._per_head_A(A, H).to(device=self.device, dtype=torch.float32)
+            A = self._per_head_A(A, self.dims.nheads).to(device=self.device, dtype=torch.float32)
+        count = self._prefix_counts(s, upto)
         S = self.checkpoint[s].float()
-        if not (s.numel() and int(self.ring_len[s].max())):
+        if not (s.numel() and int(count.max())):
             return S
         A = self._A if A is None else A
         if A is None:
@@ -339,14 +405,21 @@ class Mamba2Cache(ReplayCache):
                 "once with create_cache(..., A=A) / Mamba2Cache(..., A=A) or cache.set_A(A), or "
                 "pass materialize(slots, A=A))"
             )
-        pos, valid = self._ring_positions(s)
-        delta = self._gather(self.dt_ring, s, pos) * valid[:, None, :]  # [b, H, R], zero beyond len
-        a = delta * A[None, :, None]
+        recs, valid = self._records(s, count)
+        return self._fold(S, recs, valid, A[None])
+
+    @staticmethod
+    def _fold(S: torch.Tensor, recs: dict[str, torch.Tensor], valid: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
+        """The state after the valid records, for b rows (slots, or layers x slots): S fp32
+        [b, H, P, N]; recs fp32 in logical order: x_ring [b, H, R, P], B_ring [b, G, R, N], dt_ring
+        [b, H, R]; valid bool [b, R] (a prefix of each row); A fp32 [b or 1, H]. fp32 [b, H, P, N]."""
+        H, G = S.shape[1], recs["B_ring"].shape[1]
+        delta = recs["dt_ring"] * valid[:, None, :]  # [b, H, R], zero beyond the prefix
+        a = delta * A[:, :, None]
         total = a.sum(-1)
         w = delta * torch.exp(total[..., None] - torch.cumsum(a, -1))  # delta_j exp(sum_{i>j} a_i)
-        x = self._gather(self.x_ring, s, pos)  # [b, H, R, P]
-        Bh = self._gather(self.B_ring, s, pos).repeat_interleave(H // G, dim=1)  # [b, H, R, N]
-        return torch.exp(total)[..., None, None] * S + torch.einsum("bhr,bhrp,bhrn->bhpn", w, x, Bh)
+        Bh = recs["B_ring"].repeat_interleave(H // G, dim=1)  # [b, H, R, N]
+        return torch.exp(total)[..., None, None] * S + torch.einsum("bhr,bhrp,bhrn->bhpn", w, recs["x_ring"], Bh)
 
 
 class GDNCache(ReplayCache):
@@ -356,8 +429,18 @@ class GDNCache(ReplayCache):
         u_ring      [num_slots, HV, R, V]  float32   corrected values u = beta (v - S~ k^)
         k_ring      [num_slots, HK, R, K]  float32   normalised keys (shared by a key head's value heads)
         g_ring      [num_slots, HV, R]     float32   log decays
+        read_copy   [num_slots, HV, V, K]  read_dtype  (read_dtype given) S_lp, one row = (hv, v) over K
+        read_scale  [num_slots, HV, V]     float32    (read_dtype float8_e4m3fn) S_lp's row scales
+        v_ring      [num_slots, HV, R, V]  io_dtype   (read_dtype given) values v as given
+        beta_ring   [num_slots, HV, R]     float32    (read_dtype given) gates beta
     The ring is fp32 so that replay reproduces the fp32 recurrence: u depends on the state, and a
     16-bit u or k^ would add a rounding error the conventional kernel does not make.
+
+    read_dtype: None, torch.float8_e4m3fn (K >= 128) or torch.bfloat16 (or their names): a
+    low-precision read copy of the float32 checkpoint that non-flush replay steps read (see
+    ReplayCache). Their u, computed from the copy, are approximate; each flush recomputes the
+    window's u exactly from the checkpoint and the ring's v and beta before folding, and so does
+    ``materialize``. Only the replay decode step serves such a cache so far.
     """
 
     descriptor = FAMILIES["gdn"]
@@ -375,9 +458,11 @@ class GDNCache(ReplayCache):
         state_dtype=torch.float32,
         io_dtype=torch.bfloat16,
         device=None,
+        read_dtype=None,
     ):
         dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
+        self.descriptor.check_read(read_dtype, "replay", state_dtype, dims)
         super().__init__(
             num_slots,
             (num_v_heads, head_v_dim, head_k_dim),
@@ -386,6 +471,7 @@ class GDNCache(ReplayCache):
             state_dtype=state_dtype,
             io_dtype=io_dtype,
             device=device,
+            read_dtype=read_dtype,
         )
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
         self._make_rings(dims)
@@ -394,23 +480,53 @@ class GDNCache(ReplayCache):
     k_ring: torch.Tensor
     g_ring: torch.Tensor
 
-    def materialize(self, slots) -> torch.Tensor:
-        """Exact current state of ``slots`` as float32 [len(slots), HV, V, K] (nothing is modified)."""
+    def materialize(self, slots, *, upto=None) -> torch.Tensor:
+        """Exact current state of ``slots`` as float32 [len(slots), HV, V, K] (nothing is modified).
+
+        upto: None (every committed record), or the state after the first ``upto`` committed
+        records of each slot's ring (a prefix: an int, or int [len(slots)] as a tensor or list; 0
+        is the checkpoint), each at most the slot's ``ring_len`` (see replayssm.prefix)."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
+        count = self._prefix_counts(s, upto)
         S = self.checkpoint[s].float()
-        if not (s.numel() and int(self.ring_len[s].max())):
+        if not (s.numel() and int(count.max())):
             return S
-        HV, HK = self.dims.num_v_heads, self.dims.num_k_heads
-        pos, valid = self._ring_positions(s)
-        g = self._gather(self.g_ring, s, pos)  # [b, HV, R] or (KDA) [b, HV, R, K]
-        if not self.descriptor.per_channel:
-            g = g[..., None]
-        g = g * valid[:, None, :, None]  # zero beyond len
+        recs, valid = self._records(s, count)
+        return self._fold(S, recs, valid)
+
+    @staticmethod
+    def _fold(S: torch.Tensor, recs: dict[str, torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
+        """The state after the valid records, for b rows (slots, or layers x slots): S fp32
+        [b, HV, V, K]; recs fp32 in logical order: u_ring [b, HV, R, V], k_ring [b, HK, R, K], g_ring
+        [b, HV, R] (KDA: [b, HV, R, K]); valid bool [b, R] (a prefix of each row). fp32 [b, HV, V, K].
+        With a read copy's rings (v_ring [b, HV, R, V], beta_ring [b, HV, R]) the ring's u are
+        approximate: the delta rule itself is run instead (_exact_fold)."""
+        if "v_ring" in recs:
+            return GDNCache._exact_fold(S, recs, valid)
+        HV, HK = S.shape[1], recs["k_ring"].shape[1]
+        g = recs["g_ring"] if recs["g_ring"].dim() == 4 else recs["g_ring"][..., None]  # [b, HV, R, K or 1]
+        g = g * valid[:, None, :, None]  # zero beyond the prefix
         total = g.sum(2)  # [b, HV, K or 1]
         w = torch.exp(total[:, :, None] - torch.cumsum(g, 2)) * valid[:, None, :, None]  # exp(sum_{i>j} g_i)
-        u = self._gather(self.u_ring, s, pos)  # [b, HV, R, V]
-        kh = self._gather(self.k_ring, s, pos).repeat_interleave(HV // HK, dim=1)  # [b, HV, R, K]
-        return torch.exp(total)[:, :, None, :] * S + torch.einsum("bhrv,bhrk->bhvk", u, w * kh)
+        kh = recs["k_ring"].repeat_interleave(HV // HK, dim=1)  # [b, HV, R, K]
+        return torch.exp(total)[:, :, None, :] * S + torch.einsum("bhrv,bhrk->bhvk", recs["u_ring"], w * kh)
+
+    @staticmethod
+    def _exact_fold(S: torch.Tensor, recs: dict[str, torch.Tensor], valid: torch.Tensor) -> torch.Tensor:
+        """As _fold, for a read copy's rings: the delta rule from S over the valid records in order
+        (float64; each u recomputed from the state: u = beta (v - S~ k^)), the exact path a flush
+        takes. fp32 [b, HV, V, K]."""
+        HV, HK = S.shape[1], recs["k_ring"].shape[1]
+        g = recs["g_ring"].double()
+        g = g if g.dim() == 4 else g[..., None]  # [b, HV, R, K or 1]
+        kh = recs["k_ring"].double().repeat_interleave(HV // HK, dim=1)  # [b, HV, R, K]
+        v, beta = recs["v_ring"].double(), recs["beta_ring"].double()  # [b, HV, R, V], [b, HV, R]
+        S = S.double()
+        for j in range(int(valid.sum(1).max()) if valid.numel() else 0):
+            St = S * torch.exp(g[:, :, j])[:, :, None, :]
+            u = beta[:, :, j, None] * (v[:, :, j] - torch.einsum("bhvk,bhk->bhv", St, kh[:, :, j]))
+            S = torch.where(valid[:, j, None, None, None], St + u[..., None] * kh[:, :, j, None, :], S)
+        return S.float()
 
 
 class KDACache(GDNCache):

@@ -121,8 +121,11 @@ class Family:
     model_shapes:  named model shapes (dims by keyword): the AOT set and the benchmarks' shapes
     check_dims:    raises TypeError/ValueError unless the kernels have these dims
     spec_fn:       the generator: (op, dims, state_dtype, io_dtype, L, T, read_dtype) -> Specialization
-    ring_fn:       the ring layout: (dims, R, io_dtype) -> {name: (shape after num_slots, dtype)}, in
-                   the order of the kernels' Ring struct (its ops module's params builder reads them)
+    ring_fn:       the ring layout: (dims, R, io_dtype, read) -> {name: (shape after num_slots, dtype)},
+                   in the order of the kernels' Ring struct (its ops module's params builder reads
+                   them); ``read`` is the read copy's format name or None (GDN/KDA keep each record's
+                   v and beta with one, for the flush's exact recompute; arrays a cache without a
+                   read copy lacks are null in the struct)
     ops_module:    the module that builds the family's params structs and loads its modules
     """
 
@@ -146,9 +149,12 @@ class Family:
 
         return importlib.import_module(self.ops_module)
 
-    def ring_layout(self, dims: Mapping[str, Any], R: int, io_dtype) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-        """Each ring tensor's name, shape after the slot dim and dtype, for rings of R records."""
-        return self.ring_fn(dims, R, io_dtype)
+    def ring_layout(
+        self, dims: Mapping[str, Any], R: int, io_dtype, read_dtype=None
+    ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+        """Each ring tensor's name, shape after the slot dim and dtype, for rings of R records
+        (read_dtype: the cache's read copy, None without one)."""
+        return self.ring_fn(dims, R, io_dtype, generators.read_format_name(read_dtype))
 
     @property
     def required_keys(self) -> tuple[str, ...]:
@@ -207,7 +213,8 @@ def _delta_spec(family: str):
     return spec
 
 
-def _mamba2_rings(d, R, io_dtype):
+def _mamba2_rings(d, R, io_dtype, read=None):
+    # A read copy adds nothing: a Mamba-2 record is the step's inputs, which the flush folds exactly.
     f32 = torch.float32
     return {
         "x_ring": ((d["nheads"], R, d["head_dim"]), io_dtype),  # x of each record
@@ -217,14 +224,19 @@ def _mamba2_rings(d, R, io_dtype):
 
 
 def _delta_rings(per_channel: bool):
-    def rings(d, R, io_dtype):
+    def rings(d, R, io_dtype, read=None):
         f32 = torch.float32
-        gate = (d["num_v_heads"], R, d["head_k_dim"]) if per_channel else (d["num_v_heads"], R)
-        return {
-            "u_ring": ((d["num_v_heads"], R, d["head_v_dim"]), f32),  # corrected values
+        HV = d["num_v_heads"]
+        gate = (HV, R, d["head_k_dim"]) if per_channel else (HV, R)
+        layout = {
+            "u_ring": ((HV, R, d["head_v_dim"]), f32),  # corrected values
             "k_ring": ((d["num_k_heads"], R, d["head_k_dim"]), f32),  # normalised keys
             "g_ring": (gate, f32),  # log decays (KDA: one per key channel)
         }
+        if read is not None:  # a read copy's u are approximate: the flush recomputes them from these
+            layout["v_ring"] = ((HV, R, d["head_v_dim"]), io_dtype)  # values as given
+            layout["beta_ring"] = ((HV, R), f32)  # gates beta
+        return layout
 
     return rings
 

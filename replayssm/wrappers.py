@@ -23,6 +23,8 @@ RuntimeError, both at construction.
 
 from __future__ import annotations
 
+import itertools
+import weakref
 from collections.abc import Callable
 from typing import Any
 
@@ -48,6 +50,21 @@ from .ops.abi import CommitParams, Schedule, ScheduleStruct, SlotArg, current_st
 from .ops.generators import verify_capacity
 from .ops.validate import check_slot_indices
 from .speculative import DraftPlan, PendingDrafts
+
+# torch.compile: inside a trace, run() and commit() route to replayssm.torch_ops's custom ops, which
+# take a wrapper by its handle (an int) since custom ops cannot take Python objects. Eager calls
+# only pay the is_compiling() branch.
+_is_compiling = torch.compiler.is_compiling
+_LIVE_WRAPPERS: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # handle -> wrapper
+_NEXT_HANDLE = itertools.count(1)
+
+
+def wrapper_for(handle: int) -> _DecodeWrapper:
+    """The live wrapper whose ``_handle`` is ``handle`` (replayssm.torch_ops's custom ops)."""
+    w = _LIVE_WRAPPERS.get(handle)
+    if w is None:
+        raise RuntimeError(f"handle: no live replayssm wrapper has handle {handle} (was it garbage-collected?)")
+    return w
 
 
 class _DecodeWrapper:
@@ -92,6 +109,9 @@ class _DecodeWrapper:
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
         self._debug_slot_max = -1  # debug: the largest slot id the plan names (checked against the cache)
+        self._handle = next(_NEXT_HANDLE)  # what compiled code passes to the custom ops (wrapper_for)
+        _LIVE_WRAPPERS[self._handle] = self
+        self._plan_key = ""  # what plan() fixed that a compiled graph depends on (set by plan())
 
     @property
     def draft_len(self) -> int | None:
@@ -198,6 +218,8 @@ class _DecodeWrapper:
         self._module, self._batch, self._schedule = module, batch, schedule
         self._debug_slot_max = slot_max
         self._verified = False
+        d = self._drafts  # compiled code guards on this key (replayssm.torch_ops): a change retraces
+        self._plan_key = f"batch={batch} T={d.T} tree={d.is_tree} counts={d.has_counts} state_slots={d.has_state_slots}"
 
     def _check_plan_slots(self, slot_indices) -> int:
         """Type, shape, dtype and device of slot_indices; returns the batch."""
@@ -287,6 +309,10 @@ class _DecodeWrapper:
         then -1 (the accepted records are copied into ring order). Pad rows are ignored. A row whose
         commit is invalid (nothing pending, n out of range, not a path) is left unchanged and
         raises an error bit (cache.check_errors()); repeating the same commit is a no-op."""
+        if _is_compiling():  # torch.compile: the custom op (replayssm.torch_ops)
+            from .torch_ops import commit
+
+            return commit(self, cache, num_accepted, accepted_path)
         batch = self._planned_batch()
         self._check_cache(cache)
         if not self._drafts.T:
@@ -458,6 +484,10 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         A: [H] (or stride-0 [H, P, N]); D, dt_bias: [H] (or stride-0 [H, P]). Returns out.
         The cache does not keep A: give it to create_cache()/Mamba2Cache (or cache.set_A) once
         for materialize()."""
+        if _is_compiling():  # torch.compile: the custom op (replayssm.torch_ops)
+            from .torch_ops import mamba2_run
+
+            return mamba2_run(self, cache, x, dt, A, B, C, D, z, dt_bias, out)
         batch = self._planned_batch()
         self._check_cache(cache)
         T = self._check_drafts(cache)
@@ -488,6 +518,13 @@ class GDNDecodeWrapper(_DecodeWrapper):
     choose the replay kernel by batch (the persistent pipelined one from 128 units: batch x HK for
     GDN, batch x HV for KDA), True/False forces it (``w.schedule.fallback`` reports a persistent
     request the device cannot serve); ``rows_per_cta``: None or an int tile of V.
+    ``read_dtype``: None, or a low-precision read copy of the float32 checkpoint that non-flush
+    steps read (torch.float8_e4m3fn with one fp32 scale per (hv, v) row, K >= 128; or
+    torch.bfloat16). A non-flush step's corrections u then come from the copy; each flush reads the
+    fp32 checkpoint, recomputes the window's u exactly from it (the ring also keeps v and beta),
+    folds, and writes both, so the checkpoint follows the exact recurrence. It selects the binary
+    (names end in ``_read_fp8`` / ``_read_bf16``); replay standard decode only so far (a verify plan
+    raises ValueError). ``create_cache`` allocates the copy and the extra ring arrays.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -514,9 +551,11 @@ class GDNDecodeWrapper(_DecodeWrapper):
         persistent: bool | None = None,
         device=None,
         debug: bool = False,
+        read_dtype=None,
     ):
         dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
+        self.read_dtype = self.descriptor.check_read(read_dtype, algorithm, state_dtype, dims)
         self.use_l2norm = check_bool("use_l2norm", use_l2norm)
         scale = check_scale(scale)
         self.scale = scale if scale is not None else head_k_dim**-0.5
@@ -548,10 +587,14 @@ class GDNDecodeWrapper(_DecodeWrapper):
             state_dtype=self.state_dtype,
             io_dtype=self.io_dtype,
             device=self.device,
+            read_dtype=self.read_dtype,
         )
 
     def _load_module(self, op: str, capacity: int):
-        return gdn_ops.load(op, self.dims, self.state_dtype, self.io_dtype, self.window, self.family, capacity)
+        d = self.dims
+        return gdn_ops.load(
+            op, d, self.state_dtype, self.io_dtype, self.window, self.family, capacity, read_dtype=self.read_dtype
+        )
 
     def _plan_query(self, batch: int, T: int):
         return gdn_ops.plan_query(
@@ -568,6 +611,10 @@ class GDNDecodeWrapper(_DecodeWrapper):
         [batch, HV] or b [batch, HV] (beta = sigmoid(b)); out: optional [batch, HV, V] io dtype.
         Verify (plan with draft_len=T) — the same with a T dim after batch on q, k, v, g/a, beta/b
         and out; outputs of drafts beyond a row's count are zeros. Returns out."""
+        if _is_compiling():  # torch.compile: the custom op (replayssm.torch_ops)
+            from .torch_ops import delta_run
+
+            return delta_run(self, cache, q, k, v, g, beta, A_log, a, dt_bias, b, out)
         batch = self._planned_batch()
         self._check_cache(cache)
         T = self._check_drafts(cache)

@@ -39,7 +39,6 @@ from .abi import (
     i32,
     i64,
     load_checked,
-    ring_fields,
     scalar_arg,
 )
 from .abi import plan_query as plan_query_
@@ -60,6 +59,12 @@ class Ring(ctypes.Structure):
         ("g", c_ptr),
         ("g_stride_slot", i64),
         ("g_stride_head", i64),
+        ("v", c_ptr),
+        ("v_stride_slot", i64),
+        ("v_stride_head", i64),
+        ("beta", c_ptr),
+        ("beta_stride_slot", i64),
+        ("beta_stride_head", i64),
         ("start", c_ptr),
         ("len", c_ptr),
         ("done", c_ptr),
@@ -266,9 +271,19 @@ def verify_inputs(
     return s, out
 
 
+#: The Ring struct's arrays, in order: cache attribute names (replayssm.families lays them out; a
+#: cache without a read copy has no v_ring or beta_ring, and their fields are null).
+RING_ARRAYS = ("u_ring", "k_ring", "g_ring", "v_ring", "beta_ring")
+
+
 def ring_struct(cache) -> Ring:
-    """The cache's rings (u, k, g) and cursors as the kernels' Ring."""
-    return Ring(*ring_fields(cache))
+    """The cache's rings (u, k, g; with a read copy also v and beta) and cursors as the kernels' Ring."""
+    arrays = []
+    for name in RING_ARRAYS:
+        t = getattr(cache, name, None)
+        arrays += [None, 0, 0] if t is None else [t.data_ptr(), t.stride(0), t.stride(1)]
+    cursors = (t.data_ptr() for t in cache.cursors())
+    return Ring(*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, 0)
 
 
 def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
@@ -286,9 +301,11 @@ def load(
     T: int = 1,
     *,
     prepare: bool = True,
+    read_dtype=None,
 ):
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
-    capacity; replay_verify's commit entry takes CommitParams."""
-    spec = gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T)
+    capacity; replay_verify's commit entry takes CommitParams. read_dtype: the read copy the
+    module is built for (replay_decode only; see generators.gdn_decode_spec)."""
+    spec = gdn_decode_spec(op, dims.head_k_dim, dims.head_v_dim, state_dtype, io_dtype, L, family, T, read_dtype)
     return load_checked(spec, DecodeParams, VerifyParams, prepare=prepare)

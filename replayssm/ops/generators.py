@@ -73,7 +73,11 @@ def _decode_spec(
 
 
 #: Read-copy formats the kernels have (replayssm.reference.quant names), per family.
-READ_FORMATS = {"mamba2": ("float8_e4m3fn", "bfloat16"), "gdn": (), "kda": ()}
+READ_FORMATS = {
+    "mamba2": ("float8_e4m3fn", "bfloat16"),
+    "gdn": ("float8_e4m3fn", "bfloat16"),
+    "kda": ("float8_e4m3fn", "bfloat16"),
+}
 
 
 def read_format_name(read_dtype) -> str | None:
@@ -148,12 +152,13 @@ def gdn_decode_spec(
     op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
     K, V (key and value head dims) in GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16};
     L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
-    (no read copy exists for GDN/KDA yet: any other value raises ValueError)."""
+    or the low-precision read copy of the checkpoint's (hv, v) rows over K (torch.float8_e4m3fn
+    needs K >= 128, torch.bfloat16; replay decode of a float32 checkpoint only)."""
     check_choice("family", family, ("gdn", "kda"))
     check_choice("op", op, DECODE_OPS)
     check_choice("K (key head dim)", K, GDN_DIMS)
     check_choice("V (value head dim)", V, GDN_DIMS)
-    read = check_read_copy(family, op, read_format_name(read_dtype), state_dtype, K)  # none yet: refuses any
+    read = check_read_copy(family, op, read_format_name(read_dtype), state_dtype, K)
     return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T, read)
 
 
@@ -194,6 +199,8 @@ def compile_check_specializations() -> list[Specialization]:
         gdn_decode_spec("conventional_decode", 128, 128, "float32", "bfloat16"),
         gdn_decode_spec("replay_decode", 64, 256, "bfloat16", "float16", L=32),
         gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16, family="kda"),
+        gdn_decode_spec("replay_decode", 128, 128, "float32", "bfloat16", L=16, read_dtype="float8_e4m3fn"),
+        gdn_decode_spec("replay_decode", 64, 256, "float32", "float16", L=32, family="kda", read_dtype="bfloat16"),
         gdn_decode_spec("conventional_decode", 256, 64, "float16", "float32", family="kda"),
         mamba2_decode_spec("replay_verify", 64, 128, "float32", "bfloat16", L=16, T=4),
         mamba2_decode_spec("replay_verify", 80, 256, "bfloat16", "float16", L=32, T=16),

@@ -107,7 +107,9 @@ def _check_heads(where: str, HV: int, HK: int) -> None:
         raise ValueError(f"{where}: the number of key heads HK must divide HV={HV}, got HK={HK}")
 
 
-def _delta_step(where, per_channel, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale):
+def _delta_step(
+    where, per_channel, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale, u=None, return_u=False
+):
     shaped(where, "S", S, ("batch", "HV", "V", "K"), (None, None, None, None))
     batch, HV, V, K = S.shape
     shaped(where, "q", q, ("batch", "HK", "K"), (batch, None, K))
@@ -139,29 +141,69 @@ def _delta_step(where, per_channel, S, q, k, v, g, beta, A_log, a, dt_bias, b, u
     qh, kh = t["q"][:, hk], t["k"][:, hk]  # [batch, HV, K]
     g3 = t["g"] if per_channel else t["g"][..., None]  # [batch, HV, Kg]
     St = S * torch.exp(g3)[:, :, None, :]
-    u = t["beta"][..., None] * (t["v"] - torch.einsum("bhvk,bhk->bhv", St, kh))
+    if u is None:
+        u = t["beta"][..., None] * (t["v"] - torch.einsum("bhvk,bhk->bhv", St, kh))
+    else:
+        shaped(where, "u", u, ("batch", "HV", "V"), (batch, HV, V))
+        u = u.to(S.dtype)
     S_new = St + u[..., None] * kh[:, :, None, :]
-    return torch.einsum("bhvk,bhk->bhv", S_new, qh), S_new
+    o = torch.einsum("bhvk,bhk->bhv", S_new, qh)
+    return (o, S_new, u) if return_u else (o, S_new)
 
 
-def gdn_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None, use_l2norm=True, scale=None):
+def gdn_step(
+    S,
+    q,
+    k,
+    v,
+    *,
+    g=None,
+    beta=None,
+    A_log=None,
+    a=None,
+    dt_bias=None,
+    b=None,
+    use_l2norm=True,
+    scale=None,
+    u=None,
+    return_u=False,
+):
     """One conventional Gated DeltaNet decode step for a batch.
 
     S [batch, HV, V, K] float (defines the compute dtype); q, k [batch, HK, K]; v [batch, HV, V];
     decay: g [batch, HV] or (A_log [HV], a [batch, HV], dt_bias [HV]|None);
     gate: beta [batch, HV] or b [batch, HV] (beta = sigmoid(b)); scale default K**-0.5.
-    Returns ``(o [batch, HV, V], S_new [batch, HV, V, K])`` in the dtype of S.
+    u: None, or the correction [batch, HV, V] to apply instead of beta (v - S~ k^) (a read copy's
+    model: the step that flushed computed it from the exact checkpoint, see replayssm.reference.pool).
+    Returns ``(o [batch, HV, V], S_new [batch, HV, V, K])`` in the dtype of S, and with
+    ``return_u`` the correction u [batch, HV, V] as a third item.
     """
-    return _delta_step("gdn_step", False, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale)
+    return _delta_step("gdn_step", False, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale, u, return_u)
 
 
-def kda_step(S, q, k, v, *, g=None, beta=None, A_log=None, a=None, dt_bias=None, b=None, use_l2norm=True, scale=None):
+def kda_step(
+    S,
+    q,
+    k,
+    v,
+    *,
+    g=None,
+    beta=None,
+    A_log=None,
+    a=None,
+    dt_bias=None,
+    b=None,
+    use_l2norm=True,
+    scale=None,
+    u=None,
+    return_u=False,
+):
     """One conventional KDA decode step: as :func:`gdn_step` but with a per-K-channel decay.
 
     decay: g [batch, HV, K] or (A_log [HV], a [batch, HV, K], dt_bias [HV, K]|None).
-    Returns ``(o [batch, HV, V], S_new [batch, HV, V, K])``.
+    Returns ``(o [batch, HV, V], S_new [batch, HV, V, K])`` (and u with ``return_u``).
     """
-    return _delta_step("kda_step", True, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale)
+    return _delta_step("kda_step", True, S, q, k, v, g, beta, A_log, a, dt_bias, b, use_l2norm, scale, u, return_u)
 
 
 def delta_fold(S: torch.Tensor, g3: torch.Tensor, u: torch.Tensor, kh: torch.Tensor) -> torch.Tensor:
@@ -421,3 +463,56 @@ class KDAReplayRef(_DeltaReplayRef):
 
     family = "KDAReplayRef"
     per_channel = True
+
+
+class DeltaReadCopyModel:
+    """What the GDN/KDA replay decode kernels compute with a read copy (docs/design.md §1.6), per
+    slot, in the dtype of the states given (float64 for an oracle): a batch of single-token steps.
+
+    * ``exact`` [num_slots, HV, V, K]: the true recurrence. A flush writes it to S_hp (the window's
+      corrections recomputed from S_hp), and a step that flushes outputs from it.
+    * ``read`` [num_slots, HV, V, K]: what a non-flush step's outputs come from: the recurrence
+      restarted at the slot's checkpoint from the dequantised read copy S_lp, in which every
+      correction is recomputed from this state, except the first record's, which the flushing step
+      computed from S_hp (exact). A non-flush step's output, and the u it appends, are this one's.
+    * ``m``: records since the checkpoint; a step flushes when ``m == L`` (then m becomes 1).
+
+    read_copy(slot) -> the dequantised S_lp [HV, V, K] of a slot that flushed in this step (taken
+    after the step: the kernel's own copy, or the reference quantiser applied to ``exact``).
+    """
+
+    def __init__(self, S_exact: torch.Tensor, S_read: torch.Tensor, L: int, per_channel: bool):
+        shaped("DeltaReadCopyModel", "S_exact", S_exact, ("num_slots", "HV", "V", "K"), (None,) * 4)
+        shaped("DeltaReadCopyModel", "S_read", S_read, ("num_slots", "HV", "V", "K"), tuple(S_exact.shape))
+        positive_int("DeltaReadCopyModel", "L", L)
+        self.exact, self.read = S_exact.clone(), S_read.clone()
+        self.L = L
+        self.m = [0] * S_exact.shape[0]
+        self._step = kda_step if per_channel else gdn_step
+
+    def load(self, slot: int, S: torch.Tensor, S_read: torch.Tensor) -> None:
+        """A prefill hand-over (load_state/reset) of one slot: checkpoint S, read copy S_read, ring emptied."""
+        self.exact[slot], self.read[slot], self.m[slot] = S, S_read, 0
+
+    def step(self, slots, read_copy, **inputs) -> tuple[torch.Tensor, list[bool]]:
+        """One token for each of ``slots`` (ints, pads excluded; each at most once). inputs: as
+        gdn_step / kda_step takes them: q, k [n, HK, K], v [n, HV, V], g or a, beta or b with one row
+        per slot; A_log, dt_bias, use_l2norm, scale as for the layer. Returns (o [n, HV, V], whether
+        each slot's step flushed)."""
+        outs, flushed = [], []
+        per_row = {"q", "k", "v", "g", "a", "beta", "b"}
+        for r, s in enumerate(slots):
+            args = {n: (t[r : r + 1] if n in per_row and t is not None else t) for n, t in inputs.items()}
+            flush = self.m[s] == self.L
+            if flush:
+                o, exact, u = self._step(self.exact[s : s + 1], return_u=True, **args)
+                _, self.read[s : s + 1] = self._step(read_copy(s)[None].to(self.read.dtype), u=u, **args)
+                self.m[s] = 0
+            else:
+                o, self.read[s : s + 1] = self._step(self.read[s : s + 1], **args)
+                _, exact = self._step(self.exact[s : s + 1], **args)
+            self.exact[s : s + 1] = exact
+            self.m[s] += 1
+            outs.append(o[0])
+            flushed.append(flush)
+        return torch.stack(outs), flushed

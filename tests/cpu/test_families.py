@@ -120,15 +120,20 @@ def test_benchmark_shapes_are_the_descriptors():
             assert sorted(bench_decode.SHAPES[name][shape].values()) == sorted(dims.values())
 
 
+@pytest.mark.parametrize("read", [None, "float8_e4m3fn"])
 @pytest.mark.parametrize("name", list(FAMILIES))
-def test_ring_layout_is_the_ring_struct(name):
+def test_ring_layout_is_the_ring_struct(name, read):
     """The descriptor's rings, in order, are the pointer fields of the family's ctypes Ring (which
-    the loader checks against the C++ struct), and the cache allocates exactly them."""
+    the loader checks against the C++ struct), and the cache allocates exactly them. With a read
+    copy GDN/KDA keep v and beta too: the struct's arrays are the read copy's layout, and without
+    one its first arrays (the others are null)."""
     fam = FAMILIES[name]
     dims = next(iter(fam.model_shapes.values()))
-    layout = fam.ring_layout(dims, 17, torch.bfloat16)
+    layout = fam.ring_layout(dims, 17, torch.bfloat16, read)
+    full = fam.ring_layout(dims, 17, torch.bfloat16, "float8_e4m3fn")
     pointers = [f for f, _ in fam.ops.Ring._fields_ if f + "_stride_slot" in dict(fam.ops.Ring._fields_)]
-    assert [n.removesuffix("_ring") for n in layout] == pointers
-    cache = CACHES[name](2, *[dims[k] for k in fam.dim_keys], device="cpu")
+    assert [n.removesuffix("_ring") for n in full] == pointers
+    assert list(layout) == list(full)[: len(layout)]
+    cache = CACHES[name](2, *[dims[k] for k in fam.dim_keys], device="cpu", read_dtype=read)
     assert [tuple(t.shape) for t in cache.rings()] == [(2, *shape) for shape, _ in layout.values()]
     assert [t.dtype for t in cache.rings()] == [dtype for _, dtype in layout.values()]

@@ -1,7 +1,7 @@
 """Host side of the low-precision read copy (issue 12): specialization names, what is accepted and
 refused (with the argument named), the cache's buffers and their encoding, the params struct.
 
-The kernels' side runs in tests/gpu/test_mamba2_read_copy.py.
+The kernels' side runs in tests/gpu/test_mamba2_read_copy.py and tests/gpu/test_delta_read_copy.py.
 """
 
 from __future__ import annotations
@@ -9,12 +9,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from replayssm.cache import GDNCache, Mamba2Cache
+from replayssm.cache import GDNCache, KDACache, Mamba2Cache
 from replayssm.configs import supported
+from replayssm.ops import gdn as gdn_ops
 from replayssm.ops.abi import pool_struct
-from replayssm.ops.generators import mamba2_decode_spec, read_format_name
+from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec, read_format_name
+from replayssm.reference import gdn_step, kda_step
 from replayssm.reference.quant import dequantize_fp8_e4m3_rows, quantize_fp8_e4m3_rows
-from replayssm.wrappers import Mamba2DecodeWrapper
+from replayssm.wrappers import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper
 
 F32, BF16, FP8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
 H, P, N, G = 4, 64, 128, 2
@@ -69,8 +71,11 @@ class TestReadCopySupported:
         assert not ok and "algorithm='replay'" in why
         ok, why = supported("mamba2", **base, read_dtype=FP8, state_dtype=BF16)
         assert not ok and "float32 checkpoint" in why
-        ok, why = supported("gdn", num_v_heads=32, num_k_heads=16, head_k_dim=128, head_v_dim=128, read_dtype=FP8)
-        assert not ok and "gdn kernels have read copies none yet" in why
+        gdn = dict(num_v_heads=32, num_k_heads=16, head_k_dim=128, head_v_dim=128)
+        assert supported("gdn", **gdn, read_dtype=FP8) == (True, "ok")
+        assert supported("kda", **{**gdn, "num_k_heads": 32}, read_dtype="bfloat16") == (True, "ok")
+        ok, why = supported("gdn", **{**gdn, "head_k_dim": 64}, read_dtype=FP8)
+        assert not ok and "at least 128" in why
 
     def test_wrapper_refuses_before_the_device(self):
         with pytest.raises(ValueError, match="read_dtype"):
@@ -131,3 +136,191 @@ class TestReadCopyCache:
         with pytest.raises(ValueError, match="read_dtype"):
             Mamba2Cache(2, H, P, N, G, read_dtype=FP8, state_dtype=BF16, device="cpu")
         assert GDNCache(2, 4, 2, 128, 128, device="cpu").read_copy is None
+
+
+# ---------------------------------------------------------------- GDN / KDA (one row = (hv, v) over K)
+HV, HK, K, V = 4, 2, 128, 64
+DELTA_CACHES = {"gdn": GDNCache, "kda": KDACache}
+DELTA_WRAPPERS = {"gdn": GDNDecodeWrapper, "kda": KDADecodeWrapper}
+
+
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+class TestDeltaReadCopyHost:
+    def test_names_and_template(self, family):
+        from replayssm.jit.spec import render
+
+        base = f"{family}_replay_decode_K128_V128_L16_T1_f32_bf16"
+        for read, suffix in ((FP8, "_read_fp8"), ("bfloat16", "_read_bf16"), (None, "")):
+            s = gdn_decode_spec("replay_decode", 128, 128, F32, BF16, 16, family, read_dtype=read)
+            assert s.name == base + suffix
+        src = render(gdn_decode_spec("replay_decode", 128, 128, F32, BF16, 16, family, read_dtype=BF16))
+        assert "using read_copy_t = replayssm::ReadCopyBF16;" in src
+        assert "read_copy_t>;" in src
+        assert gdn_decode_spec("replay_decode", 64, 128, F32, BF16, 16, family, read_dtype=BF16).read == "bf16"
+
+    @pytest.mark.parametrize(
+        "kwargs, fragment",
+        [
+            (dict(op="replay_verify", T=4), "only the replay decode step"),
+            (dict(op="conventional_decode", L=None), "only the replay decode step"),
+            (dict(state_dtype=BF16), "float32 checkpoint"),
+            (dict(K=64), "at least 128"),
+        ],
+    )
+    def test_unsupported_read_copies_say_why(self, family, kwargs, fragment):
+        args = dict(op="replay_decode", K=128, V=128, state_dtype=F32, io_dtype=BF16, L=16, T=1, read_dtype=FP8)
+        args.update(kwargs)
+        with pytest.raises(ValueError, match="read_dtype") as e:
+            gdn_decode_spec(family=family, **args)
+        assert fragment in str(e.value)
+
+    def test_wrapper_refuses_before_the_device(self, family):
+        cls = DELTA_WRAPPERS[family]
+        with pytest.raises(ValueError, match="read_dtype"):
+            cls(HV, HK, K, V, max_batch=2, algorithm="conventional", read_dtype=FP8)
+        with pytest.raises(ValueError, match="read_dtype"):
+            cls(HV, HK, 64, V, max_batch=2, read_dtype=FP8)
+        with pytest.raises(ValueError, match="read_dtype"):
+            cls(HV, HK, K, V, max_batch=2, state_dtype=BF16, read_dtype=BF16)
+
+    def test_buffers_and_sizes(self, family):
+        c = DELTA_CACHES[family](3, HV, HK, K, V, read_dtype=FP8, device="cpu")
+        assert c.read_copy.shape == (3, HV, V, K) and c.read_copy.dtype == FP8
+        assert c.read_scale.shape == (3, HV, V) and c.read_scale.dtype == F32
+        R = c.capacity
+        assert c.v_ring.shape == (3, HV, R, V) and c.v_ring.dtype == BF16
+        assert c.beta_ring.shape == (3, HV, R) and c.beta_ring.dtype == F32
+        gate = HV * R * (K if family == "kda" else 1) * 4
+        rings = HV * R * V * 4 + HK * R * K * 4 + gate + HV * R * V * 2 + HV * R * 4
+        sizes = c.bytes_per_slot()
+        assert sizes["checkpoint"] == HV * V * K * 4
+        assert sizes["read_copy"] == HV * V * K and sizes["read_scale"] == HV * V * 4
+        assert sizes["rings"] == rings
+        assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")
+        plain = DELTA_CACHES[family](3, HV, HK, K, V, device="cpu")
+        assert plain.bytes_per_slot()["rings"] == rings - HV * R * V * 2 - HV * R * 4
+        assert not hasattr(plain, "v_ring") and not hasattr(plain, "beta_ring")
+        b = DELTA_CACHES[family](3, HV, HK, 64, V, read_dtype=BF16, device="cpu")
+        assert b.read_copy.dtype == BF16 and b.read_scale is None
+        assert b.bytes_per_slot()["read_copy"] == HV * V * 64 * 2 and b.bytes_per_slot()["read_scale"] == 0
+
+    def test_load_state_encodes_both_copies(self, family):
+        c = DELTA_CACHES[family](4, HV, HK, K, V, read_dtype=FP8, device="cpu")
+        S = torch.randn(2, HV, V, K) * 2
+        S[1, 3, 5] = 0  # a zero row: scale 0, codes 0
+        c.load_state([2, 0], S)
+        assert torch.equal(c.checkpoint[[2, 0]], S)
+        codes, scale = quantize_fp8_e4m3_rows(S)
+        assert torch.equal(c.read_copy[[2, 0]].view(torch.uint8), codes.view(torch.uint8))
+        assert torch.equal(c.read_scale[[2, 0]], scale.squeeze(-1))
+        assert float(c.read_scale[0, 3, 5]) == 0.0
+        c.reset([2])
+        assert int(c.read_copy[2].view(torch.uint8).abs().sum()) == 0 and float(c.read_scale[2].abs().sum()) == 0
+
+    def test_ring_struct_carries_v_and_beta(self, family):
+        c = DELTA_CACHES[family](3, HV, HK, K, V, read_dtype=BF16, device="cpu")
+        ring = gdn_ops.ring_struct(c)
+        assert ring.v == c.v_ring.data_ptr() and ring.beta == c.beta_ring.data_ptr()
+        assert (ring.v_stride_slot, ring.v_stride_head) == (HV * c.capacity * V, c.capacity * V)
+        assert (ring.beta_stride_slot, ring.beta_stride_head) == (HV * c.capacity, c.capacity)
+        assert (ring.u, ring.k, ring.g) == tuple(t.data_ptr() for t in (c.u_ring, c.k_ring, c.g_ring))
+        assert ring.start == c.ring_start.data_ptr() and ring.capacity == c.capacity
+        plain = gdn_ops.ring_struct(DELTA_CACHES[family](3, HV, HK, K, V, device="cpu"))
+        assert plain.v is None and plain.beta is None and plain.v_stride_slot == 0 and plain.beta_stride_head == 0
+
+    def test_materialize_recomputes_the_corrections(self, family):
+        """With a read copy the ring's u are approximate: materialize runs the delta rule from the
+        checkpoint over the records' k, g, v, beta (ring wrapped, slots at different lengths) and
+        ignores u; checked against the float64 reference step (tolerance: fp32 rounding, 1e-6)."""
+        gen = torch.Generator().manual_seed(7)
+        kda = family == "kda"
+        c = DELTA_CACHES[family](3, HV, HK, K, V, read_dtype=FP8, max_draft=2, device="cpu")
+        R = c.capacity
+        S0 = torch.randn(3, HV, V, K, generator=gen) * 0.3
+        c.load_state([0, 1, 2], S0)
+        k = torch.nn.functional.normalize(torch.randn(3, HK, R, K, generator=gen, dtype=torch.float64), dim=-1)
+        g = -torch.rand(3, HV, R, *((K,) if kda else ()), generator=gen, dtype=torch.float64)
+        v = torch.randn(3, HV, R, V, generator=gen).to(BF16)
+        beta = torch.rand(3, HV, R, generator=gen, dtype=torch.float64)
+        for ring, values in ((c.k_ring, k), (c.g_ring, g), (c.v_ring, v), (c.beta_ring, beta)):
+            ring.copy_(values)
+        c.u_ring.fill_(float("nan"))  # never used
+        starts, lens = [R - 3, 0, 5], [7, 0, R - 1]
+        c.ring_start.copy_(torch.tensor(starts, dtype=torch.int32))
+        c.ring_len.copy_(torch.tensor(lens, dtype=torch.int32))
+        got = c.materialize([0, 1, 2])
+        step = kda_step if kda else gdn_step
+        for s in range(3):
+            S = c.checkpoint[s : s + 1].double()
+            for j in range(lens[s]):
+                p = (starts[s] + j) % R
+                kh = c.k_ring[s : s + 1, :, p].double()
+                _, S = step(
+                    S,
+                    kh,  # q (unused here)
+                    kh,
+                    c.v_ring[s : s + 1, :, p].double(),
+                    g=c.g_ring[s : s + 1, :, p].double(),
+                    beta=c.beta_ring[s : s + 1, :, p].double(),
+                    use_l2norm=False,
+                )
+            err = float((got[s].double() - S[0]).norm() / S[0].norm())
+            assert err <= 1e-6, f"slot {s}: materialize rel err {err:.2e}"
+
+
+class TestDeltaReadCopyModel:
+    """The read-copy model the GPU tests use as oracle (replayssm.reference.delta.DeltaReadCopyModel)
+    agrees with the replay reference pool's two-copy mode (GDNReplayRef/KDAReplayRef with
+    read_format: non-flush steps replay from S_lp with the ring's u, flushes recompute u exactly),
+    step by step in float64 (1e-10), over several windows with slots stepping at random."""
+
+    @pytest.mark.parametrize("family", ["gdn", "kda"])
+    def test_model_is_the_reference_pool(self, family):
+        from replayssm.reference import GDNReplayRef, KDAReplayRef
+        from replayssm.reference.delta import DeltaReadCopyModel
+
+        gen = torch.Generator().manual_seed(11)
+        kda, L, n, hv, hk, k_dim, v_dim = family == "kda", 4, 3, 2, 1, 16, 8
+        f64 = torch.float64
+        ref = (KDAReplayRef if kda else GDNReplayRef)(n, hv, hk, k_dim, v_dim, L, read_format="float8_e4m3fn")
+        S0 = torch.randn(n, hv, v_dim, k_dim, generator=gen, dtype=f64)
+        ref.load_state(list(range(n)), S0)
+        model = DeltaReadCopyModel(S0, ref.checkpoint_lp.clone(), L, kda)
+        flushes = 0
+        for step in range(4 * L + 3):
+            slots = torch.randperm(n, generator=gen)[:2].tolist()
+            gshape = (2, hv, k_dim) if kda else (2, hv)
+            args = dict(
+                q=torch.randn(2, hk, k_dim, generator=gen, dtype=f64),
+                k=torch.randn(2, hk, k_dim, generator=gen, dtype=f64),
+                v=torch.randn(2, hv, v_dim, generator=gen, dtype=f64),
+                g=-torch.rand(gshape, generator=gen, dtype=f64),
+                beta=torch.rand(2, hv, generator=gen, dtype=f64),
+            )
+            o_ref = ref.step(slots, **args)
+            o, flushed = model.step(slots, lambda s: ref.checkpoint_lp[s], **args)
+            flushes += sum(flushed)
+            assert float((o - o_ref).abs().max()) <= 1e-10 * float(o_ref.abs().max()), f"step {step}"
+        assert flushes >= 4
+        assert torch.allclose(model.exact, ref.materialize(list(range(n))), rtol=1e-10, atol=1e-12)
+        # the read state differs from the exact one (read-copy rounding reaches the non-flush outputs)
+        assert float((model.read - model.exact).norm()) > 1e-4 * float(model.exact.norm())
+
+    def test_injected_correction(self):
+        gen = torch.Generator().manual_seed(3)
+        f64 = torch.float64
+        S = torch.randn(2, 2, 8, 16, generator=gen, dtype=f64)
+        args = dict(
+            q=torch.randn(2, 1, 16, generator=gen, dtype=f64),
+            k=torch.randn(2, 1, 16, generator=gen, dtype=f64),
+            v=torch.randn(2, 2, 8, generator=gen, dtype=f64),
+            g=-torch.rand(2, 2, generator=gen, dtype=f64),
+            beta=torch.rand(2, 2, generator=gen, dtype=f64),
+        )
+        o, S1, u = gdn_step(S, return_u=True, **args)
+        o2, S2 = gdn_step(S, u=u, **args)
+        assert torch.equal(o, o2) and torch.equal(S1, S2)
+        o3, S3 = gdn_step(S, u=u + 1, **args)  # another u: another state
+        assert not torch.allclose(S3, S1)
+        with pytest.raises(ValueError, match="u"):
+            gdn_step(S, u=u[:, :1], **args)

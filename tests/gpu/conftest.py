@@ -139,6 +139,30 @@ def _read_copy_specs():
     ] + [mamba2_decode_spec("replay_decode", 64, 128, torch.float32, torch.bfloat16, 16)]
 
 
+def _delta_read_copy_specs():
+    """GDN/KDA replay decode with each read copy (test_delta_read_copy: its configurations)."""
+    import torch
+
+    from replayssm.ops.generators import gdn_decode_spec
+
+    from .test_delta_read_copy import FAMILY_CFGS, OTHER_CFGS
+
+    specs = {}
+    for cfg in FAMILY_CFGS:
+        for r in (torch.float8_e4m3fn, torch.bfloat16):
+            s = gdn_decode_spec(
+                "replay_decode", cfg["K"], cfg["V"], torch.float32, cfg["io"], cfg["L"], cfg["family"], read_dtype=r
+            )
+            specs[s.name] = s
+    for cfg in OTHER_CFGS:
+        r = torch.float8_e4m3fn if cfg["K"] >= 128 else torch.bfloat16
+        s = gdn_decode_spec(
+            "replay_decode", cfg["K"], cfg["V"], torch.float32, cfg["io"], cfg["L"], cfg["family"], read_dtype=r
+        )
+        specs[s.name] = s
+    return list(specs.values())
+
+
 # Which modules each test file needs (only the collected files' modules are pre-warmed).
 _SPECS_BY_FILE = {
     "test_mamba2_decode": _mamba2_specs,
@@ -149,6 +173,7 @@ _SPECS_BY_FILE = {
     "test_alignment": _base_specs,
     "test_duplicate_slots": _base_specs,
     "test_mamba2_read_copy": _read_copy_specs,
+    "test_delta_read_copy": _delta_read_copy_specs,
 }
 
 

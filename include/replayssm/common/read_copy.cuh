@@ -16,6 +16,8 @@
 #include <type_traits>
 
 #include "math.cuh"
+#include "state_pool.cuh"
+#include "state_tile.cuh"
 #include "types.cuh"
 
 namespace replayssm {
@@ -128,5 +130,89 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
 // both spread a row over the same number of lanes.
 template <class HpTile, class LpTile>
 constexpr bool kSameColumnCount = HpTile::kLanes == LpTile::kLanes && HpTile::kRowsPerPass == LpTile::kRowsPerPass;
+
+// What a non-flush step reads of a [ROWS x N] tile of a StatePool: the read copy's codes (with one
+// fp32 scale per row for scaled formats) when RC has one, else the checkpoint's own elements (TS).
+// The one loader and dequantiser of the read format that the GDN/KDA tile and persistent kernels
+// share: `load` streams this thread's rows from global memory, `load_shared` takes them from a
+// shared-memory stage, `sums` forms dot products of the rows with per-column weights and
+// `dequantise` applies a row's scale (the identity for unscaled formats and the checkpoint).
+template <class RC, typename TS, int N, int ROWS, int NWARPS>
+struct ReadCopyTile {
+  using Elem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
+  using Tile = StateTile<Elem, N, ROWS, NWARPS>;  // which rows and columns a thread holds
+  static constexpr int kPasses = Tile::kPasses;
+  static constexpr int kCols = Tile::kVpl * Tile::kVec;  // columns of a row one thread holds
+  static_assert(!RC::kEnabled || std::is_same_v<TS, float>, "a read copy serves an fp32 checkpoint");
+
+  uint4 raw[Tile::kPasses][Tile::kVpl];  // this thread's 16-byte words of its rows
+  float scale[Tile::kPasses];            // scaled formats: its rows' scales
+
+  // Rows row0 .. row0 + ROWS - 1 of head `head` of pool slot `slot` (streaming 16-byte loads).
+  __device__ __forceinline__ void load(const StatePool& pool, int64_t slot, int head, int row0, int warp, int lane) {
+    if constexpr (RC::kEnabled) {
+      const Elem* src = static_cast<const Elem*>(pool.read) + slot * pool.read_stride_slot +
+                        head * pool.read_stride_head + static_cast<int64_t>(row0) * N;
+      Tile::load(raw, src, warp, lane);
+      if constexpr (RC::kScaled) {
+        const float* sc = pool.read_scale + slot * pool.scale_stride_slot + head * pool.scale_stride_head + row0;
+#pragma unroll
+        for (int s = 0; s < kPasses; ++s) scale[s] = sc[Tile::row(warp, lane, s)];
+      }
+    } else {
+      const TS* src = static_cast<const TS*>(pool.state) + slot * pool.stride_slot + head * pool.stride_head +
+                      static_cast<int64_t>(row0) * N;
+      Tile::load(raw, src, warp, lane);
+    }
+  }
+
+  // The same rows from shared memory: `codes` [ROWS][N] (16-byte aligned), `scales` [ROWS]
+  // (scaled formats only; ignored otherwise).
+  __device__ __forceinline__ void load_shared(const void* codes, const float* scales, int warp, int lane) {
+    const Elem* t = static_cast<const Elem*>(codes);
+#pragma unroll
+    for (int s = 0; s < kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) raw[s][v] = *reinterpret_cast<const uint4*>(t + r * N + Tile::col(lane, v));
+      if constexpr (RC::kScaled) scale[s] = scales[r];
+    }
+  }
+
+  // D dot products of each of this thread's rows with per-column weights, summed over the row's
+  // lanes, before the row's scale: out[d][s] = sum_n code_s[n] w_d[n]. weight(d, v, e) is w_d at
+  // column Tile::col(lane, v) + e (registers laid out as StateTile::load_columns does, or shared
+  // memory). Accumulated in column order per weight vector (fmaf), so with NoReadCopy it is the
+  // checkpoint's plain dot product.
+  template <int D, class Weight>
+  __device__ __forceinline__ void sums(Weight&& weight, float (&out)[D][kPasses]) const {
+#pragma unroll
+    for (int s = 0; s < kPasses; ++s) {
+      float acc[D];
+#pragma unroll
+      for (int d = 0; d < D; ++d) acc[d] = 0.f;
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        float x[Tile::kVec];
+        unpack16<Elem>(raw[s][v], x);
+#pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e)
+#pragma unroll
+          for (int d = 0; d < D; ++d) acc[d] = fmaf(x[e], weight(d, v, e), acc[d]);
+      }
+#pragma unroll
+      for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
+    }
+  }
+
+  // A value of row pass s in the codes' units -> in the state's units (times the row's scale).
+  __device__ __forceinline__ float dequantise(float x, int s) const {
+    if constexpr (RC::kScaled) {
+      return x * scale[s];
+    } else {
+      return x;
+    }
+  }
+};
 
 }  // namespace replayssm

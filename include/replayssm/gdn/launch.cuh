@@ -32,11 +32,14 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
          aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.num_v_heads);
 }
 
-template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay>
+// RC: the read copy the module is built for (common/read_copy.cuh; NoReadCopy: none).
+template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, class RC = NoReadCopy>
 struct ReplayDecode {
   using Params = DecodeParams;
   template <int ROWS>
-  using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay>::Budget;
+  using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>::Budget;
+  template <int ROWS>
+  using RingSmem = ReplayRingSmem<TI, K, L, ROWS, PerChannelDecay, RC>;
   // The persistent kernel exists at a tiling when its buffers fit two CTAs per SM (the compile-time
   // budget of common/persistent.cuh) and a warp's rows fit a lane each.
   template <int ROWS>
@@ -58,8 +61,8 @@ struct ReplayDecode {
         q, kKernelTile, delta_tile_rows(V, K, batch, q.heads), false,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
-          return kernel_facts(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits, 128,
-                              ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>), f);
+          return kernel_facts(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>, dev, q.limits, 128,
+                              RingSmem<kRows>::bytes(kMaxRingCapacity<L>), f);
         },
         &s->tile, &s->fallback);
     if (e) return e;
@@ -73,7 +76,7 @@ struct ReplayDecode {
     e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
-        return kernel_facts(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, dev, q.limits,
+        return kernel_facts(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>, dev, q.limits,
                             kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
       return cudaSuccess;
@@ -88,15 +91,24 @@ struct ReplayDecode {
     return 0;
   }
 
+  // The pool and ring carry exactly the buffers this module's read copy needs (with one, the
+  // ring keeps each record's v and beta for the flush's exact recompute).
+  static bool buffers_match(const StatePool& pool, const Ring& ring) {
+    if (!RC::kEnabled) return pool.read == nullptr && pool.read_scale == nullptr;
+    return pool.read != nullptr && (pool.read_scale != nullptr) == RC::kScaled && ring.v != nullptr &&
+           ring.beta != nullptr;
+  }
+
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
+    if (!buffers_match(p.pool, p.ring)) return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       if (static_cast<int64_t>(k.units) != units(p.batch, p.num_v_heads, p.num_k_heads)) return cudaErrorInvalidValue;
       return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
         constexpr int kRows = decltype(rows)::value;
         if constexpr (kPersistentOk<kRows>) {
-          return launch_planned(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, p, k,
+          return launch_planned(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>, p, k,
                                 Persistent<kRows>::kBytes, stream);
         }
         return cudaErrorInvalidValue;
@@ -105,25 +117,25 @@ struct ReplayDecode {
     if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, p, k,
-                            ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(p.ring.capacity), stream);
+      return launch_planned(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>, p, k,
+                            RingSmem<kRows>::bytes(p.ring.capacity), stream);
     });
   }
 
   static cudaError_t prepare() {
     return for_each_rows<V>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      cudaError_t e = cudaFuncSetAttribute(
-          replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-          static_cast<int>(ReplayRingSmem<K, kRows, PerChannelDecay>::bytes(kMaxRingCapacity<L>)));
+      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>,
+                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(RingSmem<kRows>::bytes(kMaxRingCapacity<L>)));
       if constexpr (kPersistentOk<kRows>) {
         // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
         bool has_code = false;
         if (e == cudaSuccess)
-          e = kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
+          e = kernel_has_bulk_pipeline(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>,
                                        &has_code);
         if (e == cudaSuccess && has_code)
-          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay>,
+          e = cudaFuncSetAttribute(replay_decode_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>,
                                    cudaFuncAttributeMaxDynamicSharedMemorySize,
                                    static_cast<int>(Persistent<kRows>::kBytes));
       }

@@ -19,6 +19,10 @@ using StatePool = replayssm::StatePool;
 
 // Ring of the records since the checkpoint, capacity R = L + max_draft. Stored in fp32 so that
 // replay reproduces the fp32 recurrence: u is a computed value (it depends on the state).
+// A module with a read copy (common/read_copy.cuh) also keeps each record's v and beta: its
+// non-flush steps compute u from the read copy (approximately), and its flush recomputes the
+// window's u exactly from the fp32 checkpoint before folding (replay_decode.cuh). Without a read
+// copy v and beta are nullptr (and their strides 0).
 struct Ring {
   float* u;  // [slots, HV, R, V] corrected values u = beta (v - S~ k^)
   int64_t u_stride_slot;
@@ -29,6 +33,12 @@ struct Ring {
   float* g;  // [slots, HV, R] log decays (KDA: [slots, HV, R, K], one per key channel)
   int64_t g_stride_slot;
   int64_t g_stride_head;
+  void* v;  // [slots, HV, R, V] io dtype: the values v as given (read copy only)
+  int64_t v_stride_slot;
+  int64_t v_stride_head;
+  float* beta;  // [slots, HV, R] the gates beta (read copy only)
+  int64_t beta_stride_slot;
+  int64_t beta_stride_head;
   int32_t* start;  // [slots] physical index of the oldest record since the checkpoint
   int32_t* len;    // [slots] committed records since the checkpoint
   int32_t* done;   // [slots] arrival counter of the in-kernel cursor move (0 at rest; common/cursors.cuh)
@@ -95,6 +105,12 @@ REPLAYSSM_FIELD(k_stride_head)
 REPLAYSSM_FIELD(g)
 REPLAYSSM_FIELD(g_stride_slot)
 REPLAYSSM_FIELD(g_stride_head)
+REPLAYSSM_FIELD(v)
+REPLAYSSM_FIELD(v_stride_slot)
+REPLAYSSM_FIELD(v_stride_head)
+REPLAYSSM_FIELD(beta)
+REPLAYSSM_FIELD(beta_stride_slot)
+REPLAYSSM_FIELD(beta_stride_head)
 REPLAYSSM_FIELD(start)
 REPLAYSSM_FIELD(len)
 REPLAYSSM_FIELD(done)

@@ -15,34 +15,64 @@
 // One read of S_c serves both S_c k^ and S_c q^; no state is written outside flushes. As for
 // Mamba-2, the whole ring is fetched with async copies in the state's round trip and the last
 // CTA of a slot to arrive moves the cursors.
+//
+// With a read copy (RC, common/read_copy.cuh) the tile requested first is the read copy's (and
+// its rows' scales): a non-flush step reads only that, so its u (and the u_j of the ring, which
+// earlier non-flush steps computed the same way) are those of the recurrence restarted from S_lp.
+// The ring also keeps each record's v and beta. A flush reads the fp32 checkpoint S_hp tile and
+// the window's v rows and betas (one more round trip, once per window) and recomputes the
+// window's corrections exactly from S_hp before folding (gdn/wy.cuh): per head the decays and
+// keys give the triangular system A and the decayed keys kx_j = E_j . k_j; per row the m dot
+// products y_j = S_hp kx_j and the forward substitution u_j = beta_j (v_j - y_j - sum_{i<j} A_ji u_i).
+// It then folds with these u_j (and the product-form decays kd_j, col), writes S_hp, re-encodes
+// S_lp from the same fp32 values, and computes the step's output from S_hp. So S_hp follows the
+// exact recurrence; the read copy's rounding reaches only the non-flush outputs.
 #pragma once
 
 #include "../common/align.cuh"
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
+#include "wy.cuh"
 
 namespace replayssm {
 namespace gdn {
 
-// Dynamic shared memory for ring capacity R: u rows of this CTA [R][ROWS], keys [R][K], g [R].
-template <int K, int ROWS, bool PerChannelDecay>
+// Dynamic shared memory for ring capacity R: u rows of this CTA [R][ROWS], keys [R][K], g [R]
+// (physical record order); with a read copy also (logical order, m <= L records) the v rows
+// [L][ROWS] (io dtype), beta [L], kx [L][K] and the triangular system A [L][L].
+template <typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct ReplayRingSmem {
   static constexpr int kG = PerChannelDecay ? K : 1;  // log decays per record
   __host__ __device__ static size_t u_bytes(int R) { return align16(static_cast<size_t>(R) * ROWS * 4); }
   __host__ __device__ static size_t k_bytes(int R) { return align16(static_cast<size_t>(R) * K * 4); }
-  __host__ __device__ static size_t bytes(int R) { return u_bytes(R) + k_bytes(R) + align16(R * kG * 4); }
+  __host__ __device__ static size_t ring_bytes(int R) { return u_bytes(R) + k_bytes(R) + align16(R * kG * 4); }
+  // Read copy: offsets after the ring.
+  static constexpr size_t kVBytes = RC::kEnabled ? align16(static_cast<size_t>(L) * ROWS * sizeof(TI)) : 0;
+  static constexpr size_t kBetaBytes = RC::kEnabled ? align16(L * 4) : 0;
+  static constexpr size_t kKxBytes = RC::kEnabled ? static_cast<size_t>(L) * K * 4 : 0;
+  static constexpr size_t kABytes = RC::kEnabled ? align16(static_cast<size_t>(L) * L * 4) : 0;
+  __host__ __device__ static size_t v_offset(int R) { return ring_bytes(R); }
+  __host__ __device__ static size_t beta_offset(int R) { return v_offset(R) + kVBytes; }
+  __host__ __device__ static size_t kx_offset(int R) { return beta_offset(R) + kBetaBytes; }
+  __host__ __device__ static size_t a_offset(int R) { return kx_offset(R) + kKxBytes; }
+  __host__ __device__ static size_t bytes(int R) { return a_offset(R) + kABytes; }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
-  using Tile = StateTile<TS, K, ROWS, 4>;
-  using Smem = ReplayRingSmem<K, ROWS, PerChannelDecay>;
+  using Tile = StateTile<TS, K, ROWS, 4>;  // the checkpoint's tile
+  using Read = ReadCopyTile<RC, TS, K, ROWS, 4>;  // what a non-flush step reads (the copy, or the checkpoint)
+  using ReadTile = typename Read::Tile;
+  using Smem = ReplayRingSmem<TI, K, L, ROWS, PerChannelDecay, RC>;
   constexpr int kG = Smem::kG;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kChunks = V / ROWS;
+  static_assert(ReadTile::kPasses == Tile::kPasses, "both tiles give a thread the same rows");
+  static_assert(!RC::kEnabled || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
 
   const CtaCoords c = cta_coords<V, ROWS>(p);
   int64_t slot;
@@ -53,9 +83,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
            static_cast<int64_t>(c.v0) * K;
 
-  // 1. One round trip: checkpoint tile (registers), whole ring (async copies), cursors, inputs.
-  uint4 raw[Tile::kPasses][Tile::kVpl];
-  Tile::load(raw, st, warp, lane);
+  // 1. One round trip: the tile a non-flush step reads (registers), whole ring (async copies),
+  //    cursors, inputs.
+  Read rt;
+  rt.load(p.pool, slot, c.hv, c.v0, warp, lane);
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
   float* u_s = reinterpret_cast<float*>(ring_smem);  // [R][ROWS]
@@ -118,6 +149,37 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     return;
   }
   const bool flush = m + 1 > L;
+  auto phys = [&](int j) {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  };
+
+  // Read copy, flush: the fp32 checkpoint tile (registers) and the window's v rows and betas
+  // (logical order), requested as soon as the cursors say so.
+  uint4 hp_raw[RC::kEnabled ? Tile::kPasses : 1][Tile::kVpl];
+  TI* vr_s = nullptr;  // [L][ROWS]
+  float* br_s = nullptr;  // [L]
+  float* kx_s = nullptr;  // [L][K]
+  float* A_s = nullptr;  // [L][L]
+  if constexpr (RC::kEnabled) {
+    vr_s = reinterpret_cast<TI*>(ring_smem + Smem::v_offset(R));
+    br_s = reinterpret_cast<float*>(ring_smem + Smem::beta_offset(R));
+    kx_s = reinterpret_cast<float*>(ring_smem + Smem::kx_offset(R));
+    A_s = reinterpret_cast<float*>(ring_smem + Smem::a_offset(R));
+    if (flush) {
+      Tile::load(hp_raw, st, warp, lane);
+      constexpr int kIV = Vec16<TI>::kElems;
+      static_assert(ROWS % kIV == 0, "a v-row chunk must be whole 16-byte vectors");
+      const TI* vring =
+          static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + c.hv * p.ring.v_stride_head + c.v0;
+      const float* bring = p.ring.beta + slot * p.ring.beta_stride_slot + c.hv * p.ring.beta_stride_head;
+      for (int i = tid; i < m * (ROWS / kIV); i += kThreads) {
+        const int j = i / (ROWS / kIV), q = i % (ROWS / kIV);
+        cp_async16(vr_s + j * ROWS + q * kIV, vring + static_cast<int64_t>(phys(j)) * V + q * kIV);
+      }
+      for (int j = tid; j < m; j += kThreads) cp_async4(br_s + j, bring + phys(j));
+    }
+  }
   cp_async_wait_all();
   __syncthreads();
   normalise_qk<K, kThreads>(p, q_s, k_s, red_s);
@@ -127,12 +189,32 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
-  auto phys = [&](int j) {
-    const int q = start + j;
-    return q >= R ? q - R : q;
-  };
+  //    Read copy, flush: the window's terms in product form instead (gdn/wy.cuh): A, kx_j, kd_j
+  //    in place and col (the ring's g become a = exp(g) in place).
   const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
-  if constexpr (!PerChannelDecay) {
+  if (RC::kEnabled && flush) {
+    if constexpr (RC::kEnabled) {
+      for (int i = tid; i < m * kG; i += kThreads) {  // a_j = exp(g_j) in place
+        float* gj = g_s + phys(i / kG) * kG + i % kG;
+        *gj = expf(*gj);
+      }
+      __syncthreads();
+      auto key = [&](int j) {
+        return kr_s + phys(j) * K;
+      };
+      auto decay = [&](int j, int e) {
+        return g_s[phys(j) * kG + (PerChannelDecay ? e : 0)];
+      };
+      window_pairs<L, kThreads / 32, K>(m, key, decay, A_s, warp, lane);
+      __syncthreads();  // the pairs read the undecayed keys, which the channel pass decays in place
+      window_channel_decays<L, kThreads, K>(m, key, decay, [&](int j) { return kx_s + j * K; }, col_s, tid);
+      for (int i = tid; i < K; i += kThreads) {
+        const float fac = expf(PerChannelDecay ? gcur_s[i] : gate_s[0]);
+        kt_s[i] = fac * k_s[i];
+        qt_s[i] = fac * q_s[i];
+      }
+    }
+  } else if constexpr (!PerChannelDecay) {
     if (warp == 0) {  // one lane per record, suffix sums by shuffles
       const int j = lane;
       const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
@@ -200,50 +282,71 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     rq_s[r] = aq;
   }
   if (!flush) {
+    float d[2][Tile::kPasses];  // S kt and S qt per row
+    rt.template sums<2>([&](int i, int v, int e) { return (i == 0 ? kt_s : qt_s)[ReadTile::col(lane, v) + e]; }, d);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
-      float dk = 0.f, dq = 0.f;
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        float sv[kV];
-        unpack16<TS>(raw[s][v], sv);
-#pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          dk = fmaf(sv[e], kt_s[Tile::col(lane, v) + e], dk);
-          dq = fmaf(sv[e], qt_s[Tile::col(lane, v) + e], dq);
-        }
-      }
-      dk = group_sum<Tile::kLanes>(dk);
-      dq = group_sum<Tile::kLanes>(dq);
-      if (Tile::row_leader(lane)) {
-        sk_s[Tile::row(warp, lane, s)] = dk;
-        sq_s[Tile::row(warp, lane, s)] = dq;
+      if (ReadTile::row_leader(lane)) {
+        sk_s[ReadTile::row(warp, lane, s)] = rt.dequantise(d[0][s], s);
+        sq_s[ReadTile::row(warp, lane, s)] = rt.dequantise(d[1][s], s);
       }
     }
   } else {
     // Fold the m committed records into the checkpoint tile, write it, then read it out.
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+    if constexpr (RC::kEnabled) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) unpack16<TS>(hp_raw[s][v], sv[s][v]);
+      // The window's exact corrections: y_j = S_hp kx_j per row (into the u rows of the ring in
+      // shared memory, which the substitution then overwrites with u_j), then one thread per row.
+      for (int j = 0; j < m; ++j) {
+        float kxj[Tile::kVpl * kV];
+        Tile::load_columns(kxj, kx_s + j * K, lane);
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          float y = 0.f;
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) y = fmaf(sv[s][v][e], kxj[v * kV + e], y);
+          y = group_sum<Tile::kLanes>(y);
+          if (Tile::row_leader(lane)) u_s[phys(j) * ROWS + Tile::row(warp, lane, s)] = y;
+        }
+      }
+      __syncthreads();
+      if (tid < ROWS) {
+        const int r = tid;
+        forward_substitute(
+            m, A_s, L, [&](int j) { return u_s[phys(j) * ROWS + r]; },
+            [&](int j) { return to_float(vr_s[j * ROWS + r]); }, [&](int j) { return br_s[j]; },
+            [&](int i) { return u_s[phys(i) * ROWS + r]; }, [&](int j, float u) { u_s[phys(j) * ROWS + r] = u; });
+      }
+      __syncthreads();
+    }
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
-      float sv[Tile::kVpl][kV];
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<TS>(raw[s][v], sv[v]);
+        if constexpr (!RC::kEnabled) unpack16<TS>(rt.raw[s][v], sv[s][v]);
 #pragma unroll
-        for (int e = 0; e < kV; ++e) sv[v][e] *= col_s[Tile::col(lane, v) + e];
+        for (int e = 0; e < kV; ++e) sv[s][v][e] *= col_s[Tile::col(lane, v) + e];
       }
+#pragma unroll 2
       for (int j = 0; j < m; ++j) {
         const float uj = u_s[phys(j) * ROWS + r];
         const float* kj = kr_s + phys(j) * K;  // decayed key
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[v][e]);
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[s][v][e]);
       }
       float dk = 0.f, dq = 0.f;
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[v]);
+        const uint4 packed = pack16<TS>(sv[s][v]);
         store_stream16(st + r * K + Tile::col(lane, v), packed);
         float q[kV];  // read out what was stored, so outputs match the stored checkpoint
         unpack16<TS>(packed, q);
@@ -261,6 +364,15 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
         rk_s[r] = 0.f;
         rq_s[r] = 0.f;
       }
+      if constexpr (RC::kEnabled) {  // re-encode the read copy from the fp32 values just stored
+        using TR = typename RC::T;
+        TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + c.hv * p.pool.read_stride_head +
+                 static_cast<int64_t>(c.v0) * K;
+        float* sc = RC::kScaled
+                        ? p.pool.read_scale + slot * p.pool.scale_stride_slot + c.hv * p.pool.scale_stride_head + c.v0
+                        : nullptr;
+        store_read_row<RC, Tile>(rd + r * K, RC::kScaled ? sc + r : nullptr, sv[s], lane);
+      }
     }
   }
   __syncthreads();
@@ -273,12 +385,17 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     const float o = fmaf(u, kq_s[m], sq_s[r] + rq_s[r]);
     out_rows<TI, ROWS>(p, c)[r] = from_float<TI>(o);
     p.ring.u[slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + c.v0 + r] = u;
+    if constexpr (RC::kEnabled)  // the value as given (an exact copy of the io-dtype input)
+      static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + c.hv * p.ring.v_stride_head +
+                                 static_cast<int64_t>(pos) * V + c.v0 + r] = from_float<TI>(v_s[r]);
   }
   if (c.chunk == 0) {
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head + static_cast<int64_t>(pos) * kG;
     if constexpr (PerChannelDecay)
       for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
     else if (tid == 0) gout[0] = gate_s[0];
+    if constexpr (RC::kEnabled)
+      if (tid == 0) p.ring.beta[slot * p.ring.beta_stride_slot + c.hv * p.ring.beta_stride_head + pos] = gate_s[1];
     if (c.hv % (p.num_v_heads / p.num_k_heads) == 0) {
       float* kout =
           p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;

@@ -7,22 +7,46 @@
 //   GDN: k_j . k^ and k_j . q^ (the per-head scalar decays are applied per tile: a warp scan);
 //   KDA: the decayed keys kd_j, the per-channel factors col, kt, qt and kd_j . k^, kd_j . q^.
 // A stage holds one checkpoint tile (ROWS rows of V by K), its live u ring rows, v and gates.
+//
+// With a read copy (RC, common/read_copy.cuh) a non-flush unit's tiles are the read copy's
+// (ROWS x K codes and the rows' scales: ReadCopyTile). A flush unit's tiles are the fp32
+// checkpoint's in tiles of kFlushRows = 16 rows (a warp's four rows, one pass), each with the
+// window's v rows and betas instead of u rows: the consumers recompute the window's corrections
+// exactly from the fp32 tile (gdn/wy.cuh) before they fold, write the tile, re-encode the read
+// copy from it and compute the step from it. Per unit, at a flush, the consumers first form the
+// window's triangular system in the unit buffer: GDN the Gram matrix k_i . k_j of the key head
+// (each tile applies its value head's scalar decays to the corrections as it solves), KDA the
+// decayed system A_ji of its value head, with the keys kx_j = E_j . k_j (in the gate ring's place)
+// and the product-form kd_j and col.
 #pragma once
 
 #include "../common/align.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
+#include "wy.cuh"
 
 namespace replayssm {
 namespace gdn {
 
-template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay>
+// Rows of a flush unit's checkpoint tile: with a read copy 16 (one warp pass of four rows, about
+// the size of a read tile at K = 128); without, the tile itself.
+template <class RC, int ROWS>
+constexpr int delta_flush_rows() {
+  return RC::kEnabled && ROWS > 16 ? 16 : ROWS;
+}
+
+template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct PersistentLayout {
+  static constexpr int kFlushRows = delta_flush_rows<RC, ROWS>();
+
   // Unit buffer: header; q, k [K] io; key ring [L][K] fp32 (logical order; KDA: decayed in
   // place); k_j . k^, k_j . q^ [L + 1]; KDA only: g ring [L][K] fp32, this step's gate words [K]
-  // (g or a) and dt_bias words [K], A_log word, and col, kt, qt [K] fp32.
+  // (g or a) and dt_bias words [K], A_log word, and col, kt, qt [K] fp32. With a read copy also
+  // the window's triangular system [L][L] (written by the consumers at a flush; KDA's flush also
+  // overwrites the g ring with kx).
   static constexpr size_t kChannelWords = PerChannelDecay ? K : 0;  // per-key-channel fp32 words (KDA)
   static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
   static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
@@ -38,42 +62,60 @@ struct PersistentLayout {
   static constexpr SmemRegion kCol = kALogWord.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kKt = kCol.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kQt = kKt.then(kChannelWords * 4, 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kQt, 128);
+  static constexpr SmemRegion kPair = kQt.then(RC::kEnabled ? static_cast<size_t>(L) * L * 4 : 0, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kPair, 128);
 
-  // Stage buffer: checkpoint tile [ROWS][K] (TS, one bulk copy), u ring rows [L][ROWS] fp32, v
-  // [ROWS] io, g ring [L] fp32 (GDN), words: gate (g or a), A_log, dt_bias, beta (or b).
-  static constexpr uint32_t kTileBytes = ROWS * K * sizeof(TS);
-  static constexpr SmemRegion kTile = first_region(kTileBytes, 128);
+  // Stage buffer: a tile (the checkpoint's [kFlushRows][K] in TS, one bulk copy; or the read
+  // copy's [ROWS][K] and its rows' scales [ROWS], two), u ring rows [L][ROWS] fp32 (read copy,
+  // flush tile: the v ring rows [L][kFlushRows] io instead), v [ROWS] io, g ring [L] fp32 (GDN),
+  // beta ring [L] fp32 (read copy, flush tile), words: gate (g or a), A_log, dt_bias, beta (or b).
+  static constexpr uint32_t kTileBytes = kFlushRows * K * sizeof(TS);
+  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * K * sizeof(typename RC::T) : 0;
+  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
+  static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
+  static constexpr uint32_t kReadBytes = kScaleOffset + kScaleBytes;  // what a non-flush stage receives
+  static constexpr SmemRegion kTile = first_region(kTileBytes > kReadBytes ? kTileBytes : kReadBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVRows = kURing.then(ROWS * sizeof(TI), 16);
   static constexpr SmemRegion kGRing = kVRows.then(L * 4, 16);
-  static constexpr SmemRegion kWords = kGRing.then(4 * sizeof(uint32_t), 16);
+  static constexpr SmemRegion kBetaRing = kGRing.then(RC::kEnabled ? L * 4 : 0, 16);
+  static constexpr SmemRegion kWords = kBetaRing.then(4 * sizeof(uint32_t), 16);
   static constexpr size_t kStageBytes = buffer_bytes(kWords, 128);
 
   static_assert(kQ.aligned() && kK.aligned() && kKeyRing.aligned() && kKDotK.aligned() && kKDotQ.aligned() &&
                     kGateRing.aligned() && kGateWords.aligned() && kBiasWords.aligned() && kALogWord.aligned() &&
-                    kCol.aligned() && kKt.aligned() && kQt.aligned(),
+                    kCol.aligned() && kKt.aligned() && kQt.aligned() && kPair.aligned(),
                 "unit regions are 16-byte aligned (cp.async 16, float4 reads)");
-  static_assert(kTileBytes % 16 == 0, "a bulk copy moves whole 16-byte blocks");
-  static_assert(kURing.aligned() && kVRows.aligned() && kGRing.aligned() && kWords.aligned(),
+  static_assert(kTileBytes % 16 == 0 && kReadTileBytes % 16 == 0 && kScaleBytes % 16 == 0,
+                "a bulk copy moves whole 16-byte blocks");
+  static_assert(kURing.aligned() && kVRows.aligned() && kGRing.aligned() && kBetaRing.aligned() && kWords.aligned(),
                 "stage regions are 16-byte aligned (cp.async 16)");
+  static_assert(L * kFlushRows * sizeof(TI) <= L * ROWS * 4, "a flush tile's v rows fit the u rows' region");
 
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes>;
+  // With a read copy the tiles are small: three CTAs per SM (more warps to hide the consumers'
+  // latency) where the buffers fit and the consumers' registers do (K <= 128, L <= 16: at K = 256
+  // or L = 32 the flush's registers spill under the 3-CTA cap); else two, as without a read copy.
+  static constexpr int kCtasPerSm =
+      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3>::kFits ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct PersistentReplay {
-  using Layout = PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay>;
-  using Tile = StateTile<TS, K, ROWS, kPersistentConsumerWarps>;
-  static constexpr int kChunks = V / ROWS;
-  static constexpr int kV = Tile::kVec;
+  using Layout = PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>;
+  static constexpr int kFlushRows = Layout::kFlushRows;
+  using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;  // what a non-flush tile is read as
+  using ReadTile = typename Read::Tile;
+  using FlushTile = StateTile<TS, K, kFlushRows, kPersistentConsumerWarps>;  // a flush unit's checkpoint tile
+  static constexpr int kCols = FlushTile::kVpl * FlushTile::kVec;  // columns of a row one thread holds
+  static_assert(kSameColumnCount<FlushTile, ReadTile>, "both tiles give a thread as many columns");
+  static_assert(!RC::kEnabled || FlushTile::kPasses == 1, "a read-copy flush tile is one pass of each warp");
+  static_assert(!RC::kEnabled || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
   static constexpr int kIV = Vec16<TI>::kElems;
-  static constexpr int kKV = K / kIV;       // 16-byte io vectors per q/k row
-  static constexpr int kVV = ROWS / kIV;    // 16-byte io vectors per v-row chunk
-  static constexpr int kRowsPerWarp = Tile::kRowsPerWarp;
-  static_assert(ROWS % kIV == 0 && ROWS % 4 == 0, "a v-row chunk must be whole 16-byte vectors");
-  static_assert(kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
+  static constexpr int kKV = K / kIV;  // 16-byte io vectors per q/k row
+  static_assert(kFlushRows % kIV == 0 && kFlushRows % 4 == 0, "a v-row chunk must be whole 16-byte vectors");
+  static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
 
   const DecodeParams& p;
@@ -92,21 +134,25 @@ struct PersistentReplay {
   __device__ int first_head(int64_t u) const { return static_cast<int>(u % units_per_row) * heads_per_unit; }
   __device__ int key_head(int hv) const { return hv / (p.num_v_heads / p.num_k_heads); }
 
+  // Tiles of a unit: per value head V / ROWS, or (flush) V / kFlushRows.
+  __device__ int tiles_per_unit(bool flush) const { return heads_per_unit * (V / (flush ? kFlushRows : ROWS)); }
+
   // Which checkpoint tile tile t of unit u is: batch row, value head and first row.
   struct TileCoords {
     int64_t b;
     int hv;
     int v0;
   };
-  __device__ TileCoords tile_of(int64_t u, int t) const {
-    return TileCoords{u / units_per_row, first_head(u) + t / kChunks, (t % kChunks) * ROWS};
+  __device__ TileCoords tile_of(int64_t u, int t, bool flush) const {
+    const int rows = flush ? kFlushRows : ROWS;
+    const int chunks = V / rows;
+    return TileCoords{u / units_per_row, first_head(u) + t / chunks, (t % chunks) * rows};
   }
 
   // What the consumers compute once per unit for every tile of it (besides the UnitState).
   struct UnitValues {
     const unsigned char* buffer = nullptr;  // the unit buffer
-    float kn[Tile::kVpl][kV];               // k^ (KDA: kt) at this thread's columns
-    float qn[Tile::kVpl][kV];               // q^ (KDA: qt)
+    float w[2][kCols];                      // k^ and q^ (KDA: kt and qt) at this thread's columns
     float kk_lane = 0.f;                    // lane j: k_j . k^
     float kq_lane = 0.f;                    // lane j: k_j . q^
     float kq_current = 0.f;                 // k^ . q^
@@ -157,28 +203,56 @@ struct PersistentReplay {
           cp_async_scalar(reinterpret_cast<uint32_t*>(U + Layout::kALogWord.offset), p.in.A_log,
                           hv0 * p.in.A_log.stride0);
       }
-      return heads_per_unit * kChunks;
+      return tiles_per_unit(m + 1 > L);
     };
 
     auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
-      const TileCoords tc = tile_of(u, t);
+      const bool flush = cur.m + 1 > L;
+      const bool exact = RC::kEnabled && flush;  // a read-copy flush tile: v rows and betas, no u rows
+      const TileCoords tc = tile_of(u, t, flush);
       const int64_t b = tc.b, slot = cur.slot;
       const int hv = tc.hv, v0 = tc.v0, m = cur.m;
+      const int rows = flush ? kFlushRows : ROWS;
       if (lane == 0) {
-        const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
-                        static_cast<int64_t>(v0) * K;
-        mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
-        bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        if (RC::kEnabled && !flush) {  // a non-flush unit reads the read copy
+          const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
+                            hv * p.pool.read_stride_head + static_cast<int64_t>(v0) * K;
+          mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
+          bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kReadTileBytes, bar);
+          if (RC::kScaled) {
+            const float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + hv * p.pool.scale_stride_head + v0;
+            bulk_copy_g2s(S + Layout::kTile.offset + Layout::kScaleOffset, sc, Layout::kScaleBytes, bar);
+          }
+        } else {
+          const uint32_t bytes = static_cast<uint32_t>(rows) * K * sizeof(TS);
+          const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
+                          static_cast<int64_t>(v0) * K;
+          mbar_arrive_expect_tx(bar, bytes);  // the "+ 1" arrival of the stage's full barrier
+          bulk_copy_g2s(S + Layout::kTile.offset, src, bytes, bar);
+        }
       }
-      const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + v0;
-      float* Su = reinterpret_cast<float*>(S + Layout::kURing.offset);
-      for (int i = lane; i < m * (ROWS / 4); i += 32) {
-        const int j = i / (ROWS / 4), q = i % (ROWS / 4);
-        cp_async16(Su + j * ROWS + q * 4, ur + static_cast<int64_t>(cur.phys(j, R)) * V + q * 4);
+      if (!exact) {
+        const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + v0;
+        float* Su = reinterpret_cast<float*>(S + Layout::kURing.offset);
+        for (int i = lane; i < m * (rows / 4); i += 32) {
+          const int j = i / (rows / 4), q = i % (rows / 4);
+          cp_async16(Su + j * rows + q * 4, ur + static_cast<int64_t>(cur.phys(j, R)) * V + q * 4);
+        }
+      } else {
+        const TI* vr = static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head + v0;
+        TI* Svr = reinterpret_cast<TI*>(S + Layout::kURing.offset);
+        constexpr int kFV = kFlushRows / kIV;  // 16-byte vectors per v-row chunk of a flush tile
+        for (int i = lane; i < m * kFV; i += 32) {
+          const int j = i / kFV, q = i % kFV;
+          cp_async16(Svr + j * kFlushRows + q * kIV, vr + static_cast<int64_t>(cur.phys(j, R)) * V + q * kIV);
+        }
+        const float* br = p.ring.beta + slot * p.ring.beta_stride_slot + hv * p.ring.beta_stride_head;
+        float* Sb = reinterpret_cast<float*>(S + Layout::kBetaRing.offset);
+        for (int j = lane; j < m; j += 32) cp_async4(Sb + j, br + cur.phys(j, R));
       }
       const TI* vp = static_cast<const TI*>(p.in.v) + b * p.in.v_stride_batch + hv * p.in.v_stride_head + v0;
       TI* Sv = reinterpret_cast<TI*>(S + Layout::kVRows.offset);
-      for (int q = lane; q < kVV; q += 32) cp_async16(Sv + q * kIV, vp + q * kIV);
+      for (int q = lane; q < rows / kIV; q += 32) cp_async16(Sv + q * kIV, vp + q * kIV);
       uint32_t* W = reinterpret_cast<uint32_t*>(S + Layout::kWords.offset);
       if constexpr (!PerChannelDecay) {
         const float* gr = p.ring.g + slot * p.ring.g_stride_slot + hv * p.ring.g_stride_head;
@@ -216,6 +290,7 @@ struct PersistentReplay {
       us.from_header(hd, L, p.ring.capacity);
       const int m = us.m;
       const bool flush = us.flush;
+      const bool exact = RC::kEnabled && flush;  // the window's corrections are recomputed (read copy)
       if (tid == 0) us.arrived = arrive(p.ring, us.slot);  // the producer has read the cursors
       uv.buffer = U;
       unsigned char* Uw = const_cast<unsigned char*>(U);
@@ -224,6 +299,7 @@ struct PersistentReplay {
       float* Ur = reinterpret_cast<float*>(Uw + Layout::kKeyRing.offset);
       float* Ukk = reinterpret_cast<float*>(Uw + Layout::kKDotK.offset);
       float* Ukq = reinterpret_cast<float*>(Uw + Layout::kKDotQ.offset);
+      float* Upair = reinterpret_cast<float*>(Uw + Layout::kPair.offset);
 
       // Norms of q and k (every warp computes both: no barrier).
       float sq = 0.f, sk = 0.f;
@@ -240,7 +316,7 @@ struct PersistentReplay {
       if constexpr (PerChannelDecay) {
         // One thread per key channel: decay the ring keys in place (newest first) and form the
         // factors on the checkpoint; then the dot products of the decayed keys.
-        const float* Ug = reinterpret_cast<const float*>(U + Layout::kGateRing.offset);
+        float* Ug = reinterpret_cast<float*>(Uw + Layout::kGateRing.offset);
         const uint32_t* Wg = reinterpret_cast<const uint32_t*>(U + Layout::kGateWords.offset);
         const uint32_t* Wb = reinterpret_cast<const uint32_t*>(U + Layout::kBiasWords.offset);
         float* Ucol = reinterpret_cast<float*>(Uw + Layout::kCol.offset);
@@ -250,25 +326,54 @@ struct PersistentReplay {
         if (p.in.g.ptr == nullptr)
           negA = -expf(scalar_from_word(p.in.A_log, hv0 * p.in.A_log.stride0,
                                         *reinterpret_cast<const uint32_t*>(U + Layout::kALogWord.offset)));
-        const int last = flush ? m - 1 : m;
-        for (int c = tid; c < K; c += kPersistentConsumers) {
-          const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
-          float sum = 0.f;
-          for (int j = last; j >= 0; --j) {
-            if (j < m) {
-              Ur[j * K + c] *= expf(sum);
-              sum += Ug[j * K + c];
-            } else {
-              sum += gm;
-            }
+        if (exact) {
+          // Read copy, flush: the g ring becomes a = exp(g), then A, kx_j (over the a ring), kd_j
+          // in place and col, in product form.
+          for (int i = tid; i < m * K; i += kPersistentConsumers) Ug[i] = expf(Ug[i]);
+          Layout::Pipeline::consumer_sync();
+          auto key = [&](int j) {
+            return Ur + j * K;
+          };
+          auto decay = [&](int j, int e) {
+            return Ug[j * K + e];
+          };
+          window_pairs<L, kPersistentConsumerWarps, K>(m, key, decay, Upair, warp, lane);
+          Layout::Pipeline::consumer_sync();  // the pairs read the undecayed keys and a
+          window_channel_decays<L, kPersistentConsumers, K>(
+              m, key, decay, [&](int j) { return Ug + j * K; }, Ucol, tid);
+          for (int c = tid; c < K; c += kPersistentConsumers) {
+            const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
+            const float fac = expf(gm);
+            Ukt[c] = fac * to_float(Uk[c]) * ks;
+            Uqt[c] = fac * to_float(Uq[c]) * qs;
+            reinterpret_cast<float*>(Uw + Layout::kGateWords.offset)[c] = gm;  // this step's decays, for the append
           }
-          const float ck = expf(sum), fac = flush ? expf(gm) : ck;
-          Ucol[c] = ck;
-          Ukt[c] = fac * to_float(Uk[c]) * ks;
-          Uqt[c] = fac * to_float(Uq[c]) * qs;
-          reinterpret_cast<float*>(Uw + Layout::kGateWords.offset)[c] = gm;  // this step's decays, for the append
+        } else {
+          const int last = flush ? m - 1 : m;
+          for (int c = tid; c < K; c += kPersistentConsumers) {
+            const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
+            float sum = 0.f;
+            for (int j = last; j >= 0; --j) {
+              if (j < m) {
+                Ur[j * K + c] *= expf(sum);
+                sum += Ug[j * K + c];
+              } else {
+                sum += gm;
+              }
+            }
+            const float ck = expf(sum), fac = flush ? expf(gm) : ck;
+            Ucol[c] = ck;
+            Ukt[c] = fac * to_float(Uk[c]) * ks;
+            Uqt[c] = fac * to_float(Uq[c]) * qs;
+            reinterpret_cast<float*>(Uw + Layout::kGateWords.offset)[c] = gm;  // this step's decays, for the append
+          }
         }
         Layout::Pipeline::consumer_sync();
+      } else if (exact) {
+        // Read copy, flush: the key head's Gram matrix k_i . k_j (the tiles apply their value
+        // head's decays while they solve).
+        window_pairs<L, kPersistentConsumerWarps, K>(
+            m, [&](int j) { return Ur + j * K; }, [](int, int) { return 1.f; }, Upair, warp, lane);
       }
       // k_j . k^ and k_j . q^ (KDA: decayed keys), one warp per record; j = m: k^ . q^.
       for (int j = warp; j <= m; j += kPersistentConsumerWarps) {
@@ -286,31 +391,26 @@ struct PersistentReplay {
           Ukq[j] = c2;
         }
       }
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        const int c0 = Tile::col(lane, v);
-        if constexpr (PerChannelDecay) {
-          load_floats<float, kV>(reinterpret_cast<const float*>(U + Layout::kKt.offset) + c0, uv.kn[v]);
-          load_floats<float, kV>(reinterpret_cast<const float*>(U + Layout::kQt.offset) + c0, uv.qn[v]);
-        } else {
-          load_floats<TI, kV>(Uk + c0, uv.kn[v]);
-          load_floats<TI, kV>(Uq + c0, uv.qn[v]);
-#pragma unroll
-          for (int e = 0; e < kV; ++e) {
-            uv.kn[v][e] *= ks;
-            uv.qn[v][e] *= qs;
-          }
-        }
+      if (std::is_same_v<FlushTile, ReadTile> || flush) {  // one geometry without a read copy
+        load_unit_columns<FlushTile>(uv, U, ks, qs, lane);
+      } else {
+        load_unit_columns<ReadTile>(uv, U, ks, qs, lane);
       }
       Layout::Pipeline::consumer_sync();
       uv.kk_lane = lane < m ? Ukk[lane] : 0.f;
       uv.kq_lane = lane < m ? Ukq[lane] : 0.f;
       uv.kq_current = Ukq[m];
-      return heads_per_unit * kChunks;
+      return tiles_per_unit(flush);
     };
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
-      tile(uv, us, tile_of(u, t), S, release, warp, lane);
+      if constexpr (RC::kEnabled) {
+        if (us.flush) {
+          exact_flush_tile(uv, us, tile_of(u, t, true), S, release, warp, lane);
+          return;
+        }
+      }
+      tile(uv, us, tile_of(u, t, us.flush), S, release, warp, lane);
     };
 
     auto end_unit = [&](int64_t u, const unsigned char* U) {
@@ -342,6 +442,24 @@ struct PersistentReplay {
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
   }
 
+  // k^ and q^ (KDA: kt and qt) at this thread's columns of tiles of geometry G.
+  template <class G>
+  __device__ __forceinline__ void load_unit_columns(UnitValues& uv, const unsigned char* U, float ks, float qs,
+                                                    int lane) const {
+    if constexpr (PerChannelDecay) {
+      G::load_columns(uv.w[0], reinterpret_cast<const float*>(U + Layout::kKt.offset), lane);
+      G::load_columns(uv.w[1], reinterpret_cast<const float*>(U + Layout::kQt.offset), lane);
+    } else {
+      G::load_columns(uv.w[0], reinterpret_cast<const TI*>(U + Layout::kK.offset), lane);
+      G::load_columns(uv.w[1], reinterpret_cast<const TI*>(U + Layout::kQ.offset), lane);
+#pragma unroll
+      for (int c = 0; c < kCols; ++c) {
+        uv.w[0][c] *= ks;
+        uv.w[1][c] *= qs;
+      }
+    }
+  }
+
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).
   __device__ __forceinline__ float gate_channel(uint32_t wg, uint32_t wb, float negA, int64_t b, int hv, int c) const {
     if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, b * p.in.g.stride0 + hv * p.in.g.stride1 + c, wg);
@@ -350,39 +468,48 @@ struct PersistentReplay {
     return negA * softplus(x);
   }
 
-  // One checkpoint tile (value head tc.hv, rows tc.v0..tc.v0+ROWS) from stage S: this warp's rows.
+  // This step's beta and (GDN) log decay of value head hv of row b, from the stage's words.
+  __device__ __forceinline__ float stage_beta(const uint32_t* W, int64_t b, int hv) const {
+    const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
+    const float beta = scalar_from_word(bt, b * bt.stride0 + hv * bt.stride1, W[3]);
+    return p.in.beta.ptr == nullptr ? 1.f / (1.f + expf(-beta)) : beta;
+  }
+  __device__ __forceinline__ float stage_log_decay(const uint32_t* W, int64_t b, int hv) const {
+    if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, b * p.in.g.stride0 + hv * p.in.g.stride1, W[0]);
+    float x = scalar_from_word(p.in.a, b * p.in.a.stride0 + hv * p.in.a.stride1, W[0]);
+    if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, hv * p.in.dt_bias.stride0, W[2]);
+    return -expf(scalar_from_word(p.in.A_log, hv * p.in.A_log.stride0, W[1])) * softplus(x);
+  }
+
+  // One tile (value head tc.hv, rows tc.v0..tc.v0+ROWS) from stage S: this warp's rows. A
+  // non-flush tile (of the read copy, or of the checkpoint without one), or, without a read copy,
+  // a flush unit's checkpoint tile (folded with the ring's u; a read copy's flush tiles are
+  // exact_flush_tile's).
   template <class Release>
   __device__ __forceinline__ void tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
                                        const unsigned char* S, Release&& release, int warp, int lane) const {
+    using G = ReadTile;  // the tile's geometry (without a read copy: the checkpoint's, flush or not)
+    constexpr int kV = G::kVec;
+    constexpr int kRowsPerWarp = G::kRowsPerWarp;
+    constexpr int kRows = ROWS;
     const int64_t b = tc.b, slot = us.slot;
-    const int hv = tc.hv, v0 = tc.v0, m = us.m, pos = us.pos;
-    const bool flush = us.flush;
-    const auto& kn = uv.kn;
-    const auto& qn = uv.qn;
+    const int hv = tc.hv, v0 = tc.v0, m = us.m;
+    const bool flush = !RC::kEnabled && us.flush;
     const float kk_lane = uv.kk_lane, kq_lane = uv.kq_lane, kq_current = uv.kq_current;
     const unsigned char* U = uv.buffer;
-    const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
     const float* Su = reinterpret_cast<const float*>(S + Layout::kURing.offset);
     const TI* Sv = reinterpret_cast<const TI*>(S + Layout::kVRows.offset);
     const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Layout::kWords.offset);
     const float* Ur = reinterpret_cast<const float*>(U + Layout::kKeyRing.offset);  // KDA: decayed keys
 
-    const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
-    float beta = scalar_from_word(bt, b * bt.stride0 + hv * bt.stride1, W[3]);
-    if (p.in.beta.ptr == nullptr) beta = 1.f / (1.f + expf(-beta));
+    const float beta = stage_beta(W, b, hv);
 
     // Per-record weights (lane j) and the factors on the checkpoint. GDN: from a warp scan of the
     // head's scalar log decays; KDA: already folded into the unit's vectors.
     float wj = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
     if constexpr (!PerChannelDecay) {
       const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
-      if (p.in.g.ptr != nullptr) {
-        gm = scalar_from_word(p.in.g, b * p.in.g.stride0 + hv * p.in.g.stride1, W[0]);
-      } else {
-        float x = scalar_from_word(p.in.a, b * p.in.a.stride0 + hv * p.in.a.stride1, W[0]);
-        if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, hv * p.in.dt_bias.stride0, W[2]);
-        gm = -expf(scalar_from_word(p.in.A_log, hv * p.in.A_log.stride0, W[1])) * softplus(x);
-      }
+      gm = stage_log_decay(W, b, hv);
       const int last = flush ? m - 1 : m;
       const float gj = lane > last ? 0.f : (lane == m ? gm : Sg[lane]);
       float incl, excl;
@@ -398,74 +525,62 @@ struct PersistentReplay {
     if (!flush) {
       const float ckk = wj * kk_lane, ckq = wj * kq_lane;
       for (int j = 0; j < m; ++j) {
-        const float uj = Su[j * ROWS + rl];
+        const float uj = Su[j * kRows + rl];
         rk = fmaf(__shfl_sync(0xffffffffu, ckk, j), uj, rk);
         rq = fmaf(__shfl_sync(0xffffffffu, ckq, j), uj, rq);
       }
     }
 
-    float vs[Tile::kPasses];  // what the epilogue reads from the stage, so it can be released early
+    float vs[G::kPasses];  // what the epilogue reads from the stage, so it can be released early
 #pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) vs[s] = to_float(Sv[Tile::row(warp, lane, s)]);
+    for (int s = 0; s < G::kPasses; ++s) vs[s] = to_float(Sv[G::row(warp, lane, s)]);
 
     // Checkpoint parts: S k^ and S q^ (non-flush), or the folded S' (flush), times fac.
-    float sk[Tile::kPasses], sq[Tile::kPasses];
+    float sk[G::kPasses], sq[G::kPasses];
     if (!flush) {
-      uint4 raw[Tile::kPasses][Tile::kVpl];
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-          raw[s][v] = *reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * K + Tile::col(lane, v));
+      Read rt;
+      rt.load_shared(S + Layout::kTile.offset,
+                     reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset), warp, lane);
       release();
+      float d[2][G::kPasses];
+      rt.template sums<2>([&](int i, int v, int e) { return uv.w[i][v * G::kVec + e]; }, d);
 #pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        float dk = 0.f, dq = 0.f;
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          float sv[kV];
-          unpack16<TS>(raw[s][v], sv);
-#pragma unroll
-          for (int e = 0; e < kV; ++e) {
-            dk = fmaf(sv[e], kn[v][e], dk);
-            dq = fmaf(sv[e], qn[v][e], dq);
-          }
-        }
-        sk[s] = fac * group_sum<Tile::kLanes>(dk);
-        sq[s] = fac * group_sum<Tile::kLanes>(dq);
+      for (int s = 0; s < G::kPasses; ++s) {
+        sk[s] = fac * rt.dequantise(d[0][s], s);
+        sq[s] = fac * rt.dequantise(d[1][s], s);
       }
-    } else {
-      float col[Tile::kVpl][kV];
+    } else if constexpr (!RC::kEnabled) {
+      const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
+      float col[G::kVpl][kV];
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
+      for (int v = 0; v < G::kVpl; ++v) {
         if constexpr (PerChannelDecay) {
-          load_floats<float, kV>(reinterpret_cast<const float*>(U + Layout::kCol.offset) + Tile::col(lane, v), col[v]);
+          load_floats<float, kV>(reinterpret_cast<const float*>(U + Layout::kCol.offset) + G::col(lane, v), col[v]);
         } else {
 #pragma unroll
           for (int e = 0; e < kV; ++e) col[v][e] = ck;
         }
       }
       // All of this warp's rows at once, records outermost: each decayed key is read once.
-      float sv[Tile::kPasses][Tile::kVpl][kV];
+      float sv[G::kPasses][G::kVpl][kV];
 #pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s)
+      for (int s = 0; s < G::kPasses; ++s)
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          unpack16<TS>(*reinterpret_cast<const uint4*>(T + Tile::row(warp, lane, s) * K + Tile::col(lane, v)),
-                       sv[s][v]);
+        for (int v = 0; v < G::kVpl; ++v) {
+          unpack16<TS>(*reinterpret_cast<const uint4*>(T + G::row(warp, lane, s) * K + G::col(lane, v)), sv[s][v]);
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] *= col[v][e];
         }
       for (int j = 0; j < m; ++j) {
         const float w = __shfl_sync(0xffffffffu, wj, j);
-        float kj[Tile::kVpl][kV];
+        float kj[G::kVpl][kV];
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) load_floats<float, kV>(Ur + j * K + Tile::col(lane, v), kj[v]);
+        for (int v = 0; v < G::kVpl; ++v) load_floats<float, kV>(Ur + j * K + G::col(lane, v), kj[v]);
 #pragma unroll
-        for (int s = 0; s < Tile::kPasses; ++s) {
-          const float uj = w * Su[j * ROWS + Tile::row(warp, lane, s)];
+        for (int s = 0; s < G::kPasses; ++s) {
+          const float uj = w * Su[j * kRows + G::row(warp, lane, s)];
 #pragma unroll
-          for (int v = 0; v < Tile::kVpl; ++v)
+          for (int v = 0; v < G::kVpl; ++v)
 #pragma unroll
             for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[v][e], sv[s][v][e]);
         }
@@ -474,53 +589,185 @@ struct PersistentReplay {
       TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
                static_cast<int64_t>(v0) * K;
 #pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        const int r = Tile::row(warp, lane, s);
+      for (int s = 0; s < G::kPasses; ++s) {
+        const int r = G::row(warp, lane, s);
         float dk = 0.f, dq = 0.f;
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
+        for (int v = 0; v < G::kVpl; ++v) {
           const uint4 packed = pack16<TS>(sv[s][v]);
-          store_stream16(st + r * K + Tile::col(lane, v), packed);
+          store_stream16(st + r * K + G::col(lane, v), packed);
           float q[kV];  // read out what was stored, so outputs match the stored checkpoint
           unpack16<TS>(packed, q);
 #pragma unroll
           for (int e = 0; e < kV; ++e) {
-            dk = fmaf(q[e], kn[v][e], dk);
-            dq = fmaf(q[e], qn[v][e], dq);
+            dk = fmaf(q[e], uv.w[0][v * kV + e], dk);
+            dq = fmaf(q[e], uv.w[1][v * kV + e], dq);
           }
         }
-        sk[s] = fac * group_sum<Tile::kLanes>(dk);
-        sq[s] = fac * group_sum<Tile::kLanes>(dq);
+        sk[s] = fac * group_sum<G::kLanes>(dk);
+        sq[s] = fac * group_sum<G::kLanes>(dq);
+      }
+    }
+    epilogue<G>(us, tc, rk, rq, vs, sk, sq, beta, gm, kq_current, warp, lane);
+  }
+
+  // A read-copy flush unit's tile (kFlushRows rows of value head tc.hv, one row per lane group):
+  // the window's exact corrections from the fp32 checkpoint rows (gdn/wy.cuh), the fold, S_hp
+  // written and S_lp re-encoded, and the step's output from S_hp.
+  template <class Release>
+  __device__ __forceinline__ void exact_flush_tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
+                                                   const unsigned char* S, Release&& release, int warp,
+                                                   int lane) const {
+    using G = FlushTile;
+    constexpr int kV = G::kVec;
+    const int64_t b = tc.b, slot = us.slot;
+    const int hv = tc.hv, v0 = tc.v0, m = us.m;
+    const unsigned char* U = uv.buffer;
+    const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
+    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kURing.offset);  // v ring rows [L][kFlushRows]
+    const float* Sb = reinterpret_cast<const float*>(S + Layout::kBetaRing.offset);
+    const TI* Sv = reinterpret_cast<const TI*>(S + Layout::kVRows.offset);
+    const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Layout::kWords.offset);
+    const float* Ur = reinterpret_cast<const float*>(U + Layout::kKeyRing.offset);  // KDA: kd_j; GDN: k_j
+    const float* Upair = reinterpret_cast<const float*>(U + Layout::kPair.offset);
+    const int r = G::row(warp, lane, 0);
+
+    const float beta = stage_beta(W, b, hv);
+    // GDN (lane j = record j): a_j = exp(g_j), E_j = exp(g_0 + .. + g_j); the factor on the
+    // checkpoint exp(g_0 + .. + g_{m-1}); this step's log decay.
+    float a_lane = 1.f, e_lane = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
+    if constexpr (!PerChannelDecay) {
+      const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
+      gm = stage_log_decay(W, b, hv);
+      const float gj = lane < m ? Sg[lane] : 0.f;
+      a_lane = expf(gj);
+      e_lane = expf(warp_prefix_sum(gj, lane));
+      float incl, excl;
+      warp_suffix_sums(gj, lane, &incl, &excl);
+      ck = expf(__shfl_sync(0xffffffffu, incl, 0));
+      fac = expf(gm);
+    }
+    const float v_cur = to_float(Sv[r]);
+
+    float sv[G::kVpl][kV];
+#pragma unroll
+    for (int v = 0; v < G::kVpl; ++v) unpack16<TS>(*reinterpret_cast<const uint4*>(T + r * K + G::col(lane, v)), sv[v]);
+
+    // The window's corrections of this row (every lane of the row's group solves it).
+    const float* Ukx = PerChannelDecay ? reinterpret_cast<const float*>(U + Layout::kGateRing.offset) : Ur;
+    float uw[L];  // u_j (GDN: times prod_{j<l<m} a_l, its fold weight)
+    forward_substitute_regs<L, !PerChannelDecay>(
+        m, uw,
+        [&](int j) {  // y_j = S_hp (E_j . k_j)
+          float kx[G::kVpl * kV];
+          G::load_columns(kx, Ukx + j * K, lane);
+          float y = 0.f;
+#pragma unroll
+          for (int v = 0; v < G::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) y = fmaf(sv[v][e], kx[v * kV + e], y);
+          y = group_sum<G::kLanes>(y);
+          if constexpr (!PerChannelDecay) y *= __shfl_sync(0xffffffffu, e_lane, j);
+          return y;
+        },
+        [&](int j) { return __shfl_sync(0xffffffffu, a_lane, j); }, [&](int j, int i) { return Upair[j * L + i]; },
+        [&](int j) { return to_float(Svr[j * kFlushRows + r]); }, [&](int j) { return Sb[j]; });
+    release();
+
+    // Fold: S' = S_hp Diag(col) + sum_j u_j kd_j^T (GDN: the weights are in uw, keys undecayed).
+    float col[G::kVpl][kV];
+#pragma unroll
+    for (int v = 0; v < G::kVpl; ++v) {
+      if constexpr (PerChannelDecay) {
+        load_floats<float, kV>(reinterpret_cast<const float*>(U + Layout::kCol.offset) + G::col(lane, v), col[v]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) col[v][e] = ck;
+      }
+#pragma unroll
+      for (int e = 0; e < kV; ++e) sv[v][e] *= col[v][e];
+    }
+#pragma unroll
+    for (int j = 0; j < L; ++j) {
+      if (j < m) {
+        float kj[G::kVpl * kV];
+        G::load_columns(kj, Ur + j * K, lane);
+#pragma unroll
+        for (int v = 0; v < G::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(uw[j], kj[v * kV + e], sv[v][e]);
       }
     }
 
-    // Epilogue: u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^); the row leader writes o and u.
+    // Write S_hp, re-encode S_lp from the same values, and read the step's products out.
+    TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
+             static_cast<int64_t>(v0) * K;
+    float dk = 0.f, dq = 0.f;
+#pragma unroll
+    for (int v = 0; v < G::kVpl; ++v) {
+      store_stream16(st + r * K + G::col(lane, v), pack16<TS>(sv[v]));
+#pragma unroll
+      for (int e = 0; e < kV; ++e) {
+        dk = fmaf(sv[v][e], uv.w[0][v * kV + e], dk);
+        dq = fmaf(sv[v][e], uv.w[1][v * kV + e], dq);
+      }
+    }
+    if constexpr (RC::kEnabled) {
+      using TR = typename RC::T;
+      TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + hv * p.pool.read_stride_head +
+               static_cast<int64_t>(v0) * K;
+      float* sc = RC::kScaled ? p.pool.read_scale + slot * p.pool.scale_stride_slot + hv * p.pool.scale_stride_head + v0
+                              : nullptr;
+      store_read_row<RC, G>(rd + r * K, RC::kScaled ? sc + r : nullptr, sv, lane);
+    }
+    const float sk[1] = {fac * group_sum<G::kLanes>(dk)};
+    const float sq[1] = {fac * group_sum<G::kLanes>(dq)};
+    const float vs[1] = {v_cur};
+    epilogue<G>(us, tc, 0.f, 0.f, vs, sk, sq, beta, gm, uv.kq_current, warp, lane);
+  }
+
+  // Epilogue of a tile of geometry G: u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^); each row's
+  // leader writes o and the appended u (and, with a read copy, v); the head's first tile appends
+  // its scalars. rk, rq: the ring parts of row `lane` of this warp's rows (see tile()).
+  template <class G>
+  __device__ __forceinline__ void epilogue(const UnitState& us, const TileCoords& tc, float rk, float rq,
+                                           const float (&vs)[G::kPasses], const float (&sk)[G::kPasses],
+                                           const float (&sq)[G::kPasses], float beta, float gm, float kq_current,
+                                           int warp, int lane) const {
+    const int64_t b = tc.b, slot = us.slot;
+    const int hv = tc.hv, v0 = tc.v0, pos = us.pos;
     TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + hv * p.in.out_stride_head + v0;
     float* uout =
         p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + v0;
 #pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
-      const float rkr = __shfl_sync(0xffffffffu, rk, r - warp * kRowsPerWarp);
-      const float rqr = __shfl_sync(0xffffffffu, rq, r - warp * kRowsPerWarp);
-      if (Tile::row_leader(lane)) {
+    for (int s = 0; s < G::kPasses; ++s) {
+      const int r = G::row(warp, lane, s);
+      const float rkr = __shfl_sync(0xffffffffu, rk, r - warp * G::kRowsPerWarp);
+      const float rqr = __shfl_sync(0xffffffffu, rq, r - warp * G::kRowsPerWarp);
+      if (G::row_leader(lane)) {
         const float uu = beta * (vs[s] - (sk[s] + rkr));
         out[r] = from_float<TI>(fmaf(uu, kq_current, sq[s] + rqr));
         uout[r] = uu;
+        if constexpr (RC::kEnabled)  // the value as given (an exact copy of the io-dtype input)
+          static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head +
+                                     static_cast<int64_t>(pos) * V + v0 + r] = from_float<TI>(vs[s]);
       }
     }
-    if constexpr (!PerChannelDecay) {
-      if (v0 == 0 && warp == 0 && lane == 0)
-        p.ring.g[slot * p.ring.g_stride_slot + hv * p.ring.g_stride_head + pos] = gm;
+    if (v0 == 0 && warp == 0 && lane == 0) {
+      if constexpr (!PerChannelDecay) p.ring.g[slot * p.ring.g_stride_slot + hv * p.ring.g_stride_head + pos] = gm;
+      if constexpr (RC::kEnabled)
+        p.ring.beta[slot * p.ring.beta_stride_slot + hv * p.ring.beta_stride_head + pos] = beta;
     }
   }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay>
-__global__ void __launch_bounds__(kPersistentThreads, 2) replay_decode_persistent_kernel(const DecodeParams p) {
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
+__global__ void __launch_bounds__(kPersistentThreads,
+                                  (PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>::kCtasPerSm))
+    replay_decode_persistent_kernel(const DecodeParams p) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
-  const PersistentReplay<TS, TI, K, V, L, ROWS, PerChannelDecay> k(p, persistent_smem);
+  const PersistentReplay<TS, TI, K, V, L, ROWS, PerChannelDecay, RC> k(p, persistent_smem);
   if (threadIdx.x == 0) k.pipe.init();
   __syncthreads();
   if (threadIdx.x >= kPersistentConsumers) {

@@ -22,6 +22,7 @@
 #include "../common/drafts.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
+#include "wy.cuh"
 
 namespace replayssm {
 namespace gdn {
@@ -357,23 +358,21 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
   __syncthreads();
 
-  // 5. The drafts' triangular recursion (thread per row), outputs and appended u.
+  // 5. The drafts' triangular recursion (thread per row, gdn/wy.cuh), outputs and appended u.
   if (tid < ROWS) {
     const int r = tid;
-    for (int i = 0; i < n; ++i) {
-      float skr = sk_s[i * ROWS + r], sqr = sq_s[i * ROWS + r];
-      for (int d = 0; d < i; ++d) {
-        const float ud = ud_s[d * ROWS + r];
-        skr = fmaf(ud, ck_s[i * kW + me + d], skr);
-        sqr = fmaf(ud, cq_s[i * kW + me + d], sqr);
-      }
-      const float u = beta_s[i] * (vd_s[i * ROWS + r] - skr);
-      ud_s[i * ROWS + r] = u;
-      const float o = fmaf(u, cq_s[i * kW + me + i], sqr);
-      token_out_rows<TI>(p, c, T, i)[r] = from_float<TI>(o);
-      p.ring.u[slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + static_cast<int64_t>(phys(m + i)) * V +
-               c.v0 + r] = u;
-    }
+    forward_substitute(
+        n, ck_s + me, kW, [&](int i) { return sk_s[i * ROWS + r]; }, [&](int i) { return vd_s[i * ROWS + r]; },
+        [&](int i) { return beta_s[i]; }, [&](int d) { return ud_s[d * ROWS + r]; },
+        [&](int i, float u) {
+          ud_s[i * ROWS + r] = u;
+          float sqr = sq_s[i * ROWS + r];
+          for (int d = 0; d < i; ++d) sqr = fmaf(ud_s[d * ROWS + r], cq_s[i * kW + me + d], sqr);
+          const float o = fmaf(u, cq_s[i * kW + me + i], sqr);
+          token_out_rows<TI>(p, c, T, i)[r] = from_float<TI>(o);
+          p.ring.u[slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + static_cast<int64_t>(phys(m + i)) * V +
+                   c.v0 + r] = u;
+        });
   }
   if (n < T) zero_token_rows<TI, ROWS>(p, c, T, n, 0);
   if (c.chunk == 0) {
