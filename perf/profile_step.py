@@ -3,6 +3,9 @@ to profile the last launches, e.g.
 
     ncu --clock-control none -k regex:replay_verify --launch-skip 20 --launch-count 1 \
         python perf/profile_step.py --family mamba2 --batch 256 --draft-len 4
+
+Decode steps start from empty rings, so (L = 16) steps 16, 31, 46, ... are the flushes:
+``--launch-skip 45 --launch-count 2`` profiles a non-flush step and then a flush.
 """
 
 import argparse
@@ -24,15 +27,18 @@ ap.add_argument("--rows", type=int, default=None)
 ap.add_argument("--draft-len", type=int, default=None, help="verify T drafts per round (default: decode steps)")
 ap.add_argument("--steps", type=int, default=48)
 ap.add_argument("--window", type=int, default=16)
+ap.add_argument("--read-dtype", default=None, choices=["float8_e4m3fn", "bfloat16"], help="replay decode: a read copy")
 a = ap.parse_args()
 a.state_dtype, a.io_dtype = torch.float32, torch.bfloat16
 gen = torch.Generator(device="cuda")
 gen.manual_seed(0)
 fam = FAMILIES[a.family](SHAPES[a.family][DEFAULT_SHAPES[a.family]], a, gen)
-w = fam.wrapper(a.batch, a.algorithm, a.rows)
+w = fam.wrapper(a.batch, a.algorithm, a.rows, None, a.read_dtype)
 T = a.draft_len
 cache = w.create_cache(2 * a.batch, max_draft=T or 1)
 cache.checkpoint.normal_(generator=gen)
+if a.read_dtype is not None:
+    cache.load_state(list(range(cache.num_slots)), cache.checkpoint.clone())  # encodes the read copy
 w.plan(torch.randperm(2 * a.batch, device="cuda", generator=gen)[: a.batch].to(torch.int32), draft_len=T)
 inp = draft_inputs(fam, a.batch, T) if T else fam.inputs(a.batch)
 out = draft_out(fam, a.batch, T) if T else fam.out(a.batch)
