@@ -10,10 +10,11 @@ uncommitted drafts and never folded. Everything here reads the caches and writes
     dst_cache.load_state(dst_slots, states[i])                  # e.g. into other slots
 
 How many launches: caches (layers) of one configuration (family, dims, dtypes, window, ring
-capacity, slot count, device) are computed together: one gather per per-slot tensor per layer
-(checkpoint and the three rings: separate allocations cannot be read by one torch op), then
-about twenty torch ops for the whole group (cursors, checks, the fold). There is no CUDA kernel of
-its own: the fold is batched torch arithmetic in fp32.
+capacity, slot count, device) are computed together, in one launch of the family's
+``materialize`` module (replayssm.ops.materialize: device tables of the layers' pointers; the fold
+in fp32), after a few torch ops that check the counts. A GDN/KDA cache with a read copy (whose
+ring u are approximate) takes the exact torch path instead: one gather per per-slot tensor per
+layer, then the delta rule over the prefix in float64.
 """
 
 from __future__ import annotations
@@ -158,15 +159,20 @@ def _materialize_group(group: list, index: list[int], slots, upto, A_group) -> t
                 f"{int(count[li, si])} for slot {int(s[si])} in caches[{int(layers[li, si])}], which has "
                 f"{int(committed[li, si])}"
             )
-    S = stacked(lambda c: c.checkpoint).float().flatten(0, 1)  # [L * n, *state]
     if not (n and int(count.max())):
-        return S.view(L, n, *S.shape[1:])
+        S = stacked(lambda c: c.checkpoint).float()  # [L, n, *state]: the checkpoints themselves
+        return S
     if A_group is not None and any(a is None for a in A_group):
         k = next(k for k, a in enumerate(A_group) if a is None)
         raise ValueError(
             f"A: caches[{index[k]}] has records to fold and no A: give it to the cache (create_cache(..., A=A) "
             "or cache.set_A(A)) or pass A=[...] with one A [H] per Mamba-2 cache"
         )
+    from .ops import materialize as one_launch
+
+    if one_launch.supported(group):  # the whole group in one kernel launch
+        return one_launch.fold_many(group, s, None if upto is None else count[0], A_group)
+    S = stacked(lambda c: c.checkpoint).float().flatten(0, 1)  # [L * n, *state]
     start = torch.stack([c.ring_start for c in group])[:, s]
     pos, valid = ring_order(start.flatten(), count.flatten(), R)
     recs = {

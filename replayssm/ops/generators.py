@@ -21,6 +21,8 @@ def check_choice(arg: str, value, allowed) -> None:
 
 
 DECODE_OPS = ("replay_decode", "conventional_decode", "replay_verify", "conventional_verify")
+#: Ops of a family's modules: the decode ops and ``materialize`` (prefix states of many layers).
+MODULE_OPS = (*DECODE_OPS, "materialize")
 #: Compiled draft capacities of the verify ops; a plan for T drafts uses the smallest >= T.
 VERIFY_T = (2, 4, 8, 16)
 #: Most drafts per row (kMaxDrafts in include/replayssm/common/constants.h).
@@ -50,7 +52,7 @@ def _decode_spec(
 ) -> Specialization:
     """The part every decode generator shares: op, window and draft-capacity checks, dtype codes.
     Decode ops have T = 1; verify ops T in VERIFY_T (their draft capacity)."""
-    check_choice("op", op, DECODE_OPS)
+    check_choice("op", op, MODULE_OPS)
     if op.startswith("replay"):
         check_choice("L (window)", L, WINDOWS)
     else:
@@ -127,7 +129,7 @@ def mamba2_decode_spec(
     or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, torch.bfloat16; replay
     decode of a float32 checkpoint only).
     """
-    check_choice("op", op, DECODE_OPS)
+    check_choice("op", op, MODULE_OPS)
     check_choice("P (head dim)", P, MAMBA2_P)
     check_choice("N (state dim)", N, MAMBA2_N)
     read = check_read_copy("mamba2", op, read_format_name(read_dtype), state_dtype, N)
@@ -155,7 +157,7 @@ def gdn_decode_spec(
     or the low-precision read copy of the checkpoint's (hv, v) rows over K (torch.float8_e4m3fn
     needs K >= 128, torch.bfloat16; replay decode of a float32 checkpoint only)."""
     check_choice("family", family, ("gdn", "kda"))
-    check_choice("op", op, DECODE_OPS)
+    check_choice("op", op, MODULE_OPS)
     check_choice("K (key head dim)", K, GDN_DIMS)
     check_choice("V (value head dim)", V, GDN_DIMS)
     read = check_read_copy(family, op, read_format_name(read_dtype), state_dtype, K)
@@ -211,4 +213,6 @@ def compile_check_specializations() -> list[Specialization]:
         gdn_decode_spec("replay_verify", 128, 128, "float32", "bfloat16", L=16, T=4),
         gdn_decode_spec("replay_verify", 128, 128, "float32", "bfloat16", L=16, family="kda", T=8),
         gdn_decode_spec("conventional_verify", 128, 128, "float32", "bfloat16", family="kda", T=4),
+        mamba2_decode_spec("materialize", 80, 256, "bfloat16", "float16"),
+        gdn_decode_spec("materialize", 256, 64, "float32", "bfloat16", family="kda"),
     ]

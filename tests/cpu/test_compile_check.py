@@ -55,11 +55,14 @@ def compiled(tmp_path_factory):
 @pytest.mark.parametrize("spec", SPECS, ids=lambda s: s.name)
 def test_specialization_compiles_for_sm90a_and_exports_the_abi(spec, compiled):
     from replayssm.ops import gdn, mamba2
+    from replayssm.ops import materialize as mk
     from replayssm.ops.abi import CommitParams
 
     ops = {"mamba2": mamba2, "gdn": gdn, "kda": gdn}[spec.family]
     verify = spec.op.endswith("verify")
     params = ops.VerifyParams if verify else ops.DecodeParams  # the ctypes mirror of entry 0
+    if spec.op == "materialize":
+        params = mk.Mamba2MaterializeParams if spec.family == "mamba2" else mk.GDNMaterializeParams
     d = compiled[spec.name]
     assert jb.module_is_current(d, jb.plan(spec, ("90a",)))
     mod = load_module(d / f"{spec.name}.so", spec.name)  # checks ABI version and embedded name
