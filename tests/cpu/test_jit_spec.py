@@ -16,9 +16,9 @@ from replayssm.families import FAMILIES
 from replayssm.jit import env
 from replayssm.jit.spec import CTYPES, Specialization, dtype_code, fingerprint, header_digest, render, source_hash
 from replayssm.ops.generators import (
-    DECODE_OPS,
     MAMBA2_N,
     MAMBA2_P,
+    MODULE_OPS,
     WINDOWS,
     aot_specializations,
     compile_check_specializations,
@@ -141,7 +141,7 @@ def test_generator_rejects_unsupported(kwargs, arg, got):
 def test_compile_check_set_covers_every_option():
     specs = compile_check_specializations()
     seen = {k: {getattr(s, k) for s in specs} for k in ("op", "state_dtype", "io_dtype")}
-    assert seen["op"] == set(DECODE_OPS)
+    assert seen["op"] == set(MODULE_OPS)
     assert {s.T for s in specs if s.op.endswith("verify")} >= {4, 8, 16}
     assert seen["state_dtype"] == set(CTYPES) and seen["io_dtype"] == set(CTYPES)
     m2 = [s for s in specs if s.family == "mamba2"]
