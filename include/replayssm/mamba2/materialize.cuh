@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(128) materialize_kernel(const MaterializeParam
     for (int j = m - 1; j >= 0; --j) {
       const int q = (start + j) % R;
       const float d = dtr[q];
-      w_s[j] = d * expf(A * after);
+      w_s[j] = d * expf(after);
       after += d * A;
     }
     total_s = after;
