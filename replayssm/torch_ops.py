@@ -252,10 +252,8 @@ def _run_fake(family: str, args: dict) -> None:
     w = _wrapper(args["handle"], args["plan"], family)
     names = state_args(family)
     cache = _view(w, {n: args[n] for n in names}, w.device)
-    batch = w._planned_batch()
-    w._check_cache(cache)
+    batch, T = w._check_run(cache)
     _check_state(w, cache, names)
-    T = w._check_drafts(cache)
     inputs = {n: args[n] for n in _INPUTS[family]}
     _check_devices(w, {**inputs, "out": args["out"]})
     with _meta_twins() as twin:
@@ -281,13 +279,8 @@ def _commit_fake(family: str, args: dict) -> None:
     w = _wrapper(args["handle"], args["plan"], family)
     names = commit_args(family)
     cache = _view(w, {n: args[n] for n in names}, w.device)
-    batch = w._planned_batch()
-    w._check_cache(cache)
+    batch = w._check_commit(cache)
     _check_state(w, cache, names)
-    if not w._drafts.T:
-        raise RuntimeError("commit(): the plan has no drafts; plan(..., draft_len=T) and run() a verify first")
-    if w.algorithm == "conventional":
-        raise ValueError("commit(): the conventional verify has nothing to commit (see its docstring)")
     given = {n: args[n] for n in ("num_accepted", "accepted_path")}
     _check_devices(w, given)
     with _meta_twins() as twin:

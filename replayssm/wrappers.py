@@ -313,6 +313,25 @@ class _DecodeWrapper:
             from .torch_ops import commit
 
             return commit(self, cache, num_accepted, accepted_path)
+        batch = self._check_commit(cache)
+        if not self._verified:
+            raise RuntimeError("commit(): no verify has run since plan(); call run() first")
+        p = self._drafts.commit_params(cache, self._slot_arg(cache), batch, num_accepted, accepted_path)
+        self._module.check_params(ENTRY_COMMIT, CommitParams)
+        self._module.launch_commit(p, current_stream(self.device))
+        if self.debug:
+            self._raise_errors(cache, "commit()")
+
+    def _check_run(self, cache: ReplayCache) -> tuple[int, int]:
+        """What run() checks before it reads its inputs (also the torch.compile op's fake): a plan,
+        a matching cache, a ring that holds the plan's drafts. Returns (batch, T; 0: decode)."""
+        batch = self._planned_batch()
+        self._check_cache(cache)
+        return batch, self._check_drafts(cache)
+
+    def _check_commit(self, cache: ReplayCache) -> int:
+        """What commit() checks before it reads its arguments, but whether a verify ran since plan()
+        (also the torch.compile op's fake, which cannot know that). Returns the batch."""
         batch = self._planned_batch()
         self._check_cache(cache)
         if not self._drafts.T:
@@ -322,13 +341,7 @@ class _DecodeWrapper:
                 "commit(): the conventional verify has nothing to commit; the state after draft n-1 "
                 "is already in state_slots[b, n-1] (resume the row from that slot)"
             )
-        if not self._verified:
-            raise RuntimeError("commit(): no verify has run since plan(); call run() first")
-        p = self._drafts.commit_params(cache, self._slot_arg(cache), batch, num_accepted, accepted_path)
-        self._module.check_params(ENTRY_COMMIT, CommitParams)
-        self._module.launch_commit(p, current_stream(self.device))
-        if self.debug:
-            self._raise_errors(cache, "commit()")
+        return batch
 
     def _raise_errors(self, cache: ReplayCache, what: str) -> None:
         bits = cache.check_errors()
@@ -488,9 +501,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             from .torch_ops import mamba2_run
 
             return mamba2_run(self, cache, x, dt, A, B, C, D, z, dt_bias, out)
-        batch = self._planned_batch()
-        self._check_cache(cache)
-        T = self._check_drafts(cache)
+        batch, T = self._check_run(cache)
         if T:
             inputs, out = m2.verify_inputs(
                 self.dims, self.io_dtype, self.device, batch, T, x, dt, A, B, C, D, z, dt_bias, out
@@ -615,9 +626,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             from .torch_ops import delta_run
 
             return delta_run(self, cache, q, k, v, g, beta, A_log, a, dt_bias, b, out)
-        batch = self._planned_batch()
-        self._check_cache(cache)
-        T = self._check_drafts(cache)
+        batch, T = self._check_run(cache)
         make: Callable[..., tuple[Any, torch.Tensor]] = gdn_ops.verify_inputs if T else gdn_ops.step_inputs
         lead = (batch, T) if T else (batch,)
         inputs, out = make(
