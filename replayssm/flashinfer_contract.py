@@ -51,7 +51,7 @@ from .configs import check_bool
 from .families import FAMILIES
 from .jit.constants import ENTRY_STEP
 from .ops import mamba2 as m2
-from .ops.abi import DraftArgs, ScheduleStruct, SlotArg, StatePool, current_stream
+from .ops.abi import DraftArgs, ScheduleStruct, SlotArg, StatePool, _slot_array, current_stream
 from .ops.generators import MAX_DRAFTS, WINDOWS, verify_capacity
 from .ops.validate import INDEX_DTYPES, check_tensor
 
@@ -198,16 +198,9 @@ def _planned(key: _Key) -> _Planned:
 
 def _ring(x_cache, B_cache, dt_cache, ring_start, pnat, counter) -> m2.Ring:
     """The kernels' Ring over the caller's buffers; done = nullptr: caller-owned cursors."""
+    arrays = [v for t in (x_cache, B_cache, dt_cache) for v in _slot_array(t)]  # as a cache's rings
     return m2.Ring(
-        x_cache.data_ptr(),
-        x_cache.stride(0),
-        x_cache.stride(1),
-        B_cache.data_ptr(),
-        B_cache.stride(0),
-        B_cache.stride(1),
-        dt_cache.data_ptr(),
-        dt_cache.stride(0),
-        dt_cache.stride(1),
+        *arrays,
         ring_start.data_ptr(),
         pnat.data_ptr(),
         None,  # done: the caller owns the cursors
@@ -281,7 +274,7 @@ def checkpointing_ssu(
     planned = _planned(key)
     scratch = _scratch_for(state)
     p = m2.DecodeParams(inputs=inputs, nheads=dims.nheads, ngroups=dims.ngroups, dt_softplus=int(dt_softplus))
-    p.pool = StatePool(state.data_ptr(), state.stride(0), state.stride(1), None, 0, 0, None, 0, 0)
+    p.pool = StatePool(*_slot_array(state), *_slot_array(None), *_slot_array(None))
     p.ring = _ring(x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, scratch[1:])
     p.slots = SlotArg(slots.data_ptr(), pad_slot_id, num_slots, int(slots.dtype == torch.int64), 0)
     p.error_flag = scratch.data_ptr()

@@ -74,3 +74,21 @@ class TestAdvanceCursors:
                 assert int(start[s]) == int(s0[s]) and int(pnat[s]) == m + int(k[b])
         untouched = [i for i in range(10) if i not in {3, 0, 9, 5}]
         assert torch.equal(start[untouched], s0[untouched]) and torch.equal(pnat[untouched], p0[untouched])
+
+
+class TestRing:
+    def test_caller_buffers_and_no_arrival_counter(self):
+        """The kernels' Ring over the caller's buffers: their pointers and slot/head strides, the
+        caller's cursors, and no arrival counter (done = null: the kernels never move the cursors)."""
+        from replayssm.flashinfer_contract import _ring
+
+        _, x, B, dt, _ = _tensors(R=20, T=4)
+        start, pnat, counter = (torch.zeros(n, dtype=torch.int32) for n in (4, 4, 2))
+        r = _ring(x, B, dt, start, pnat, counter)
+        for name, t in (("x", x), ("B", B), ("dt", dt)):
+            assert getattr(r, name) == t.data_ptr()
+        assert (r.x_stride_slot, r.x_stride_head) == (x.stride(0), x.stride(1))
+        assert (r.B_stride_slot, r.B_stride_group) == (B.stride(0), B.stride(1))
+        assert (r.dt_stride_slot, r.dt_stride_head) == (dt.stride(0), dt.stride(1))
+        assert (r.start, r.len, r.work) == (start.data_ptr(), pnat.data_ptr(), counter.data_ptr())
+        assert r.done is None and r.draft is None and r.capacity == 20
