@@ -105,6 +105,8 @@ def bench(family: str, batch: int, args, gen) -> dict:
     compiled = torch.compile(lambda i, o: fam_run(w, cache, i, o), fullgraph=True)
     g = capture(lambda: [compiled(steps[i], outs[i]) for i in range(L)], warmup=2)
     row["graph_us_compiled"] = replay_us_per_step(g, L, reps=1, trials=args.reps)
+    # The shared result schema: the compiled step, in a CUDA graph of whole windows.
+    row.update(mode="decode", kernel="replayssm-compiled", L=L, T=1, us_per_step=row["graph_us_compiled"])
 
     from replayssm.torch_ops import mark_static
 
