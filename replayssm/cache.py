@@ -38,6 +38,13 @@ _CURSOR_NAMES = ("ring_start", "ring_len", "ring_done", "ring_draft")  # per-slo
 _COUNTER_NAMES = ("error_flag", "work_counter")  # per-cache int32
 
 
+def work_counter_words(num_slots: int) -> int:
+    """int32 words of a cache's work counter: the unit counter [0:2], the launch count [2], the
+    counts of slots flushing next [4:6], then (from word 8) two arrays of num_slots flush-hint
+    bytes (include/replayssm/common/row_order.cuh)."""
+    return 8 + (2 * num_slots + 3) // 4
+
+
 def _as_slots(name: str, slots, num_slots: int, device, *, distinct: bool = False) -> torch.Tensor:
     """Slot ids (a 1-D int32/int64 tensor, or a list/tuple/range of ints) as int64 [n] on ``device``,
     each in [0, num_slots) (and, with ``distinct``, each at most once). Syncs on GPU tensors."""
@@ -80,8 +87,10 @@ class ReplayCache:
         ring_done   [num_slots] int32   kernel-internal arrival counter (0 at rest)
         ring_draft  [num_slots] int32   drafts of the last verify: n > 0 pending, -n committed, 0 none
         error_flag  [1]         int32   OR of error bits raised by kernels
-        work_counter [2]        int32   the persistent kernels' unit counter (0 at rest; one launch
-                                        at a time per cache)
+        work_counter [8 + ceil(num_slots / 2)]  int32   the persistent kernels' unit counter (0 at
+                                        rest; one launch at a time per cache), a launch count and
+                                        two arrays of per-slot flush hints that order the next
+                                        launch's units (include/replayssm/common/row_order.cuh)
         read_copy   [num_slots, heads, rows, cols]  read dtype  low-precision copy S_lp of the
                                         checkpoint that non-flush steps read (None without one)
         read_scale  [num_slots, heads, rows]  float32  S_lp's per-row scales (fp8; else None)
@@ -125,7 +134,8 @@ class ReplayCache:
         self.ring_done = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_draft = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.error_flag = torch.zeros(1, dtype=torch.int32, device=dev)
-        self.work_counter = torch.zeros(2, dtype=torch.int32, device=dev)
+        self.hint_slots = num_slots
+        self.work_counter = torch.zeros(work_counter_words(num_slots), dtype=torch.int32, device=dev)
         self.read_copy: torch.Tensor | None = None
         self.read_scale: torch.Tensor | None = None
         if self.read_dtype is not None:
@@ -158,6 +168,7 @@ class ReplayCache:
         for name in (*c._ring_names, "checkpoint", "read_copy", "read_scale", *_CURSOR_NAMES, *_COUNTER_NAMES):
             setattr(c, name, tensors.get(name))
         c.num_slots = tensors["ring_start"].shape[0]  # type: ignore[union-attr]
+        c.hint_slots = c.num_slots
         c.capacity = tensors[c._ring_names[0]].shape[2]  # type: ignore[union-attr]
         c.max_draft = c.capacity - window
         return c

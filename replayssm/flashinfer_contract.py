@@ -207,7 +207,7 @@ def _ring(x_cache, B_cache, dt_cache, ring_start, pnat, counter) -> m2.Ring:
         None,  # draft: no pending drafts are kept
         counter.data_ptr(),
         x_cache.shape[2],
-        0,
+        0,  # hint_slots: a two-word counter carries no flush hints (units in index order)
     )
 
 

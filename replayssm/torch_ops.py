@@ -56,7 +56,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .cache import ReplayCache
+from .cache import ReplayCache, work_counter_words
 from .ops.abi import SlotArg
 from .ops.validate import check_tensor
 from .wrappers import wrapper_for
@@ -197,7 +197,9 @@ def _check_state(w, cache: ReplayCache, names: tuple[str, ...]) -> None:
         name: ((n, *shape), dtype) for name, (shape, dtype) in layout.items()
     }
     expect.update({name: ((n,), i32) for name in _CURSORS})
-    expect.update(error_flag=((1,), i32), work_counter=((2,), i32), checkpoint=(state, w.state_dtype))
+    expect.update(
+        error_flag=((1,), i32), work_counter=((work_counter_words(n),), i32), checkpoint=(state, w.state_dtype)
+    )
     if w.read_dtype is not None:
         expect["read_copy"] = (state, getattr(torch, w.read_dtype))
     if w.read_dtype == "float8_e4m3fn":

@@ -66,10 +66,10 @@ def _slot_array(t: torch.Tensor | None) -> tuple:
 def ring_fields(cache) -> tuple:
     """A family's Ring fields, in order (both families lay it out alike): pointer, slot stride and
     head stride of each of ``cache.rings()``, the four cursors (start, len, done, draft), the
-    persistent kernels' unit counter, the capacity, and the reserved word."""
+    persistent kernels' unit counter, the capacity, and the slots its flush hints cover."""
     arrays = [v for t in cache.rings() for v in _slot_array(t)]
     cursors = (t.data_ptr() for t in cache.cursors())
-    return (*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, 0)
+    return (*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, cache.hint_slots)
 
 
 def current_stream(device: torch.device) -> int:

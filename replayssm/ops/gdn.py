@@ -71,7 +71,7 @@ class Ring(ctypes.Structure):
         ("draft", c_ptr),
         ("work", c_ptr),
         ("capacity", i32),
-        ("reserved", i32),
+        ("hint_slots", i32),
     ]
 
 
@@ -283,7 +283,7 @@ def ring_struct(cache) -> Ring:
         t = getattr(cache, name, None)
         arrays += [None, 0, 0] if t is None else [t.data_ptr(), t.stride(0), t.stride(1)]
     cursors = (t.data_ptr() for t in cache.cursors())
-    return Ring(*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, 0)
+    return Ring(*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, cache.hint_slots)
 
 
 def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):

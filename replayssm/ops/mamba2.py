@@ -73,7 +73,7 @@ class Ring(ctypes.Structure):
         ("draft", c_ptr),
         ("work", c_ptr),
         ("capacity", i32),
-        ("reserved", i32),
+        ("hint_slots", i32),
     ]
 
 

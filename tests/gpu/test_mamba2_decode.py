@@ -224,6 +224,41 @@ class TestMamba2PersistentFeatures:
         cfg = {**BASE, "H": 128, "G": 8}
         run_sequence(cfg, "replay", steps=20, batch=96, num_slots=100, gen=self.gen(), persistent=True)
 
+    def test_flush_hints_follow_the_cursors(self):
+        """The persistent launch leaves, per slot it served, whether the slot's next step flushes
+        (the flush hints that order the next launch's units, include/replayssm/common/row_order.cuh)
+        and their count, and advances the launch count; rows in random phases (random subsets of
+        the pool each step), so the launches that read the hints order their units (the outputs
+        of that path are checked against float64 by test_many_units_per_cta)."""
+        cfg = {**BASE, "H": 128, "G": 8}
+        gen, dev, n, batch = self.gen(), torch.device("cuda"), 100, 96
+        w, cache = make(cfg, "replay", n, batch, persistent=True)
+        A, D, dt_bias = layer_weights(128, gen, dev)
+        cache.reset(list(range(n)))
+        L = cache.window
+        ordered_launches = 0
+        for step in range(40):
+            slots = torch.randperm(n, generator=gen, device=dev)[:batch].to(torch.int32)
+            w.plan(slots)
+            assert w.schedule.persistent and batch * 128 // w.schedule.heads_per_unit > w.schedule.grid
+            before = cache.work_counter.clone()
+            parity = int(before[2]) & 1
+            flushing = int(before[4 + parity])
+            ordered_launches += 0 < flushing < batch
+            x, dt, B, C, z = step_inputs(batch, 128, 64, 128, 8, BF16, gen, dev)
+            w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias)
+            wc = cache.work_counter
+            assert int(wc[2]) == int(before[2]) + 1, "the launch count advances once per launch"
+            assert int(wc[0]) == 0 and int(wc[1]) == 0, "the unit counter is back at rest"
+            assert int(wc[4 + parity]) == 0, "the count this launch read is reset"
+            hints = wc[8:].view(torch.uint8)[(parity ^ 1) * n : (parity ^ 1) * n + n]
+            served = slots.long()
+            next_flush = cache.ring_len[served] >= L
+            assert torch.equal(hints[served].bool(), next_flush), f"step {step}: hints differ from the cursors"
+            assert int(wc[4 + (parity ^ 1)]) == int(next_flush.sum()), f"step {step}: flush count"
+        assert cache.check_errors() == 0
+        assert ordered_launches >= 10, f"only {ordered_launches} launches had rows in mixed phases"
+
 
 class TestMamba2Fidelity:
     @pytest.mark.parametrize("persistent", [False, True], ids=["tiles", "persistent"])

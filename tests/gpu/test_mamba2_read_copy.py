@@ -90,7 +90,7 @@ class Oracle:
     """float64 exact states and read-copy shadow states per slot, and records since the checkpoint."""
 
     def __init__(self, num_slots, A, D, dt_bias, dev):
-        self.exact = torch.zeros(num_slots, H, P, N, dtype=torch.float64, device=dev)
+        self.exact = torch.zeros(num_slots, A.shape[0], P, N, dtype=torch.float64, device=dev)
         self.shadow = torch.zeros_like(self.exact)
         self.m = [0] * num_slots
         self.A, self.D, self.dt_bias = A.double(), D.double(), dt_bias.double()
@@ -117,7 +117,7 @@ def run_steps(w, cache, oracle, slots_per_step, inputs_fn, A, D, dt_bias, what):
     for step, slots in enumerate(slots_per_step):
         batch = slots.numel()
         x, dt, B, C, z = inputs_fn(batch)
-        out = torch.full((batch, H, P), float("nan"), dtype=BF16, device=slots.device)
+        out = torch.full((batch, oracle.exact.shape[1], P), float("nan"), dtype=BF16, device=slots.device)
         w.plan(slots)
         w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
         torch.cuda.synchronize()
@@ -145,6 +145,45 @@ def run_steps(w, cache, oracle, slots_per_step, inputs_fn, A, D, dt_bias, what):
             assert e <= OUT_TOL, f"{what} step {step} row {r} (slot {s}, {'flush' if flush else 'read copy'}): {e:.2e}"
     assert cache.check_errors() == 0
     return worst
+
+
+@pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
+class TestMamba2ReadCopyManyUnits:
+    def test_many_units_per_cta(self, read_dtype):
+        """Nemotron's 128 heads at a batch whose units outnumber the resident CTAs (8-head read-copy
+        units, the counter hands out the rest, flushing rows first): rows in random phases (random
+        subsets of the pool each step, pads), so every launch after the first mixes flush and
+        non-flush units in the order the flush hints give; outputs, S_hp and S_lp as above."""
+        gen = seeded_generator()
+        dev = torch.device("cuda")
+        nheads, num_slots, batch = 128, 128, 112
+        w, cache = make(read_dtype, True, num_slots, batch, nheads=nheads, ngroups=8)
+        A, D, dt_bias = layer_weights(nheads, gen, dev)
+        active = list(range(num_slots - 2))
+        S0 = torch.randn(len(active), nheads, P, N, device=dev, generator=gen) * 0.2
+        cache.load_state(active, S0)
+        oracle = Oracle(num_slots, A, D, dt_bias, dev)
+        oracle.exact[active] = S0.double()
+        oracle.shadow[active] = dequantized(cache, active)
+        plan = []
+        for _ in range(2 * L + 3):
+            perm = torch.randperm(len(active), generator=gen, device=dev)[: batch - 1]
+            rows = torch.cat([torch.tensor(active, device=dev)[perm], torch.tensor([-1], device=dev)])
+            plan.append(rows[torch.randperm(batch, generator=gen, device=dev)].to(torch.int32))
+        run_steps(
+            w,
+            cache,
+            oracle,
+            plan,
+            lambda b: step_inputs(b, nheads, P, N, 8, BF16, gen, dev),
+            A,
+            D,
+            dt_bias,
+            f"{read_dtype} many units",
+        )
+        s = w.schedule
+        assert s.persistent and batch * nheads // s.heads_per_unit > s.grid, s
+        assert rel_err(cache.materialize(active, A=A), oracle.exact[active]) <= STATE_TOL
 
 
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)

@@ -70,20 +70,22 @@ __device__ __forceinline__ int arrive(const RingT& ring, int64_t slot) {
 }
 
 // The same thread, once the unit's records are written: flags a duplicate slot and, if the unit
-// is the last of its row, moves the cursors to `next` and releases the row's arrivals.
+// is the last of its row, moves the cursors to `next` and releases the row's arrivals. Returns
+// whether this unit moved them.
 template <typename RingT>
-__device__ __forceinline__ void finish_unit(const RingT& ring, int64_t slot, int units, int arrived,
+__device__ __forceinline__ bool finish_unit(const RingT& ring, int64_t slot, int units, int arrived,
                                             const Cursors& next, int32_t* error_flag) {
   // Keep the compiler from computing on `arrived` as soon as the atomic returns (mid-kernel in
   // the tile kernels, where registers are scarce): nothing here is needed before this point.
   asm volatile("" : "+r"(arrived)::"memory");
-  if (ring.done == nullptr) return;  // caller-owned cursors: the caller moves them
+  if (ring.done == nullptr) return false;  // caller-owned cursors: the caller moves them
   if (arrived >= units) raise_error(error_flag, kErrDuplicateSlot);
-  if (arrived % units != units - 1) return;
+  if (arrived % units != units - 1) return false;
   ring.start[slot] = next.start;
   ring.len[slot] = next.len;
   ring.draft[slot] = next.draft;
   atomicAdd(&ring.done[slot], -units);  // result unused: compiled as a reduction, no wait
+  return true;
 }
 
 }  // namespace replayssm

@@ -21,6 +21,7 @@
 #include "align.cuh"
 #include "persistent_units.cuh"
 #include "pipeline.cuh"
+#include "row_order.cuh"
 
 namespace replayssm {
 
@@ -72,7 +73,8 @@ struct PersistentBudget {
   static constexpr SmemRegion kStageBuffers = kUnitBuffers.then(kStages * kStageBytes, 128);
   static constexpr size_t kBytes = kStageBuffers.end();
 
-  static_assert(sizeof(uint64_t) * 2 * (kMaxStages + 2) <= kBarBytes, "barriers must fit their block");
+  static constexpr size_t kLaunchWordOffset = kBarBytes - 4;  // one int32 the whole CTA reads (hint parity)
+  static_assert(sizeof(uint64_t) * 2 * (kMaxStages + 2) <= kLaunchWordOffset, "barriers must fit their block");
   static_assert(kUnitBytes % 128 == 0 && kStageBytes % 128 == 0, "unit and stage buffers keep 128-byte alignment");
   static_assert(kUnitBuffers.offset == kBarBytes && kStageBuffers.offset == kBarBytes + kUnits * kUnitBytes,
                 "buffers are packed after the barriers");
@@ -94,10 +96,11 @@ struct PipelineState {
   __device__ __forceinline__ void advance() { ++count; }
 };
 
-// The units' global counter: int32 [2] in global memory, 0 at rest. [0] counts units taken beyond
-// the first gridDim.x; [1] counts CTAs that have finished. The last CTA to finish sets both back to
-// 0, so consecutive launches (and graph replays) on one counter need no reset between them; two
-// persistent launches may not use one counter at the same time.
+// The units' global counter: int32 [2] or more in global memory (row_order.cuh lays out the rest),
+// 0 at rest. [0] counts units taken beyond the first gridDim.x; [1] counts CTAs that have finished.
+// The last CTA to finish sets both back to 0, so consecutive launches (and graph replays) on one
+// counter need no reset between them, and (a counter with hints) advances the launch count [2];
+// two persistent launches may not use one counter at the same time.
 // With no more units than CTAs (small batches) each CTA's first unit is its only one: the counter
 // is not touched at all, which saves the kernel's tail two dependent global atomics and a fence.
 struct WorkCounter {
@@ -115,14 +118,21 @@ struct WorkCounter {
   }
 
   // One thread per CTA, after every thread of the CTA is done with the counter (__syncthreads).
-  __device__ __forceinline__ void finish() const {
+  __device__ __forceinline__ void finish(bool has_hints) const {
     if (!used()) return;
     __threadfence();  // this CTA's takes come before its count in
     if (atomicAdd(&counts[1], 1) == static_cast<int>(gridDim.x) - 1) {
       counts[0] = 0;
       counts[1] = 0;
+      if (has_hints) {  // every CTA has read the parity and the count: the next launch reads the other ones
+        counts[kFlushCountWord + parity()] = 0;
+        counts[2] += 1;
+      }
     }
   }
+
+  // The parity of this launch's hints (row_order.cuh); stable for the whole launch.
+  __device__ __forceinline__ int parity() const { return counts[2] & 1; }
 };
 
 template <class Budget, size_t kUnitBytes, size_t kStageBytes>
@@ -147,8 +157,15 @@ struct PersistentPipeline {
     return smem + Budget::kStageBuffers.offset + static_cast<size_t>(s) * kStageBytes;
   }
 
-  // By one thread, followed by __syncthreads().
-  __device__ void init() const {
+  // The launch's hint parity (row_order.cuh), or -1 without hints: written by init, read by the
+  // thread that moves cursors.
+  __device__ int32_t* hint_parity() const {
+    return reinterpret_cast<int32_t*>(smem + Budget::kBarriers.offset + Budget::kLaunchWordOffset);
+  }
+
+  // By one thread, followed by __syncthreads(). hint_parity: this launch's (-1: no hints).
+  __device__ void init(int32_t parity) const {
+    *hint_parity() = parity;
 #pragma unroll 1
     for (int s = 0; s < Budget::kStages; ++s) {
       mbar_init(&stage_full[s], kFullArrivals);
@@ -167,9 +184,14 @@ struct PersistentPipeline {
   // warp-uniform, and the same count the consumers' begin_unit returns). fill_stage(u, t, S, bar):
   // fill stage S with tile t of unit u; lane 0 announces and issues the bulk copy on bar. The
   // pipeline writes the header's unit index; after the last unit it hands the consumers one more
-  // unit buffer whose index is kNoMoreUnits.
-  template <class FillUnit, class FillStage>
-  __device__ void produce(int64_t units, WorkCounter work, FillUnit&& fill_unit, FillStage&& fill_stage) const {
+  // unit buffer whose index is kNoMoreUnits. build_order(RowOrder&): fills the order of the units
+  // taken from the counter (row_order.cuh; every lane), called once, after the first unit's tiles
+  // are issued, and only when the counter is used.
+  template <class BuildOrder, class FillUnit, class FillStage>
+  __device__ void produce(int64_t units, WorkCounter work, BuildOrder&& build_order, FillUnit&& fill_unit,
+                          FillStage&& fill_stage) const {
+    RowOrder order;
+    bool ordered = false;
     StagePosition stage_pos;
     UnitPosition unit_pos;
     const int lane = threadIdx.x % 32;
@@ -198,7 +220,12 @@ struct PersistentPipeline {
         fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
         mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
       }
+      if (!ordered && work.used()) {
+        build_order(order);
+        ordered = true;
+      }
       u = __shfl_sync(0xffffffffu, next, 0);
+      if (u < units) u = order.unit(u, lane);
     }
     cp_async_wait_all();
   }

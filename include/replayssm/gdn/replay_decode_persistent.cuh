@@ -267,7 +267,16 @@ struct PersistentReplay {
       if (lane == 3) cp_async_scalar(&W[3], bt, b * bt.stride0 + hv * bt.stride1);
     };
 
-    pipe.produce(units, WorkCounter{p.ring.work, units}, fill_unit, fill_stage);
+    // The hints' parity and flush count, read at the start (their latency hides behind the first unit).
+    const bool has_hints =
+        WorkCounter{p.ring.work, units}.used() && hints_available(p.ring.work, p.ring.hint_slots, p.slots);
+    const int parity = has_hints ? WorkCounter{p.ring.work, units}.parity() : 0;
+    const int32_t flushing = has_hints ? p.ring.work[kFlushCountWord + parity] : 0;
+    auto build_order = [&](RowOrder& order) {
+      const uint8_t* hints = has_hints ? flush_hints(p.ring.work, p.ring.hint_slots, parity) : nullptr;
+      order.build(p.slots, hints, flushing, p.batch, units_per_row, gridDim.x, lane);
+    };
+    pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -435,8 +444,11 @@ struct PersistentReplay {
       }
     };
 
+    // The thread that moves a slot's cursors (counted_in) also leaves its flush hint for the next launch.
     auto counted_in = [&](int64_t) {
-      finish_unit(p.ring, us.slot, units_per_row, us.arrived, us.next_cursors(), p.error_flag);
+      const Cursors next = us.next_cursors();
+      if (finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag) && *pipe.hint_parity() >= 0)
+        write_flush_hint(p.ring.work, p.ring.hint_slots, *pipe.hint_parity(), us.slot, next.len >= L);
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
@@ -768,7 +780,9 @@ __global__ void __launch_bounds__(kPersistentThreads,
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, K, V, L, ROWS, PerChannelDecay, RC> k(p, persistent_smem);
-  if (threadIdx.x == 0) k.pipe.init();
+  if (threadIdx.x == 0)
+    k.pipe.init(hints_available(p.ring.work, p.ring.hint_slots, p.slots) ? WorkCounter{p.ring.work, k.units}.parity()
+                                                                         : -1);
   __syncthreads();
   if (threadIdx.x >= kPersistentConsumers) {
     k.produce(threadIdx.x % 32);
@@ -776,7 +790,8 @@ __global__ void __launch_bounds__(kPersistentThreads,
     k.consume(threadIdx.x);
   }
   __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish();
+  if (threadIdx.x == 0)
+    WorkCounter{p.ring.work, k.units}.finish(hints_available(p.ring.work, p.ring.hint_slots, p.slots));
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif

@@ -91,10 +91,17 @@ struct ReplayDecode {
       const int32_t group = q.heads / q.groups;
       int32_t hpu = split_heads(group, P / rows, batch * q.groups, resident, stages + 1);
       // A unit keeps per-head values for at most kMaxUnitHeads heads. With a read copy a flush unit
-      // costs several non-flush ones (it reads and writes the fp32 checkpoint), so units stay small
-      // (kReadCopyUnitHeads): when rows flush on different steps, the last CTA to finish is at most
-      // one such unit behind the others.
-      const int32_t max_heads = RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads;
+      // costs several non-flush ones (it reads and writes the fp32 checkpoint), so units stay
+      // smaller (kReadCopyUnitHeads): when rows flush on different steps, flushing rows are handed
+      // out first (common/row_order.cuh), and a CTA that takes one late finishes at most one such
+      // unit behind the others. H200, fp8 copy, B = 256, lockstep / staggered µs per step: 4 heads
+      // 195.8 / 198.5, 8 heads 173.4 / 184.1, 16 heads 173.9 / 299.0 (flush units too long). With
+      // fewer than four such units per CTA (B = 64: 2.6) one flush unit is the step's tail (8 heads:
+      // 124.7 µs staggered against 81.6 with 4), so units halve there.
+      int32_t max_heads = kMaxUnitHeads;
+      if (RC::kEnabled)
+        max_heads =
+            batch * (q.heads / kReadCopyUnitHeads) >= 4 * resident ? kReadCopyUnitHeads : kReadCopyUnitHeads / 2;
       while (hpu > max_heads || group % hpu) --hpu;
       s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
       s->pdl = 0;  // the persistent kernel reads its inputs with the cache's data: no PDL

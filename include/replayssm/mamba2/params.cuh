@@ -33,9 +33,10 @@ struct Ring {
   int32_t* done;   // [slots] arrival counter of the in-kernel cursor move (0 at rest; common/cursors.cuh),
                    // or nullptr: the caller owns the cursors (the kernels never write them)
   int32_t* draft;  // [slots] pending drafts of the last verify (see common/commit.cuh)
-  int32_t* work;   // [2] the persistent kernels' unit counter (common/persistent.cuh WorkCounter), 0 at rest
+  int32_t* work;   // [2 or 4 + hints] the persistent kernels' unit counter (common/persistent.cuh WorkCounter,
+                   // common/row_order.cuh), 0 at rest
   int32_t capacity;
-  int32_t reserved;
+  int32_t hint_slots;  // slots the counter's flush hints cover (common/row_order.cuh); 0: no hints
 };
 
 // One decode token per batch row.
@@ -102,7 +103,7 @@ REPLAYSSM_FIELD(done)
 REPLAYSSM_FIELD(draft)
 REPLAYSSM_FIELD(work)
 REPLAYSSM_FIELD(capacity)
-REPLAYSSM_FIELD(reserved)
+REPLAYSSM_FIELD(hint_slots)
 REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(mamba2::StepInputs)
 REPLAYSSM_FIELD(x)

@@ -24,6 +24,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/mma_row_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
 #include "../common/read_copy.cuh"
@@ -36,7 +37,7 @@ namespace mamba2 {
 // Most heads in one persistent work unit (the plan splits larger groups).
 constexpr int kMaxUnitHeads = 16;
 // Most heads in one unit of a read-copy module (see ReplayDecode::plan).
-constexpr int kReadCopyUnitHeads = 4;
+constexpr int kReadCopyUnitHeads = 8;
 
 // How many flush tiles one read tile of ROWS rows becomes: the checkpoint tile split so that it
 // is about the read tile's size, in tiles of a multiple of 16 rows (a warp's rows per pass).
@@ -72,7 +73,20 @@ struct PersistentLayout {
   static constexpr SmemRegion kHeadDtRing = kHeadWords.then(kMaxUnitHeads * L * sizeof(float), 16);
   static constexpr SmemRegion kHeadCoef = kHeadDtRing.then(kMaxUnitHeads * (L + 1) * sizeof(float), 16);
   static constexpr SmemRegion kHeadValues = kHeadCoef.then(kMaxUnitHeads * 4 * sizeof(float), 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kHeadValues, 128);
+  // Non-flush dot products on tensor cores (common/mma_row_dots.cuh) with a bf16 C: 16-bit and
+  // 8-bit read tiles of 16 rows per warp. C's fragments, laid out once per non-flush unit.
+  using ReadElem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
+  static constexpr bool kMmaDots =
+      std::is_same_v<TI, __nv_bfloat16> && ROWS / kPersistentConsumerWarps == 16 && kMmaRowDotsFit<ReadElem, N>;
+  static constexpr size_t dot_fragment_bytes() {
+    if constexpr (kMmaDots) {
+      return MmaRowDots<ReadElem, N, 1>::kFragmentBytes;
+    } else {
+      return 0;
+    }
+  }
+  static constexpr SmemRegion kDotFrag = kHeadValues.then(dot_fragment_bytes(), 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kDotFrag, 128);
 
   // Stage buffer: a tile (the checkpoint's [kFlushRows][N] in TS, or the read copy's [ROWS][N] and
   // its rows' scales [ROWS]; one or two bulk copies), x ring [L][ROWS], x [ROWS], z [ROWS] (io
@@ -127,6 +141,11 @@ struct PersistentReplay {
   static constexpr int kNV = N / kBVec;  // 16-byte vectors per B/C row
   static_assert(kFlushRows % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
   static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
+  // Non-flush dot products on tensor cores (Layout::kMmaDots); every other specialization forms
+  // them one element at a time.
+  using ReadElem = typename Layout::ReadElem;
+  static constexpr bool kMmaDots = Layout::kMmaDots;
+  static_assert(!kMmaDots || ReadTile::kRowsPerWarp == 16, "tensor-core dots take a warp's 16 rows");
   static_assert(L <= 32, "decay weights are one lane per record");
 
   const DecodeParams& p;
@@ -269,7 +288,16 @@ struct PersistentReplay {
       }
     };
 
-    pipe.produce(units, WorkCounter{p.ring.work, units}, fill_unit, fill_stage);
+    // The hints' parity and flush count, read at the start (their latency hides behind the first unit).
+    const bool has_hints =
+        WorkCounter{p.ring.work, units}.used() && hints_available(p.ring.work, p.ring.hint_slots, p.slots);
+    const int parity = has_hints ? WorkCounter{p.ring.work, units}.parity() : 0;
+    const int32_t flushing = has_hints ? p.ring.work[kFlushCountWord + parity] : 0;
+    auto build_order = [&](RowOrder& order) {
+      const uint8_t* hints = has_hints ? flush_hints(p.ring.work, p.ring.hint_slots, parity) : nullptr;
+      order.build(p.slots, hints, flushing, p.batch, units_per_row, gridDim.x, lane);
+    };
+    pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
@@ -310,7 +338,10 @@ struct PersistentReplay {
         acc = group_sum<32>(acc);
         if (lane == 0) Ubc[j] = acc;
       }
-      if (RC::kEnabled && !us.flush) {
+      if constexpr (kMmaDots) {  // a flush tile loads its C columns itself (registers)
+        if (!us.flush && warp == 0)
+          MmaRowDots<ReadElem, N, 1>::set_vector(const_cast<unsigned char*>(U) + Layout::kDotFrag.offset, 0, UC, lane);
+      } else if (RC::kEnabled && !us.flush) {
         ReadTile::load_columns(uv.C, UC, lane);
       } else {
         FlushTile::load_columns(uv.C, UC, lane);
@@ -343,8 +374,11 @@ struct PersistentReplay {
         *reinterpret_cast<uint4*>(Bout + q * kBVec) = *reinterpret_cast<const uint4*>(UB + q * kBVec);
     };
 
+    // The thread that moves a slot's cursors (counted_in) also leaves its flush hint for the next launch.
     auto counted_in = [&](int64_t) {
-      finish_unit(p.ring, us.slot, units_per_row, us.arrived, us.next_cursors(), p.error_flag);
+      const Cursors next = us.next_cursors();
+      if (finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag) && *pipe.hint_parity() >= 0)
+        write_flush_hint(p.ring.work, p.ring.hint_slots, *pipe.hint_parity(), us.slot, next.len >= L);
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
@@ -396,7 +430,8 @@ struct PersistentReplay {
     constexpr int kRecordGroups = 32 % kRowsPerWarp == 0 ? 32 / kRowsPerWarp : 1;
     const int64_t b = tc.b, slot = us.slot;
     const int h = tc.h, p0 = tc.p0, m = us.m, pos = us.pos;
-    const float* Cv = uv.C;
+    float c_tile[kCols];  // kMmaDots: a flush tile's C columns (loaded once the stage is released)
+    const float* Cv = kMmaDots ? c_tile : uv.C;
     const TI* Sx = reinterpret_cast<const TI*>(S + Layout::kXRing.offset);
     const TI* Sxc = reinterpret_cast<const TI*>(S + Layout::kXCurrent.offset);
     const TI* Sz = reinterpret_cast<const TI*>(S + Layout::kZ.offset);
@@ -426,7 +461,17 @@ struct PersistentReplay {
     const float z_row = p.in.z != nullptr ? to_float(Sz[rl]) : 0.f;
 
     float ypre[GTile::kPasses];
-    if constexpr (!kFlush) {
+    float y_ck = 0.f;  // the checkpoint part of row rl's output (lanes < kRowsPerWarp)
+    if constexpr (!kFlush && kMmaDots) {
+      const unsigned char* rows = S + Layout::kTile.offset + warp * 16 * N * sizeof(ReadElem);
+      float dot[1];
+      MmaRowDots<ReadElem, N, 1>::dots(rows, uv.buffer + Layout::kDotFrag.offset, lane, dot);
+      float row_scale = 1.f;
+      if constexpr (RC::kScaled)
+        row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rl];
+      release();
+      y_ck = hv.ck * dot[0] * row_scale;
+    } else if constexpr (!kFlush) {
       using TR = typename ReadTile::Elem;
       constexpr int kRV = ReadTile::kVec;
       const TR* RT = reinterpret_cast<const TR*>(S + Layout::kTile.offset);
@@ -486,6 +531,8 @@ struct PersistentReplay {
         }
       }
       release();
+      if constexpr (kMmaDots)
+        FlushTile::load_columns(c_tile, reinterpret_cast<const TI*>(uv.buffer + Layout::kC.offset), lane);
       TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                static_cast<int64_t>(p0) * N;
 #pragma unroll
@@ -518,11 +565,12 @@ struct PersistentReplay {
 
     // Epilogue: lane l < kRowsPerWarp writes row rl's y. Its checkpoint part sits in pass
     // l / kRowsPerPass at that row's leader lane (StateTile::row).
-    float y_ck = 0.f;
+    if constexpr (kFlush || !kMmaDots) {
 #pragma unroll
-    for (int s = 0; s < GTile::kPasses; ++s) {
-      const float v = __shfl_sync(0xffffffffu, ypre[s], (lane % GTile::kRowsPerPass) * GTile::kLanes);
-      if ((lane % kRowsPerWarp) / GTile::kRowsPerPass == s) y_ck = v;
+      for (int s = 0; s < GTile::kPasses; ++s) {
+        const float v = __shfl_sync(0xffffffffu, ypre[s], (lane % GTile::kRowsPerPass) * GTile::kLanes);
+        if ((lane % kRowsPerWarp) / GTile::kRowsPerPass == s) y_ck = v;
+      }
     }
     TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + h * p.in.out_stride_head + p0;
     if (lane < kRowsPerWarp) {
@@ -546,7 +594,9 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, 
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, P, N, L, ROWS, RC> k(p, persistent_smem);
-  if (threadIdx.x == 0) k.pipe.init();
+  if (threadIdx.x == 0)
+    k.pipe.init(hints_available(p.ring.work, p.ring.hint_slots, p.slots) ? WorkCounter{p.ring.work, k.units}.parity()
+                                                                         : -1);
   __syncthreads();
   if (threadIdx.x >= kPersistentConsumers) {
     k.produce(threadIdx.x % 32);
@@ -554,7 +604,8 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, 
     k.consume(threadIdx.x);
   }
   __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish();
+  if (threadIdx.x == 0)
+    WorkCounter{p.ring.work, k.units}.finish(hints_available(p.ring.work, p.ring.hint_slots, p.slots));
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif
