@@ -190,6 +190,7 @@ def run(args) -> list[dict]:
                 est = estimate_bytes(cfg, args.layers, batch, context=args.context, kernel=kernel, read_dtype=read, T=T)
                 row = dict(
                     model=name,
+                    family=cfg.family,
                     mode="hybrid",
                     kernel=kernel,
                     read_dtype=read or "float32",

@@ -118,21 +118,18 @@ struct WorkCounter {
   }
 
   // One thread per CTA, after every thread of the CTA is done with the counter (__syncthreads).
-  __device__ __forceinline__ void finish(bool has_hints) const {
+  __device__ __forceinline__ void finish(bool has_hints) const {  // has_hints: hint_parity() >= 0
     if (!used()) return;
     __threadfence();  // this CTA's takes come before its count in
     if (atomicAdd(&counts[1], 1) == static_cast<int>(gridDim.x) - 1) {
       counts[0] = 0;
       counts[1] = 0;
       if (has_hints) {  // every CTA has read the parity and the count: the next launch reads the other ones
-        counts[kFlushCountWord + parity()] = 0;
+        counts[kFlushCountWord + (counts[2] & 1)] = 0;
         counts[2] += 1;
       }
     }
   }
-
-  // The parity of this launch's hints (row_order.cuh); stable for the whole launch.
-  __device__ __forceinline__ int parity() const { return counts[2] & 1; }
 };
 
 template <class Budget, size_t kUnitBytes, size_t kStageBytes>

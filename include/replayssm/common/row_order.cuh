@@ -36,29 +36,38 @@ constexpr int kFlushCountWord = 4;  // [4 + parity]: slots flushing next, counte
 constexpr int kHintWordOffset = 8;  // first int32 word of the hint bytes in the work counter buffer
 constexpr int kOrderMaxRows = 32 * 32;  // rows a warp orders (a lane per 32-row chunk); more: index order
 
-__device__ __forceinline__ const uint8_t* flush_hints(const int32_t* work, int32_t hint_slots, int parity) {
-  return reinterpret_cast<const uint8_t*>(work + kHintWordOffset) + static_cast<int64_t>(parity) * hint_slots;
+// A family's Ring carries the counter (`work`) and how many slots its hints cover (`hint_slots`).
+template <class RingT>
+__device__ __forceinline__ uint8_t* flush_hints(const RingT& ring, int parity) {
+  return reinterpret_cast<uint8_t*>(ring.work + kHintWordOffset) + static_cast<int64_t>(parity) * ring.hint_slots;
 }
 
 // Whether the hints exist for this launch: a counter with room for them and a slot index range they cover.
-__device__ __forceinline__ bool hints_available(const int32_t* work, int32_t hint_slots, const SlotArg& slots) {
-  return work != nullptr && hint_slots > 0 && slots.num_slots <= hint_slots;
+template <class RingT>
+__device__ __forceinline__ bool hints_available(const RingT& ring, const SlotArg& slots) {
+  return ring.work != nullptr && ring.hint_slots > 0 && slots.num_slots <= ring.hint_slots;
 }
 
-// The mover of a slot (finish_unit returned true): record whether the slot's next step flushes.
-__device__ __forceinline__ void write_flush_hint(int32_t* work, int32_t hint_slots, int parity, int64_t slot,
-                                                 bool next_flushes) {
-  uint8_t* h = const_cast<uint8_t*>(flush_hints(work, hint_slots, parity ^ 1));
-  h[slot] = next_flushes ? 1 : 0;
-  if (next_flushes) atomicAdd(&work[kFlushCountWord + (parity ^ 1)], 1);  // result unused: a reduction
+// This launch's hint parity (the launch count's), or -1 without hints. Stable for the whole launch.
+template <class RingT>
+__device__ __forceinline__ int32_t hint_parity(const RingT& ring, const SlotArg& slots) {
+  return hints_available(ring, slots) ? ring.work[2] & 1 : -1;
 }
 
-// The order of the units after the first `first` (each CTA's own first unit, taken without the
+// The mover of a slot (finish_unit returned true), in a launch of hint parity `parity` (-1: no
+// hints): record whether the slot's next step flushes, for the next launch.
+template <class RingT>
+__device__ __forceinline__ void write_flush_hint(const RingT& ring, int32_t parity, int64_t slot, bool next_flushes) {
+  if (parity < 0) return;
+  flush_hints(ring, parity ^ 1)[slot] = next_flushes ? 1 : 0;
+  if (next_flushes) atomicAdd(&ring.work[kFlushCountWord + (parity ^ 1)], 1);  // result unused: a reduction
+}
+
+// The order of the units after the first ones (each CTA's own first unit, taken without the
 // counter): the rest of the row the first ones end in, then whole rows, flushing rows first, each
 // group in row order. Units of a row are consecutive (unit = row * per_row + k). Built once per
 // CTA by the producer warp (build), used by it for every counter value (unit).
 struct RowOrder {
-  int64_t first = 0;     // units handed out without the counter (gridDim.x)
   int32_t per_row = 1;   // units per row
   int32_t row0 = 0;      // first whole row after the first units
   int32_t rows = 0;      // rows ordered (row0 .. row0 + rows - 1); 0: index order
@@ -70,7 +79,6 @@ struct RowOrder {
   // flushing: the movers' count of slots flushing in this launch.
   __device__ void build(const SlotArg& slots, const uint8_t* hints, int32_t flushing, int64_t batch,
                         int32_t units_per_row, int64_t first_units, int lane) {
-    first = first_units;
     per_row = units_per_row;
     const int64_t r0 = (first_units + units_per_row - 1) / units_per_row;
     row0 = static_cast<int32_t>(r0);
@@ -106,7 +114,7 @@ struct RowOrder {
     flushes = __shfl_sync(0xffffffffu, incl, 31);
   }
 
-  // The unit that counter value `i` (>= first) stands for. Warp-collective (every lane, same i).
+  // The unit that counter value `i` (>= the first units) stands for. Warp-collective (every lane, same i).
   __device__ int64_t unit(int64_t i, int lane) const {
     const int64_t whole = static_cast<int64_t>(row0) * per_row;
     if (rows == 0 || i < whole) return i;
@@ -140,6 +148,26 @@ struct RowOrder {
   __device__ __forceinline__ static int nth_set_bit(uint32_t m, int n) {
     for (int i = 0; i < n; ++i) m &= m - 1;
     return __ffs(m) - 1;
+  }
+};
+
+// What a launch's producer reads of the hints at its start (their latency hides behind its first
+// unit) and builds its order from, after that unit: shared by the families' persistent kernels.
+struct LaunchOrder {
+  int32_t parity = -1;   // hint_parity (-1: no hints, or a launch without the counter)
+  int32_t flushing = 0;  // slots flushing in this launch, as the previous launch counted them
+
+  template <class RingT>
+  __device__ LaunchOrder(const RingT& ring, const SlotArg& slots, bool counter_used) {
+    if (counter_used) parity = hint_parity(ring, slots);
+    if (parity >= 0) flushing = ring.work[kFlushCountWord + parity];
+  }
+
+  template <class RingT>
+  __device__ void build(RowOrder& order, const RingT& ring, const SlotArg& slots, int64_t batch, int32_t units_per_row,
+                        int lane) const {
+    order.build(slots, parity >= 0 ? flush_hints(ring, parity) : nullptr, flushing, batch, units_per_row, gridDim.x,
+                lane);
   }
 };
 

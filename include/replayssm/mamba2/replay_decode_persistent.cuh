@@ -288,14 +288,9 @@ struct PersistentReplay {
       }
     };
 
-    // The hints' parity and flush count, read at the start (their latency hides behind the first unit).
-    const bool has_hints =
-        WorkCounter{p.ring.work, units}.used() && hints_available(p.ring.work, p.ring.hint_slots, p.slots);
-    const int parity = has_hints ? WorkCounter{p.ring.work, units}.parity() : 0;
-    const int32_t flushing = has_hints ? p.ring.work[kFlushCountWord + parity] : 0;
+    const LaunchOrder launch_order(p.ring, p.slots, WorkCounter{p.ring.work, units}.used());
     auto build_order = [&](RowOrder& order) {
-      const uint8_t* hints = has_hints ? flush_hints(p.ring.work, p.ring.hint_slots, parity) : nullptr;
-      order.build(p.slots, hints, flushing, p.batch, units_per_row, gridDim.x, lane);
+      launch_order.build(order, p.ring, p.slots, p.batch, units_per_row, lane);
     };
     pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage);
   }
@@ -377,8 +372,8 @@ struct PersistentReplay {
     // The thread that moves a slot's cursors (counted_in) also leaves its flush hint for the next launch.
     auto counted_in = [&](int64_t) {
       const Cursors next = us.next_cursors();
-      if (finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag) && *pipe.hint_parity() >= 0)
-        write_flush_hint(p.ring.work, p.ring.hint_slots, *pipe.hint_parity(), us.slot, next.len >= L);
+      if (finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag))
+        write_flush_hint(p.ring, *pipe.hint_parity(), us.slot, next.len >= L);
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
@@ -594,9 +589,7 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, 
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, P, N, L, ROWS, RC> k(p, persistent_smem);
-  if (threadIdx.x == 0)
-    k.pipe.init(hints_available(p.ring.work, p.ring.hint_slots, p.slots) ? WorkCounter{p.ring.work, k.units}.parity()
-                                                                         : -1);
+  if (threadIdx.x == 0) k.pipe.init(hint_parity(p.ring, p.slots));
   __syncthreads();
   if (threadIdx.x >= kPersistentConsumers) {
     k.produce(threadIdx.x % 32);
@@ -604,8 +597,7 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, 
     k.consume(threadIdx.x);
   }
   __syncthreads();
-  if (threadIdx.x == 0)
-    WorkCounter{p.ring.work, k.units}.finish(hints_available(p.ring.work, p.ring.hint_slots, p.slots));
+  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish(*k.pipe.hint_parity() >= 0);
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif
