@@ -61,6 +61,7 @@ MODES = {
     "replayssm-bf16": ("replayssm", "bfloat16", None),
     "spec-replayssm": ("replayssm", None, "T"),
     "spec-conventional": ("conventional", None, "T"),
+    "no-ssm": ("none", None, None),  # the step without its SSM kernels: the ceiling of any SSM speedup
 }
 FULL = dict(batches=[1, 64, 256, 512], modes=list(MODES), layers=16, trials=5)
 QUICK = dict(batches=[1, 256], modes=["conventional", "replayssm", "replayssm-fp8"], layers=8, trials=3)
@@ -124,6 +125,8 @@ def prewarm(args) -> None:
         cfg = CONFIGS[name]
         fam, dims = FAMILIES[cfg.family], wrapper_dims(ssm_shard(cfg, 1, 0))
         for _, kernel, read, T in mode_list(args):
+            if kernel == "none":
+                continue
             algo = "replay" if kernel == "replayssm" else "conventional"
             op = f"{algo}_{'verify' if T > 1 else 'decode'}"
             cap = verify_capacity(T) if T > 1 else 1
@@ -139,11 +142,14 @@ def time_mode(model, st, kernel: str, read_dtype, T: int, args) -> dict:
     """One mode on one batch: build the caches, capture a window of 16 steps (or rounds), time it."""
     import torch
     from bench_common import capture, replay_us_per_step
-    from hybrid_model import WrapperSSM
+    from hybrid_model import NullSSM, WrapperSSM
 
-    ssm = WrapperSSM(
-        model, st.num_slots, st.batch, kernel=kernel, read_dtype=read_dtype, T=T, phases=args.phases, seed=args.seed
-    )
+    if kernel == "none":
+        ssm = NullSSM()
+    else:
+        ssm = WrapperSSM(
+            model, st.num_slots, st.batch, kernel=kernel, read_dtype=read_dtype, T=T, phases=args.phases, seed=args.seed
+        )
     ssm.plan(st.slots)
     st.prepare(T)
     gen = torch.Generator(device=DEVICE)

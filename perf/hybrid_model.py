@@ -25,6 +25,8 @@ from __future__ import annotations
 
 import math
 
+from types import SimpleNamespace
+
 import torch
 import torch.nn.functional as F
 from hybrid_config import (
@@ -521,6 +523,30 @@ class WrapperSSM:
 
     def check_errors(self) -> list[int]:
         return [c.check_errors() for c in self.caches]
+
+
+class NullSSM:
+    """Stands in for the SSM kernels to time the rest of the step: the output is the layer's value
+    input (x for Mamba-2, v for GDN) unchanged, no state is read or written. A row timed with it
+    bounds what any SSM kernel can gain on the whole step."""
+
+    def __init__(self):
+        self.w = SimpleNamespace(schedule=SimpleNamespace(kernel="none"))  # as a wrapper reports it
+
+    def plan(self, slots: torch.Tensor) -> None:
+        pass
+
+    def mamba2(self, j, x, dt, B, C, A, D, dt_bias):
+        return x
+
+    def gdn(self, j, q, k, v, a, b, A_log, dt_bias):
+        return v
+
+    def commit(self, j: int, num_accepted: torch.Tensor) -> None:
+        pass
+
+    def check_errors(self) -> list[int]:
+        return []
 
 
 class RefSSM:

@@ -230,6 +230,23 @@ def test_tensor_parallel_equals_tp1(cfg, one_torch_thread):
 
 
 # ------------------------------------------------------------------------------- pieces
+@pytest.mark.parametrize("cfg", [TINY_M, TINY_G], ids=lambda c: c.name)
+def test_no_ssm_mode_skips_only_the_ssm_step(cfg):
+    """The no-ssm ceiling runs the rest of the step: its outputs differ from the reference SSM's, and
+    equal a step whose SSM returns the value input (the NullSSM contract)."""
+    m = hm.HybridSlice(cfg, len(cfg.pattern), device="cpu", dtype=torch.float64, seed=3)
+    assert bench.MODES["no-ssm"][0] == "none" and "no-ssm" in bench.FULL["modes"]
+    h = torch.randn(2, 1, cfg.d_model, generator=torch.Generator().manual_seed(4), dtype=torch.float64)
+    outs = []
+    for ssm in (hm.NullSSM(), hm.RefSSM(m, 3)):
+        st = hm.DecodeState(m, 2, context=16, num_slots=3, seed=1)
+        st.prepare(1)
+        ssm.plan(st.slots)
+        outs.append(m.step(h, st, ssm))
+    assert torch.isfinite(outs[0]).all() and not torch.allclose(outs[0], outs[1])
+    assert hm.NullSSM().check_errors() == [] and hm.NullSSM().w.schedule.kernel == "none"
+
+
 def test_conv_commit_equals_one_token_steps():
     m = hm.HybridSlice(TINY_M, 1, device="cpu", dtype=torch.float64, seed=2)
     blk = m.blocks[0]
@@ -293,6 +310,8 @@ def test_every_mode_calls_the_wrappers_correctly(cfg, tp, one_torch_thread):
     st = hm.DecodeState(m, 3, context=16, seed=0)
     acc = torch.tensor([1, 4, 2], dtype=torch.int32)
     for variant, kernel, read, T in bench.mode_list(bench.parse_args([])):
+        if kernel == "none":
+            continue
         ssm = SeenSSM(m, st.num_slots, st.batch, kernel=kernel, read_dtype=read, T=T)
         ssm.seen = []
         rec = RecordingModule()
@@ -337,6 +356,8 @@ def test_prewarm_builds_what_the_wrappers_load(cfg, monkeypatch):
     m = hm.HybridSlice(KERN_M if cfg.family == "mamba2" else KERN_G, 1, device="cpu", seed=0)
     m.ssm_shard = hc.ssm_shard(cfg, 1, 0)  # the real model's wrapper dims, no weights needed
     for _, kernel, read, T in bench.mode_list(args):
+        if kernel == "none":
+            continue
         ssm = hm.WrapperSSM(m, 2, 2, kernel=kernel, read_dtype=read, T=T, init="zeros")
         ssm.plan(torch.tensor([1, 0], dtype=torch.int32))
     assert built == loaded and len(built) == 6
@@ -359,10 +380,10 @@ def test_wrapper_ssm_arguments():
 # ------------------------------------------------------------------------------- scripts
 def test_bench_arguments(tmp_path):
     a = bench.parse_args([])
-    assert (a.batches, a.layers, a.trials, len(a.modes)) == ([1, 64, 256, 512], 16, 5, 6)
+    assert (a.batches, a.layers, a.trials, len(a.modes)) == ([1, 64, 256, 512], 16, 5, 7)
     q = bench.parse_args(["--quick", "--batches", "64"])  # explicit options win over --quick
     assert (q.batches, q.layers, q.modes) == ([64], 8, bench.QUICK["modes"])
-    assert [(k, r, T) for _, k, r, T in bench.mode_list(bench.parse_args(["--draft-len", "8"]))][-2:] == [
+    assert [(k, r, T) for _, k, r, T in bench.mode_list(bench.parse_args(["--draft-len", "8"]))][-3:-1] == [
         ("replayssm", None, 8),
         ("conventional", None, 8),
     ]
