@@ -1,7 +1,8 @@
 """A small workload for compute-sanitizer: every kernel kind of every family, once or twice each.
 
 Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also
-with an fp8 and a bf16 read copy), a conventional step, a replay verify with a chain
+with an fp8 and a bf16 read copy), with one row five steps ahead of the others so that some
+steps flush a part of the batch, a conventional step, a replay verify with a chain
 commit and a tree verify with a path commit (the flush fused into the verify included), and a
 conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in seconds.
 Exits non-zero if a kernel raised an error bit.
@@ -82,6 +83,10 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
         cache = w.create_cache(num_slots, max_draft=T)
         cache.load_state(list(range(num_slots)), 0.1 * torch.randn(num_slots, *shape, device=DEV, generator=gen))
+        if algorithm == "replay":  # slot 3 runs ahead, so later steps flush some rows but not all
+            w.plan(slots[:1])  # (the persistent kernels then build their flushing-rows-first order)
+            for _ in range(5):
+                run(cache, inputs(1))
         w.plan(slots)
         for _ in range(17):  # crosses a flush
             run(cache, inputs(batch))
