@@ -24,7 +24,6 @@ and then sliced per rank, so every TP size computes the same function).
 from __future__ import annotations
 
 import math
-
 from types import SimpleNamespace
 
 import torch
