@@ -1,5 +1,7 @@
 """Plot a speculative-decoding result file (perf/bench_spec.py): per family, the verify + commit
-round and the conventional baseline relative to one standard step, vs batch, one line per T.
+round and the conventional baseline relative to one standard step, vs batch, one line per T
+(chains; lockstep phases where a file has both). Files from before the shared-schema rows (one row
+per family, batch and T with us_replay_verify_commit) plot too.
 
     python perf/plot_spec.py perf/results/spec_decode_h200.json [--out PNG]
 """
@@ -22,10 +24,17 @@ def main():
 
     data = json.loads(Path(args.result).read_text())
     series = defaultdict(list)  # (family, T) -> [(batch, verify/step, conventional/step)]
+    phases = {r.get("phases") for r in data["rows"] if r.get("kernel") == "replayssm"}
+    shown = "lockstep" if "lockstep" in phases else "staggered"
     for r in data["rows"]:
-        series[(r["family"], r["T"])].append(
-            (r["batch"], r["verify_over_step"], r["us_conventional_verify"] / r["us_standard_step"])
-        )
+        if "mode" not in r:  # the older schema
+            series[(r["family"], r["T"])].append(
+                (r["batch"], r["verify_over_step"], r["us_conventional_verify"] / r["us_standard_step"])
+            )
+        elif r["mode"] == "spec" and r["kernel"] == "replayssm" and r["phases"] == shown:
+            series[(r["family"], r["T"])].append(
+                (r["batch"], r["round_over_step"], r["us_conventional_verify"] / r["us_standard_step"])
+            )
     families = sorted({k[0] for k in series})
     fig, axes = plt.subplots(1, len(families), figsize=(5 * len(families), 4), squeeze=False)
     for col, fam in enumerate(families):
