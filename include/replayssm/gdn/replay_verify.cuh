@@ -67,8 +67,17 @@ struct VerifySmem {
   __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + align16(size_t(T) * ROWS * 4); }
 };
 
+// CTAs per SM the verify kernel is compiled for. GDN at 64 rows sits at the 128-register cliff:
+// at 130 registers (the read-copy work's v and beta appends) it ran three CTAs per SM instead of
+// four, and a T = 4 round at B = 256 took 630 µs against 514 before. Asking for four keeps it
+// under 128 (24 bytes spilled at K = 128). 0 sets no minimum, as without the argument: KDA
+// (per-channel decays) and K = 256 need more registers, and fewer rows need fewer.
+template <bool PerChannelDecay, int K, int ROWS>
+constexpr int kVerifyMinCtas = !PerChannelDecay && K <= 128 && ROWS == 64 ? 4 : 0;
+
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
-__global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams vp) {
+__global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
+    replay_verify_kernel(const VerifyParams vp) {
   const DecodeParams& p = vp.d;
   using Tile = StateTile<TS, K, ROWS, 4>;
   using Smem = VerifySmem<K, ROWS, L, PerChannelDecay>;
