@@ -1,0 +1,247 @@
+"""State backends: what ``ByteLM.step`` calls for each layer's SSM step, and the modes of issue 14.
+
+Interface (``layer`` indexes the model's layers; B = rows; float inputs arrive in the model's
+dtype, gates and parameters in at least float32; each backend first rounds the io tensors to its
+``io_dtype``, as an engine hands them to a kernel):
+
+    load(layer, state)      state [B, *LMConfig.state_shape] float (after prefill)
+    gdn(layer, q, k, v, a, b, A_log, dt_bias) -> o [B, H, V]
+        q, k [B, H, K]; v [B, H, V]; a, b [B, H]; A_log, dt_bias [H]
+    mamba2(layer, x, dt, B, C, A, D, dt_bias) -> y [B, H, P] (with the D skip, no z gate)
+        x [B, H, P]; dt [B, H] (before bias and softplus); B, C [B, G, N]; A, D, dt_bias [H]
+    state(layer)            the current high-precision state [B, *state_shape] (float32 / float64)
+    last[layer]             the inputs of the layer's latest step, as the backend passed them on
+                            (io dtype / float32 tensors; see ``InputRecorder``)
+
+``ReferenceBackend``: replayssm.reference's conventional recurrence in float64 (any device).
+``WrapperBackend``: replayssm's decode wrappers, one cache per layer, in one of ``MODES``. A mode
+the library cannot build yet raises ``UnsupportedMode`` with the library's own reason
+(``replayssm.supported``), before anything is allocated.
+"""
+
+from __future__ import annotations
+
+import torch
+
+#: The modes of issue 14 as wrapper keywords. The last four are spelled as issue 12 plans them
+#: (``read_dtype='nvfp4'``, ``single_copy=True``) or, where it names no keyword, as
+#: ``stochastic_rounding=True``; ``replayssm.supported`` refuses them until the library has them.
+MODES: dict[str, dict] = {
+    "fp32": dict(algorithm="replay", state_dtype=torch.float32),
+    "conventional_fp32": dict(algorithm="conventional", state_dtype=torch.float32),
+    "fp32+fp8": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.float8_e4m3fn),
+    "fp32+nvfp4": dict(algorithm="replay", state_dtype=torch.float32, read_dtype="nvfp4"),
+    "bf16sr+fp8": dict(
+        algorithm="replay", state_dtype=torch.bfloat16, read_dtype=torch.float8_e4m3fn, stochastic_rounding=True
+    ),
+    "fp8_single": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.float8_e4m3fn, single_copy=True),
+    "fp8_single_sr": dict(
+        algorithm="replay",
+        state_dtype=torch.float32,
+        read_dtype=torch.float8_e4m3fn,
+        single_copy=True,
+        stochastic_rounding=True,
+    ),
+    "bf16": dict(algorithm="replay", state_dtype=torch.bfloat16),
+}
+
+#: Bytes of state per element each mode keeps (checkpoint + read copy; scales and rings not counted).
+STATE_BYTES = {
+    "fp32": 4,
+    "conventional_fp32": 4,
+    "fp32+fp8": 5,
+    "fp32+nvfp4": 4.5,
+    "bf16sr+fp8": 3,
+    "fp8_single": 1,
+    "fp8_single_sr": 1,
+    "bf16": 2,
+}
+
+
+class UnsupportedMode(Exception):
+    """The library cannot build this mode; ``reason`` is replayssm's message."""
+
+    def __init__(self, mode: str, reason: str):
+        super().__init__(f"mode {mode!r}: {reason}")
+        self.mode, self.reason = mode, reason
+
+
+def check_mode(mode: str) -> None:
+    if mode not in MODES:
+        raise ValueError(f"mode: expected one of {list(MODES)}, got {mode!r}")
+
+
+def mode_support(cfg, mode: str, *, io_dtype=torch.bfloat16, window: int = 16) -> tuple[bool, str]:
+    """(ok, reason) from ``replayssm.supported`` for ``mode`` on the model ``cfg`` (LMConfig)."""
+    import replayssm
+
+    check_mode(mode)
+    return replayssm.supported(cfg.mixer, **cfg.wrapper_dims(), window=window, io_dtype=io_dtype, **MODES[mode])
+
+
+def _io(t: torch.Tensor, io_dtype: torch.dtype | None) -> torch.Tensor:
+    return (t if io_dtype is None else t.to(io_dtype)).contiguous()
+
+
+def _f32(t: torch.Tensor) -> torch.Tensor:
+    return t.to(torch.float64 if t.dtype == torch.float64 else torch.float32).contiguous()
+
+
+class ReferenceBackend:
+    """Conventional recurrence of replayssm.reference in float64, per layer: state float64
+    [rows, *state_shape] on ``device``. io_dtype: None (inputs used as given) or the dtype the io
+    tensors are rounded to first (as the wrappers receive them); outputs are rounded to it too."""
+
+    def __init__(self, cfg, rows: int, device="cpu", io_dtype: torch.dtype | None = None):
+        self.cfg, self.rows, self.io_dtype = cfg, rows, io_dtype
+        self.states = [
+            torch.zeros(rows, *cfg.state_shape, dtype=torch.float64, device=device) for _ in range(cfg.n_layers)
+        ]
+        self.last: list[dict | None] = [None] * cfg.n_layers
+
+    def load(self, layer: int, state: torch.Tensor) -> None:
+        if tuple(state.shape) != tuple(self.states[layer].shape):
+            raise ValueError(f"state: expected {tuple(self.states[layer].shape)}, got {tuple(state.shape)}")
+        self.states[layer] = state.to(device=self.states[layer].device, dtype=torch.float64).clone()
+
+    def state(self, layer: int) -> torch.Tensor:
+        return self.states[layer]
+
+    def _out(self, y: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+        return (y if self.io_dtype is None else y.to(self.io_dtype)).to(like.dtype)
+
+    def gdn(self, layer, q, k, v, a, b, A_log, dt_bias):
+        from replayssm.reference import gdn_step
+
+        io = self.io_dtype
+        t = dict(q=_io(q, io), k=_io(k, io), v=_io(v, io), a=_f32(a), b=_f32(b))
+        self.last[layer] = t
+        d = {n: x.double() for n, x in t.items()}
+        o, self.states[layer] = gdn_step(
+            self.states[layer],
+            d["q"],
+            d["k"],
+            d["v"],
+            A_log=A_log.double(),
+            a=d["a"],
+            dt_bias=dt_bias.double(),
+            b=d["b"],
+        )
+        return self._out(o, v)
+
+    def mamba2(self, layer, x, dt, B, C, A, D, dt_bias):
+        from replayssm.reference import mamba2_step
+
+        io = self.io_dtype
+        t = dict(x=_io(x, io), dt=_f32(dt), B=_io(B, io), C=_io(C, io))
+        self.last[layer] = t
+        d = {n: v.double() for n, v in t.items()}
+        y, self.states[layer] = mamba2_step(
+            self.states[layer], d["x"], d["dt"], A.double(), d["B"], d["C"], D.double(), None, dt_bias.double()
+        )
+        return self._out(y, x)
+
+
+class WrapperBackend:
+    """replayssm's decode wrapper in ``mode`` (see MODES) for a model ``cfg``: one wrapper, one cache
+    of ``rows`` slots per layer, planned once for slots 0..rows-1. ssm_params: per layer the dict
+    ``ByteLM.ssm_params(layer)`` gives (Mamba-2 caches keep A for materialize). Raises
+    UnsupportedMode (the library's reason) when the library has no such mode; other errors
+    propagate. ``run`` is launch-only, so ``ByteLM.step`` over this backend is capturable."""
+
+    def __init__(
+        self, cfg, mode: str, rows: int, ssm_params: list[dict], *, device="cuda", io_dtype=torch.bfloat16, window=16
+    ):
+        from replayssm import GDNDecodeWrapper, Mamba2DecodeWrapper
+
+        ok, why = mode_support(cfg, mode, io_dtype=io_dtype, window=window)
+        if not ok:
+            raise UnsupportedMode(mode, why)
+        if len(ssm_params) != cfg.n_layers:
+            raise ValueError(f"ssm_params: expected one dict per layer ({cfg.n_layers}), got {len(ssm_params)}")
+        cls = GDNDecodeWrapper if cfg.mixer == "gdn" else Mamba2DecodeWrapper
+        self.cfg, self.mode, self.rows, self.io_dtype = cfg, mode, rows, io_dtype
+        self.w = cls(
+            **cfg.wrapper_dims(), window=window, io_dtype=io_dtype, max_batch=rows, device=device, **MODES[mode]
+        )
+        if cfg.mixer == "gdn":
+            self.caches = [self.w.create_cache(rows) for _ in range(cfg.n_layers)]
+        else:
+            self.caches = [self.w.create_cache(rows, A=p["A"].float()) for p in ssm_params]
+        self.slots = torch.arange(rows, device=self.w.device)
+        self.w.plan(self.slots)
+        self.last: list[dict | None] = [None] * cfg.n_layers
+
+    def load(self, layer: int, state: torch.Tensor) -> None:
+        self.caches[layer].load_state(self.slots, state.to(self.w.device).float())
+
+    def state(self, layer: int) -> torch.Tensor:
+        return self.caches[layer].materialize(self.slots)
+
+    def check_errors(self) -> None:
+        """Raise if any cache's kernels reported an error."""
+        for j, c in enumerate(self.caches):
+            bits = c.check_errors()
+            if bits:
+                raise RuntimeError(f"layer {j}: kernel reported: {c.describe_errors(bits)}")
+
+    def gdn(self, layer, q, k, v, a, b, A_log, dt_bias):
+        io = self.io_dtype
+        t = dict(q=_io(q, io), k=_io(k, io), v=_io(v, io), a=_f32(a), b=_f32(b))
+        self.last[layer] = t
+        o = self.w.run(self.caches[layer], t["q"], t["k"], t["v"], a=t["a"], b=t["b"], A_log=A_log, dt_bias=dt_bias)
+        return o.to(v.dtype)
+
+    def mamba2(self, layer, x, dt, B, C, A, D, dt_bias):
+        io = self.io_dtype
+        t = dict(x=_io(x, io), dt=_f32(dt), B=_io(B, io), C=_io(C, io))
+        self.last[layer] = t
+        y = self.w.run(self.caches[layer], t["x"], t["dt"], A, t["B"], t["C"], D=D, dt_bias=dt_bias)
+        return y.to(x.dtype)
+
+
+class InputRecorder:
+    """Keeps every step's SSM inputs (``backend.last``) in preallocated buffers, so that a float64
+    recurrence can be run afterwards on exactly the inputs a mode's kernels received (the state
+    error of the mode, with the inputs held equal). Buffers: per layer and input name
+    [steps, *shape] in the input's dtype, on its device."""
+
+    def __init__(self, steps: int):
+        self.steps = steps
+        self.buffers: list[dict[str, torch.Tensor]] | None = None
+
+    def record(self, t: int, backend) -> None:
+        if self.buffers is None:
+            self.buffers = [
+                {n: torch.empty(self.steps, *x.shape, dtype=x.dtype, device=x.device) for n, x in last.items()}
+                for last in backend.last
+            ]
+        for buf, last in zip(self.buffers, backend.last):
+            for n, x in last.items():
+                buf[n][t].copy_(x)
+
+
+def reference_states(
+    cfg, recorder: InputRecorder, ssm_params: list[dict], init: list[torch.Tensor], at: list[int]
+) -> dict[int, list[torch.Tensor]]:
+    """Run the float64 recurrence (ReferenceBackend) over the recorded inputs from the states
+    ``init`` (per layer [rows, *state_shape]). Returns {t: per-layer float64 states after step t}
+    for each t in ``at`` (step indices, 0-based)."""
+    if recorder.buffers is None:
+        raise ValueError("recorder: nothing was recorded")
+    rows = init[0].shape[0]
+    ref = ReferenceBackend(cfg, rows, device=init[0].device, io_dtype=None)
+    for j, s in enumerate(init):
+        ref.load(j, s)
+    want, out = set(at), {}
+    last = max(at)
+    for t in range(last + 1):
+        for j, buf in enumerate(recorder.buffers):
+            p = ssm_params[j]
+            if cfg.mixer == "gdn":
+                ref.gdn(j, buf["q"][t], buf["k"][t], buf["v"][t], buf["a"][t], buf["b"][t], p["A_log"], p["dt_bias"])
+            else:
+                ref.mamba2(j, buf["x"][t], buf["dt"][t], buf["B"][t], buf["C"][t], p["A"], p["D"], p["dt_bias"])
+        if t in want:
+            out[t] = [s.clone() for s in ref.states]
+    return out

@@ -1,0 +1,126 @@
+"""The decay-aware skipping oracle (replayssm/reference/skip.py): its bounds hold on fresh random
+windows of both families, are reached where the rows line up with the read vector, and each
+tolerance's decision keeps the promise the module states. float64 throughout; the checkpoint's
+part is the difference of two runs (from S_c and from zero), so a bound is checked with a slack of
+ROUND x the outputs' size for that subtraction's rounding."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from replayssm.reference import skip
+from replayssm.reference._math import group_index, l2norm, softplus
+from replayssm.reference.delta import gdn_gate, gdn_step
+from replayssm.reference.mamba2 import mamba2_step
+
+from ..reference_testing import delta_layer, delta_tokens, generator, mamba2_layer, mamba2_tokens, new_seed
+
+F64 = torch.float64
+ROUND = 1e-14  # float64 rounding of y - rest, relative to |y|
+
+
+def within(contrib, bound, y):
+    """|contrib| <= bound per head, up to the rounding of contrib = y - rest."""
+    slack = ROUND * y.abs().amax(-1)
+    return bool((contrib.abs().amax(-1) <= bound * (1 + 1e-12) + slack).all())
+
+
+@pytest.fixture
+def gen():
+    seed = new_seed()
+    print(f"seed {seed} (REPLAYSSM_TEST_SEED={seed} reproduces)")
+    return generator(seed)
+
+
+def _mamba2_window(gen, batch=3, H=4, P=8, N=16, G=2, L=16, scale=1.0):
+    """(c, bound, contrib, rest) per step of one window from a random checkpoint of size ``scale``."""
+    layer = mamba2_layer(gen, H)
+    layer["A"] = layer["A"] * 4  # faster decays than init, so every tolerance decides something
+    S = scale * torch.randn(batch, H, P, N, generator=gen, dtype=F64)
+    R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
+    c = torch.zeros(batch, H, dtype=F64)
+    for _ in range(L):
+        tok = mamba2_tokens(gen, (batch,), H, P, N, G, gate=False)
+        c = c + softplus(tok["dt"] + layer["dt_bias"]) * layer["A"]
+        y, S = mamba2_step(S, **tok, **layer)
+        rest, Z = mamba2_step(Z, **tok, **layer)
+        yield c, skip.mamba2_checkpoint_bound(c, tok["C"], R), y - rest, rest
+
+
+def test_mamba2_bound_holds(gen):
+    for scale in (1e-3, 1.0, 1e3):
+        for _c, bound, contrib, _rest in _mamba2_window(gen, scale=scale):
+            assert within(contrib, bound, contrib + _rest)
+
+
+def test_gdn_bounds_hold(gen):
+    batch, HV, HK, K, V = 3, 4, 2, 16, 16
+    layer = delta_layer(gen, HV, K, per_channel=False)
+    S = torch.randn(batch, HV, V, K, generator=gen, dtype=F64)
+    R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
+    c = torch.zeros(batch, HV, dtype=F64)
+    hk = group_index(HV, HK)
+    for _ in range(16):
+        tok = delta_tokens(gen, (batch,), HV, HK, K, V, False)
+        c = c + gdn_gate(layer["A_log"], tok["a"], layer["dt_bias"])
+        qh, kh = (l2norm(tok["q"]) * K**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
+        b_o, b_u = skip.gdn_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
+        o, S, u = gdn_step(S, **tok, **layer, return_u=True)
+        o0, Z, u0 = gdn_step(Z, **tok, **layer, return_u=True)
+        assert within(o - o0, b_o, o) and within(u - u0, b_u, u)
+
+
+def test_mamba2_bound_is_reached_by_aligned_rows(gen):
+    """A row parallel to the read vector, of the head's largest norm, attains the bound."""
+    H, P, N, G = 4, 3, 16, 2
+    C = torch.randn(1, G, N, generator=gen, dtype=F64)
+    Ch = C[:, group_index(H, G)]  # [1, H, N]
+    S = torch.randn(1, H, P, N, generator=gen, dtype=F64)
+    S[:, :, 0] = 5.0 * Ch / torch.linalg.vector_norm(Ch, dim=-1, keepdim=True)
+    S[:, :, 1:] *= 0.1  # row 0 has the largest norm
+    c = -torch.rand(1, H, generator=gen, dtype=F64)
+    contrib = torch.exp(c)[..., None] * torch.einsum("bhpn,bhn->bhp", S, Ch)
+    bound = skip.mamba2_checkpoint_bound(c, C, skip.head_row_norm_max(S))
+    torch.testing.assert_close(contrib[..., 0], bound, rtol=1e-12, atol=0)
+
+
+def test_tolerance_zero_is_exact_underflow():
+    c = torch.tensor([[-200.0, -104.5, -50.0, 0.0]], dtype=F64)
+    rest = torch.ones(1, 4, 2, dtype=F64)
+    s = skip.skip_heads(c, torch.full((1, 4), 1e-300, dtype=F64), rest, 0)
+    assert s.tolist() == [[True, True, False, False]]
+    assert bool((torch.exp(c[s].float()) == 0).all())
+
+
+@pytest.mark.parametrize("tol", [skip.DEFAULT, 1e-3, 1e-1])
+def test_decisions_keep_their_promise(gen, tol):
+    skipped = 0
+    for c, bound, contrib, rest in _mamba2_window(gen, batch=4, H=8, L=16, scale=1e-2):
+        s = skip.skip_heads(c, bound, rest, tol)
+        skipped += int(s.sum())
+        if not bool(s.any()):
+            continue
+        full, part = rest + contrib, rest
+        if tol == skip.DEFAULT:
+            a, b = full[s].to(torch.bfloat16).double(), part[s].to(torch.bfloat16).double()
+            steps = (a - b).abs() / skip.ulp(torch.bfloat16, torch.maximum(a.abs(), b.abs()))
+            assert float(steps.max()) <= 1.0
+        else:
+            rel = (full[s] - part[s]).abs().amax(-1) / part[s].abs().amax(-1)
+            assert float(rel.max()) <= tol
+    assert skipped > 0, "the window decides nothing: the test would not check anything"
+
+
+def test_ulp_and_tolerance_arguments():
+    one = torch.tensor([1.0, 3.0, 0.0], dtype=F64)
+    assert skip.ulp(torch.bfloat16, one).tolist()[:2] == [2.0**-7, 2.0**-6]
+    assert skip.ulp(torch.float32, one)[0] == 2.0**-23
+    assert float(skip.ulp(torch.bfloat16, one)[2]) > 0  # zero: the subnormal spacing, never 0
+    for bad in (-1, "x", True, float("nan")):
+        with pytest.raises(ValueError, match="skip_tolerance"):
+            skip.check_tolerance(bad)
+    with pytest.raises(ValueError, match="dtype"):
+        skip.ulp(torch.int32, one)
+    with pytest.raises(ValueError, match="G=3"):
+        skip.mamba2_checkpoint_bound(torch.zeros(1, 4), torch.zeros(1, 3, 8), torch.zeros(1, 4))
