@@ -1,14 +1,15 @@
 """How many head-steps decay-aware read skipping could skip, on given decay statistics (CPU, float64).
 
-    python perf/skip_study.py [--families mamba2 gdn] [--windows 16] [--out perf/results/skip_study_init_h200.json]
+    python perf/skip_study.py [--families mamba2 gdn kda] [--windows 16] [--out perf/results/skip_study_init_h200.json]
 
 Runs each family's conventional recurrence (replayssm.reference) on random tokens drawn as the
 tests draw them (tests/reference_testing.py: the model init ranges, Mamba-2 A in [-16, -1] and
-softplus(dt_bias) log-uniform in [1e-3, 1e-1], raw dt ~ 0.5 N(0, 1); GDN A_log = log U[1, 16],
-the same dt_bias, a, b ~ N(0, 1)), after --burn windows that give the state its steady size. Then,
-per window of L steps, it runs the same tokens a second time from a zero checkpoint: by linearity
-the difference of the two runs is what the checkpoint contributes to each output (and to GDN's
-correction u; up to the float64 rounding of the difference), and the zero run is ``rest``. Per
+softplus(dt_bias) log-uniform in [1e-3, 1e-1], raw dt ~ 0.5 N(0, 1); GDN and KDA A_log =
+log U[1, 16], the same dt_bias (KDA: per key channel), a, b ~ N(0, 1)), after --burn windows
+that give the state its steady size. Then, per window of L steps, it runs the same tokens a
+second time from a zero checkpoint: by linearity the difference of the two runs is what the
+checkpoint contributes to each output (and to GDN's / KDA's correction u; up to the float64
+rounding of the difference), and the zero run is ``rest``. Per
 head-step it forms the bound of replayssm.reference.skip from the flush-time summary R and checks
 that it holds for every element (``bound_ratio_max`` <= 1). It then takes the skip decision at
 each tolerance and checks what each promises: no change at 0, at most one bf16 ulp at "default",
@@ -34,7 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replayssm.reference import skip  # noqa: E402
 from replayssm.reference._math import group_index, l2norm, softplus  # noqa: E402
-from replayssm.reference.delta import gdn_gate, gdn_step  # noqa: E402
+from replayssm.reference.delta import gdn_gate, gdn_step, kda_gate, kda_step  # noqa: E402
 from replayssm.reference.mamba2 import mamba2_step  # noqa: E402
 from tests.reference_testing import delta_layer, delta_tokens, generator, mamba2_layer, mamba2_tokens  # noqa: E402
 
@@ -58,8 +59,9 @@ class Tally:
         self.ratio = 0.0
 
     def add(self, c, bound, contrib, rest):
-        """c, bound [b, H]; contrib, rest [b, H, P] (the checkpoint's part and the rest, float64)."""
-        self.steps += c.numel()
+        """c [b, H] (KDA [b, H, K]); bound [b, H]; contrib, rest [b, H, P] (the checkpoint's part and
+        the rest, float64)."""
+        self.steps += bound.numel()
         self.ratio = max(self.ratio, bound_ratio(contrib, bound, rest))
         for t in TOLERANCES:
             s = skip.skip_heads(c, bound, rest, t)
@@ -107,24 +109,27 @@ def study_mamba2(gen, batch, H, P, N, G, L, burn, windows) -> Tally:
     return tally
 
 
-def study_gdn(gen, batch, HV, HK, K, V, L, burn, windows) -> tuple[Tally, float]:
-    layer = delta_layer(gen, HV, K, per_channel=False)
+def study_delta(gen, kda, batch, HV, HK, K, V, L, burn, windows) -> tuple[Tally, float]:
+    """GDN (kda=False) or KDA (per-key-channel decays); returns the tally of the outputs and the
+    largest bound ratio of the corrections u."""
+    gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
+    layer = delta_layer(gen, HV, K, per_channel=kda)
     S = torch.zeros(batch, HV, V, K, dtype=torch.float64)
     for _ in range(burn * L):
-        _, S = gdn_step(S, **delta_tokens(gen, (batch,), HV, HK, K, V, False), **layer)
+        _, S = step(S, **delta_tokens(gen, (batch,), HV, HK, K, V, kda), **layer)
     tally, u_ratio = Tally(), 0.0
     hk = group_index(HV, HK)
     for _ in range(windows):
         R = skip.head_row_norm_max(S)
         Z = torch.zeros_like(S)
-        c = torch.zeros(batch, HV, dtype=torch.float64)
+        c = torch.zeros((batch, HV, K) if kda else (batch, HV), dtype=torch.float64)
         for _ in range(L):
-            tok = delta_tokens(gen, (batch,), HV, HK, K, V, False)
-            c = c + gdn_gate(layer["A_log"], tok["a"], layer["dt_bias"])
+            tok = delta_tokens(gen, (batch,), HV, HK, K, V, kda)
+            c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
             qh, kh = (l2norm(tok["q"]) * K**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
-            b_o, b_u = skip.gdn_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
-            o, S, u = gdn_step(S, **tok, **layer, return_u=True)
-            rest, Z, u0 = gdn_step(Z, **tok, **layer, return_u=True)
+            b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
+            o, S, u = step(S, **tok, **layer, return_u=True)
+            rest, Z, u0 = step(Z, **tok, **layer, return_u=True)
             tally.add(c, b_o, o - rest, rest)
             u_ratio = max(u_ratio, bound_ratio(u - u0, b_u, u0))
     return tally, u_ratio
@@ -132,7 +137,7 @@ def study_gdn(gen, batch, HV, HK, K, V, L, burn, windows) -> tuple[Tally, float]
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--families", nargs="+", choices=["mamba2", "gdn"], default=["mamba2", "gdn"])
+    ap.add_argument("--families", nargs="+", choices=["mamba2", "gdn", "kda"], default=["mamba2", "gdn", "kda"])
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--heads", type=int, default=32, help="Mamba-2 H (G = H / 4) or GDN HV = HK")
     ap.add_argument("--window", type=int, default=16)
@@ -149,10 +154,12 @@ def main(argv=None) -> int:
         sizes = dict(batch=a.batch, H=a.heads, P=64, N=128, G=a.heads // 4, L=a.window, windows=a.windows)
         t = study_mamba2(generator(a.seed), a.batch, a.heads, 64, 128, a.heads // 4, a.window, a.burn, a.windows)
         rows += t.rows("mamba2", sizes)
-    if "gdn" in a.families:
+    for i, fam in enumerate(f for f in ("gdn", "kda") if f in a.families):
         sizes = dict(batch=a.batch, HV=a.heads, HK=a.heads, K=128, V=128, L=a.window, windows=a.windows)
-        t, u_ratio = study_gdn(generator(a.seed + 1), a.batch, a.heads, a.heads, 128, 128, a.window, a.burn, a.windows)
-        rows += [dict(r, u_bound_ratio_max=u_ratio) for r in t.rows("gdn", sizes)]
+        t, u_ratio = study_delta(
+            generator(a.seed + 1 + i), fam == "kda", a.batch, a.heads, a.heads, 128, 128, a.window, a.burn, a.windows
+        )
+        rows += [dict(r, u_bound_ratio_max=u_ratio) for r in t.rows(fam, sizes)]
     for r in rows:
         err = {k: r[k] for k in ("max_error_ulps", "max_abs_change", "max_rel_error") if k in r}
         print(

@@ -4,7 +4,7 @@ head's checkpoint tile.
 
 Inside a window, replay step m sees the checkpoint scaled by its cumulative decay
 ``exp(c)``, with ``c`` the sum of the window's log decays up to and including this step (per head:
-Mamba-2 ``c = sum delta * A``, GDN ``c = sum g``). A bound decided from a per-(slot, head) summary
+Mamba-2 ``c = sum delta * A``, GDN ``c = sum g``; KDA per key channel). A bound decided from a per-(slot, head) summary
 of the checkpoint written at the flush, ``R[h] = max_p ||S_c[h, p, :]||_2`` (the largest row norm of
 the head), and the step's inputs, with no read of the tile:
 
@@ -14,6 +14,8 @@ the head), and the step's inputs, with no read of the tile:
   direct read, and the step's correction ``u = beta (v - S~ k^)`` folded into the output), at most
   ``exp(c) R (||q^|| + beta |k^ . q^| ||k^||)``; and to the correction ``u`` itself, which the step
   appends to the ring, at most ``beta exp(c) R ||k^||``.
+* KDA: the same with the per-channel decay inside the norms, ``E = exp(c)`` per key channel:
+  ``R (||E q^|| + beta |k^ . q^| ||E k^||)`` and ``beta R ||E k^||``.
 
 Decisions (``skip_heads``), per head, from the bound and ``rest``, the head's outputs without the
 checkpoint's part (everything the step computes from the ring, the inputs and the skip term):
@@ -61,20 +63,24 @@ def mamba2_checkpoint_bound(c: torch.Tensor, C: torch.Tensor, R: torch.Tensor) -
     return torch.exp(c.double()) * cn * R.double()
 
 
-def gdn_checkpoint_bounds(
+def delta_checkpoint_bounds(
     c: torch.Tensor, qh: torch.Tensor, kh: torch.Tensor, beta: torch.Tensor, R: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Bounds on what the checkpoint adds to a GDN step's output and to its correction u.
+    """Bounds on what the checkpoint adds to a GDN or KDA step's output and to its correction u.
 
-    c [..., HV] cumulative log decay; qh, kh [..., HV, K] the scaled query and normalised key
-    (expanded to value heads); beta [..., HV]; R [..., HV]. Returns (bound_o, bound_u), each
-    [..., HV] float64, bounds on every element of the head's o and u."""
-    e = torch.exp(c.double()) * R.double()
-    qn = torch.linalg.vector_norm(qh.double(), dim=-1)
-    kn = torch.linalg.vector_norm(kh.double(), dim=-1)
+    c: the cumulative log decay, [..., HV] (GDN: one per head) or [..., HV, K] (KDA: one per key
+    channel); qh, kh [..., HV, K] the scaled query and normalised key (expanded to value heads);
+    beta [..., HV]; R [..., HV]. With E = exp(c) (broadcast along K for GDN) the checkpoint adds
+    S_c (E q^) - beta (k^ . q^) S_c (E k^) to o and -beta S_c (E k^) to u. Returns (bound_o,
+    bound_u), each [..., HV] float64, bounds on every element of the head's o and u."""
+    E = torch.exp(c.double())
+    if c.dim() == qh.dim() - 1:
+        E = E[..., None]
+    eq = torch.linalg.vector_norm(E * qh.double(), dim=-1)
+    ek = torch.linalg.vector_norm(E * kh.double(), dim=-1)
     kq = (kh.double() * qh.double()).sum(-1).abs()
-    b = beta.double()
-    return e * (qn + b * kq * kn), e * b * kn
+    b, r = beta.double(), R.double()
+    return r * (eq + b * kq * ek), r * b * ek
 
 
 def ulp(dtype: torch.dtype, a: torch.Tensor) -> torch.Tensor:
@@ -93,12 +99,14 @@ def skip_heads(
 ) -> torch.Tensor:
     """Which heads a step may skip reading: bool [..., H].
 
-    c [..., H] cumulative log decay; bound [..., H] (``*_checkpoint_bound``); rest [..., H, P] the
-    head's outputs without the checkpoint's part; tolerance: 0, "default" or r > 0 (module
-    docstring); out_dtype: the output's dtype (the default tolerance's ulp)."""
+    c [..., H] cumulative log decay (KDA: [..., H, K], one per key channel); bound [..., H]
+    (``*_checkpoint_bound(s)``); rest [..., H, P] the head's outputs without the checkpoint's part;
+    tolerance: 0, "default" or r > 0 (module docstring); out_dtype: the output's dtype (the default
+    tolerance's ulp)."""
     tol = check_tolerance(tolerance)
     if tol == 0:
-        return torch.exp(c.float()) == 0
+        gone = torch.exp(c.float()) == 0
+        return gone.all(dim=-1) if c.dim() == bound.dim() + 1 else gone
     mag = rest.double().abs()
     if tol == DEFAULT:
         return bound < 0.5 * ulp(out_dtype, mag.amin(dim=-1))

@@ -11,7 +11,7 @@ import torch
 
 from replayssm.reference import skip
 from replayssm.reference._math import group_index, l2norm, softplus
-from replayssm.reference.delta import gdn_gate, gdn_step
+from replayssm.reference.delta import gdn_gate, gdn_step, kda_gate, kda_step
 from replayssm.reference.mamba2 import mamba2_step
 
 from ..reference_testing import delta_layer, delta_tokens, generator, mamba2_layer, mamba2_tokens, new_seed
@@ -54,20 +54,23 @@ def test_mamba2_bound_holds(gen):
             assert within(contrib, bound, contrib + _rest)
 
 
-def test_gdn_bounds_hold(gen):
+@pytest.mark.parametrize("family", ["gdn", "kda"])
+def test_delta_bounds_hold(gen, family):
     batch, HV, HK, K, V = 3, 4, 2, 16, 16
-    layer = delta_layer(gen, HV, K, per_channel=False)
+    kda = family == "kda"
+    gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
+    layer = delta_layer(gen, HV, K, per_channel=kda)
     S = torch.randn(batch, HV, V, K, generator=gen, dtype=F64)
     R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
-    c = torch.zeros(batch, HV, dtype=F64)
+    c = torch.zeros((batch, HV, K) if kda else (batch, HV), dtype=F64)
     hk = group_index(HV, HK)
     for _ in range(16):
-        tok = delta_tokens(gen, (batch,), HV, HK, K, V, False)
-        c = c + gdn_gate(layer["A_log"], tok["a"], layer["dt_bias"])
+        tok = delta_tokens(gen, (batch,), HV, HK, K, V, kda)
+        c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
         qh, kh = (l2norm(tok["q"]) * K**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
-        b_o, b_u = skip.gdn_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
-        o, S, u = gdn_step(S, **tok, **layer, return_u=True)
-        o0, Z, u0 = gdn_step(Z, **tok, **layer, return_u=True)
+        b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
+        o, S, u = step(S, **tok, **layer, return_u=True)
+        o0, Z, u0 = step(Z, **tok, **layer, return_u=True)
         assert within(o - o0, b_o, o) and within(u - u0, b_u, u)
 
 
@@ -91,6 +94,9 @@ def test_tolerance_zero_is_exact_underflow():
     s = skip.skip_heads(c, torch.full((1, 4), 1e-300, dtype=F64), rest, 0)
     assert s.tolist() == [[True, True, False, False]]
     assert bool((torch.exp(c[s].float()) == 0).all())
+    # KDA: a head is skipped only when every key channel's decay underflows
+    ck = torch.tensor([[[-200.0, -300.0], [-200.0, -50.0]]], dtype=F64)
+    assert skip.skip_heads(ck, torch.zeros(1, 2, dtype=F64), rest[:, :2], 0).tolist() == [[True, False]]
 
 
 @pytest.mark.parametrize("tol", [skip.DEFAULT, 1e-3, 1e-1])
