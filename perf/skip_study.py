@@ -34,10 +34,16 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from replayssm.reference import skip  # noqa: E402
-from replayssm.reference._math import group_index, l2norm, softplus  # noqa: E402
-from replayssm.reference.delta import gdn_gate, gdn_step, kda_gate, kda_step  # noqa: E402
+from replayssm.reference.delta import gdn_step, kda_step  # noqa: E402
 from replayssm.reference.mamba2 import mamba2_step  # noqa: E402
-from tests.reference_testing import delta_layer, delta_tokens, generator, mamba2_layer, mamba2_tokens  # noqa: E402
+from tests.reference_testing import (  # noqa: E402
+    delta_layer,
+    delta_tokens,
+    generator,
+    mamba2_layer,
+    mamba2_tokens,
+    skip_window,
+)
 
 TOLERANCES = (0, skip.DEFAULT, 1e-3, 1e-2, 1e-1)
 
@@ -89,49 +95,33 @@ class Tally:
         return out
 
 
-def study_mamba2(gen, batch, H, P, N, G, L, burn, windows) -> Tally:
-    layer = mamba2_layer(gen, H)
-    del layer["D"]  # the skip term is part of rest either way; without it rest is the SSM alone
+def study(gen, family, batch, H, P, N, L, burn, windows, G=1) -> tuple[Tally, float]:
+    """Burn-in, then ``windows`` windows through tests.reference_testing.skip_window; returns the
+    tally of the outputs and the largest bound ratio of GDN's / KDA's corrections u (0 for Mamba-2).
+    Mamba-2: H heads [P, N] in G groups; GDN/KDA: H value heads = key heads, V = P, K = N."""
+    kda = family == "kda"
+    if family == "mamba2":
+        layer, step = mamba2_layer(gen, H), mamba2_step
+        del layer["D"]  # the skip term is part of rest either way; without it rest is the SSM alone
+    else:
+        layer, step = delta_layer(gen, H, N, per_channel=kda), (kda_step if kda else gdn_step)
     S = torch.zeros(batch, H, P, N, dtype=torch.float64)
     for _ in range(burn * L):
-        _, S = mamba2_step(S, **mamba2_tokens(gen, (batch,), H, P, N, G, gate=False), **layer)
-    tally = Tally()
-    for _ in range(windows):
-        R = skip.head_row_norm_max(S)
-        Z = torch.zeros_like(S)
-        c = torch.zeros(batch, H, dtype=torch.float64)
-        for _ in range(L):
-            tok = mamba2_tokens(gen, (batch,), H, P, N, G, gate=False)
-            c = c + softplus(tok["dt"] + layer["dt_bias"]) * layer["A"]
-            y, S = mamba2_step(S, **tok, **layer)
-            rest, Z = mamba2_step(Z, **tok, **layer)
-            tally.add(c, skip.mamba2_checkpoint_bound(c, tok["C"], R), y - rest, rest)
-    return tally
-
-
-def study_delta(gen, kda, batch, HV, HK, K, V, L, burn, windows) -> tuple[Tally, float]:
-    """GDN (kda=False) or KDA (per-key-channel decays); returns the tally of the outputs and the
-    largest bound ratio of the corrections u."""
-    gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
-    layer = delta_layer(gen, HV, K, per_channel=kda)
-    S = torch.zeros(batch, HV, V, K, dtype=torch.float64)
-    for _ in range(burn * L):
-        _, S = step(S, **delta_tokens(gen, (batch,), HV, HK, K, V, kda), **layer)
+        tok = mamba2_tokens(gen, (batch,), H, P, N, G, gate=False) if family == "mamba2" else None
+        tok = tok or delta_tokens(gen, (batch,), H, H, N, P, kda)
+        _, S = step(S, **tok, **layer)
     tally, u_ratio = Tally(), 0.0
-    hk = group_index(HV, HK)
     for _ in range(windows):
-        R = skip.head_row_norm_max(S)
-        Z = torch.zeros_like(S)
-        c = torch.zeros((batch, HV, K) if kda else (batch, HV), dtype=torch.float64)
-        for _ in range(L):
-            tok = delta_tokens(gen, (batch,), HV, HK, K, V, kda)
-            c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
-            qh, kh = (l2norm(tok["q"]) * K**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
-            b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
-            o, S, u = step(S, **tok, **layer, return_u=True)
-            rest, Z, u0 = step(Z, **tok, **layer, return_u=True)
-            tally.add(c, b_o, o - rest, rest)
-            u_ratio = max(u_ratio, bound_ratio(u - u0, b_u, u0))
+        steps = skip_window(gen, family, S, layer, L, G=G)
+        while True:
+            try:
+                st = next(steps)
+            except StopIteration as done:
+                S = done.value
+                break
+            tally.add(st.c, st.bound, st.contrib, st.rest)
+            if st.bound_u is not None:
+                u_ratio = max(u_ratio, bound_ratio(st.contrib_u, st.bound_u, st.rest))
     return tally, u_ratio
 
 
@@ -150,16 +140,16 @@ def main(argv=None) -> int:
         ap.error("--batch/--heads/--window/--windows: expected positive (heads a multiple of 4), --burn >= 0")
     torch.set_num_threads(max(1, torch.get_num_threads()))
     rows = []
-    if "mamba2" in a.families:
-        sizes = dict(batch=a.batch, H=a.heads, P=64, N=128, G=a.heads // 4, L=a.window, windows=a.windows)
-        t = study_mamba2(generator(a.seed), a.batch, a.heads, 64, 128, a.heads // 4, a.window, a.burn, a.windows)
-        rows += t.rows("mamba2", sizes)
-    for i, fam in enumerate(f for f in ("gdn", "kda") if f in a.families):
-        sizes = dict(batch=a.batch, HV=a.heads, HK=a.heads, K=128, V=128, L=a.window, windows=a.windows)
-        t, u_ratio = study_delta(
-            generator(a.seed + 1 + i), fam == "kda", a.batch, a.heads, a.heads, 128, 128, a.window, a.burn, a.windows
-        )
-        rows += [dict(r, u_bound_ratio_max=u_ratio) for r in t.rows(fam, sizes)]
+    for i, fam in enumerate(f for f in ("mamba2", "gdn", "kda") if f in a.families):
+        if fam == "mamba2":
+            sizes = dict(batch=a.batch, H=a.heads, P=64, N=128, G=a.heads // 4, L=a.window, windows=a.windows)
+        else:
+            sizes = dict(batch=a.batch, HV=a.heads, HK=a.heads, K=128, V=128, L=a.window, windows=a.windows)
+        t, u_ratio = study(
+            generator(a.seed + i), fam, a.batch, a.heads, 64 if fam == "mamba2" else 128, 128,
+            a.window, a.burn, a.windows, G=a.heads // 4,
+        )  # fmt: skip
+        rows += [dict(r, u_bound_ratio_max=u_ratio) if fam != "mamba2" else r for r in t.rows(fam, sizes)]
     for r in rows:
         err = {k: r[k] for k in ("max_error_ulps", "max_abs_change", "max_rel_error") if k in r}
         print(

@@ -253,3 +253,53 @@ def assert_close(
     err = max_rel_err(actual, expected, row_dims)
     assert err <= rtol, f"{what}: max relative error {err:.3e} > {rtol:.1e} (seed={seed}, {SEED_ENV}={seed} to rerun)"
     return err
+
+
+# ------------------------------------------------------------------------------ decay skipping
+@dataclass
+class SkipStep:
+    """One step of a window seen by the skip oracle (replayssm.reference.skip), float64: the
+    cumulative log decay ``c`` [b, H] (KDA [b, H, K]); the bounds on the output and, for GDN/KDA,
+    on the correction u [b, H]; the checkpoint's exact part of the output and of u [b, H, P|V]
+    (the run from S_c minus the run from zero) and ``rest``, the output of the zero run."""
+
+    c: torch.Tensor
+    bound: torch.Tensor
+    contrib: torch.Tensor
+    rest: torch.Tensor
+    bound_u: torch.Tensor | None = None
+    contrib_u: torch.Tensor | None = None
+
+
+def skip_window(gen, family: str, S: torch.Tensor, layer: Tensors, L: int, G: int = 1, HK: int | None = None):
+    """Run one window of L random tokens from checkpoint ``S`` ([b, H, P, N] Mamba-2, [b, HV, V, K]
+    GDN/KDA) alongside a run from zero; yields a SkipStep per token and returns the state after the
+    window (``yield from``). G: Mamba-2 groups; HK: GDN/KDA key heads (default HV)."""
+    from replayssm.reference import skip
+    from replayssm.reference._math import l2norm, softplus
+    from replayssm.reference.delta import gdn_gate, gdn_step, kda_gate, kda_step
+    from replayssm.reference.mamba2 import mamba2_step
+
+    R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
+    b, H, P, N = S.shape
+    kda = family == "kda"
+    c = torch.zeros((b, H, N) if kda else (b, H), dtype=torch.float64)
+    for _ in range(L):
+        if family == "mamba2":
+            tok = mamba2_tokens(gen, (b,), H, P, N, G, gate=False)
+            c = c + softplus(tok["dt"] + layer["dt_bias"]) * layer["A"]
+            y, S = mamba2_step(S, **tok, **layer)
+            rest, Z = mamba2_step(Z, **tok, **layer)
+            yield SkipStep(c, skip.mamba2_checkpoint_bound(c, tok["C"], R), y - rest, rest)
+            continue
+        hk_n = HK or H
+        gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
+        tok = delta_tokens(gen, (b,), H, hk_n, N, P, kda)
+        c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
+        hk = torch.arange(H) // (H // hk_n)
+        qh, kh = (l2norm(tok["q"]) * N**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
+        b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
+        o, S, u = step(S, **tok, **layer, return_u=True)
+        rest, Z, u0 = step(Z, **tok, **layer, return_u=True)
+        yield SkipStep(c, b_o, o - rest, rest, b_u, u - u0)
+    return S

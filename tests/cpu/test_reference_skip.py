@@ -10,11 +10,9 @@ import pytest
 import torch
 
 from replayssm.reference import skip
-from replayssm.reference._math import group_index, l2norm, softplus
-from replayssm.reference.delta import gdn_gate, gdn_step, kda_gate, kda_step
-from replayssm.reference.mamba2 import mamba2_step
+from replayssm.reference._math import group_index
 
-from ..reference_testing import delta_layer, delta_tokens, generator, mamba2_layer, mamba2_tokens, new_seed
+from ..reference_testing import delta_layer, generator, mamba2_layer, new_seed, skip_window
 
 F64 = torch.float64
 ROUND = 1e-14  # float64 rounding of y - rest, relative to |y|
@@ -34,44 +32,28 @@ def gen():
 
 
 def _mamba2_window(gen, batch=3, H=4, P=8, N=16, G=2, L=16, scale=1.0):
-    """(c, bound, contrib, rest) per step of one window from a random checkpoint of size ``scale``."""
+    """SkipSteps of one window from a random checkpoint of size ``scale`` (decays 4x the init's, so
+    that every tolerance decides something)."""
     layer = mamba2_layer(gen, H)
-    layer["A"] = layer["A"] * 4  # faster decays than init, so every tolerance decides something
+    layer["A"] = layer["A"] * 4
     S = scale * torch.randn(batch, H, P, N, generator=gen, dtype=F64)
-    R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
-    c = torch.zeros(batch, H, dtype=F64)
-    for _ in range(L):
-        tok = mamba2_tokens(gen, (batch,), H, P, N, G, gate=False)
-        c = c + softplus(tok["dt"] + layer["dt_bias"]) * layer["A"]
-        y, S = mamba2_step(S, **tok, **layer)
-        rest, Z = mamba2_step(Z, **tok, **layer)
-        yield c, skip.mamba2_checkpoint_bound(c, tok["C"], R), y - rest, rest
+    yield from skip_window(gen, "mamba2", S, layer, L, G=G)
 
 
 def test_mamba2_bound_holds(gen):
     for scale in (1e-3, 1.0, 1e3):
-        for _c, bound, contrib, _rest in _mamba2_window(gen, scale=scale):
-            assert within(contrib, bound, contrib + _rest)
+        for st in _mamba2_window(gen, scale=scale):
+            assert within(st.contrib, st.bound, st.contrib + st.rest)
 
 
 @pytest.mark.parametrize("family", ["gdn", "kda"])
 def test_delta_bounds_hold(gen, family):
     batch, HV, HK, K, V = 3, 4, 2, 16, 16
-    kda = family == "kda"
-    gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
-    layer = delta_layer(gen, HV, K, per_channel=kda)
+    layer = delta_layer(gen, HV, K, per_channel=family == "kda")
     S = torch.randn(batch, HV, V, K, generator=gen, dtype=F64)
-    R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
-    c = torch.zeros((batch, HV, K) if kda else (batch, HV), dtype=F64)
-    hk = group_index(HV, HK)
-    for _ in range(16):
-        tok = delta_tokens(gen, (batch,), HV, HK, K, V, kda)
-        c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
-        qh, kh = (l2norm(tok["q"]) * K**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
-        b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
-        o, S, u = step(S, **tok, **layer, return_u=True)
-        o0, Z, u0 = step(Z, **tok, **layer, return_u=True)
-        assert within(o - o0, b_o, o) and within(u - u0, b_u, u)
+    for st in skip_window(gen, family, S, layer, 16, HK=HK):
+        assert within(st.contrib, st.bound, st.contrib + st.rest)
+        assert within(st.contrib_u, st.bound_u, st.contrib_u)
 
 
 def test_mamba2_bound_is_reached_by_aligned_rows(gen):
@@ -102,7 +84,8 @@ def test_tolerance_zero_is_exact_underflow():
 @pytest.mark.parametrize("tol", [skip.DEFAULT, 1e-3, 1e-1])
 def test_decisions_keep_their_promise(gen, tol):
     skipped = 0
-    for c, bound, contrib, rest in _mamba2_window(gen, batch=4, H=8, L=16, scale=1e-2):
+    for st in _mamba2_window(gen, batch=4, H=8, L=16, scale=1e-2):
+        c, bound, contrib, rest = st.c, st.bound, st.contrib, st.rest
         s = skip.skip_heads(c, bound, rest, tol)
         skipped += int(s.sum())
         if not bool(s.any()):
