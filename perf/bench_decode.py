@@ -32,6 +32,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import mode_bytes  # noqa: E402
 from bench_common import (  # noqa: E402
     capture,
     copy_bandwidth_TBps,
@@ -69,6 +70,8 @@ def log_uniform(n, lo, hi, gen):
 
 class Mamba2Family:
     """Builds wrappers, caches and step inputs of one Mamba-2 shape."""
+
+    family_name = "mamba2"  # perf/mode_bytes.py's name
 
     def __init__(self, shape, args, gen):
         self.s, self.args, self.gen = shape, args, gen
@@ -120,25 +123,16 @@ class Mamba2Family:
 
     def read_copy_bytes(self, read_dtype):
         """Bytes of one slot's read copy and its scales (0 without one)."""
-        s = self.s
-        if read_dtype is None:
-            return 0
-        rows = s["H"] * s["P"]
-        return rows * s["N"] * READ_ITEMSIZE[read_dtype] + (rows * 4 if read_dtype == "float8_e4m3fn" else 0)
+        return mode_bytes.read_copy_bytes(self.family_name, self.s, read_dtype)
 
     def step_bytes(self, kind, batch, read_dtype=None):
-        """Fewest bytes one step must move (mean over a window for replay)."""
-        s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
-        state = batch * self.state_bytes()
-        io = batch * (3 * s["H"] * s["P"] + 2 * s["G"] * s["N"]) * ib + batch * s["H"] * 4
-        if kind == "conventional":
-            return 2 * state + io
-        rec = s["H"] * s["P"] * ib + s["G"] * s["N"] * ib + s["H"] * 4  # one ring record
-        ring = batch * rec * ((L - 1) / 2 + 1) + io
-        if read_dtype is None:
-            return state + state / L + ring
-        lp = batch * self.read_copy_bytes(read_dtype)  # read on L - 1 steps, written once
-        return lp + 2 * state / L + ring
+        """Fewest bytes one step must move (mean over a window for replay): perf/mode_bytes.py."""
+        mode = mode_bytes.Mode(
+            "bench", conventional=kind == "conventional", hp_itemsize=self.args.state_dtype.itemsize, read=read_dtype
+        )
+        return mode_bytes.step_bytes(
+            self.family_name, self.s, mode, batch, self.args.window, self.args.io_dtype.itemsize
+        )
 
 
 class GDNFamily:
@@ -146,6 +140,7 @@ class GDNFamily:
 
     wrapper_cls = GDNDecodeWrapper
     per_channel = False  # KDA: one decay per key channel
+    family_name = "gdn"
 
     def __init__(self, shape, args, gen):
         self.s, self.args, self.gen = shape, args, gen
@@ -195,34 +190,8 @@ class GDNFamily:
         s = self.s
         return s["HV"] * s["V"] * s["K"] * self.args.state_dtype.itemsize
 
-    def read_copy_bytes(self, read_dtype):
-        """Bytes of one slot's read copy and its scales (0 without one)."""
-        s = self.s
-        if read_dtype is None:
-            return 0
-        rows = s["HV"] * s["V"]
-        return rows * s["K"] * READ_ITEMSIZE[read_dtype] + (rows * 4 if read_dtype == "float8_e4m3fn" else 0)
-
-    def step_bytes(self, kind, batch, read_dtype=None):
-        """Fewest bytes one step must move (mean over a window for replay). With a read copy: the copy
-        and its scales, and the live u, k, g records, on L - 1 steps; once per window the checkpoint
-        read, the checkpoint write and the copy's write, and the window's k, g, v, beta records (the
-        flush recomputes u from them); every step appends u, k, g, v, beta."""
-        s, ib, L = self.s, self.args.io_dtype.itemsize, self.args.window
-        state = batch * self.state_bytes()
-        io = batch * ((2 * s["HK"] * s["K"] + 2 * s["HV"] * s["V"]) * ib + 2 * s["HV"] * ib)
-        if kind == "conventional":
-            return 2 * state + io
-        gates = s["HV"] * (s["K"] if self.per_channel else 1) * 4
-        kda_gates = batch * gates // 4 * ib if self.per_channel else 0  # a [batch, HV, K] inputs
-        u, k = s["HV"] * s["V"] * 4, s["HK"] * s["K"] * 4  # fp32 ring: u, k^ per record
-        rec = u + k + gates  # fp32 ring record
-        if read_dtype is None:
-            return state + state / L + batch * rec * ((L - 1) / 2 + 1) + io + kda_gates
-        vb = s["HV"] * s["V"] * ib + s["HV"] * 4  # a read copy's v and beta per record
-        lp = batch * self.read_copy_bytes(read_dtype)  # read on L - 1 steps, written once
-        ring = batch * (rec * (L - 1) / 2 + (rec + vb) + (k + gates + vb))  # reads, append, flush reads
-        return lp + 2 * state / L + ring + io + kda_gates
+    read_copy_bytes = Mamba2Family.read_copy_bytes
+    step_bytes = Mamba2Family.step_bytes
 
 
 class KDAFamily(GDNFamily):
@@ -230,6 +199,7 @@ class KDAFamily(GDNFamily):
 
     wrapper_cls = KDADecodeWrapper
     per_channel = True
+    family_name = "kda"
 
 
 READ_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}

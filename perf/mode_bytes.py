@@ -1,0 +1,218 @@
+"""Bytes per slot and per step of every state mode, built or planned: the floors the benchmarks
+report and the table of what each mode costs in memory.
+
+    python perf/mode_bytes.py [--batch 256] [--bandwidth 4.4] [--out perf/results/mode_bytes_table.json]
+
+Modes (the names of the accuracy study, perf/accuracy):
+  conventional_fp32  the state read and written every step (fp32);
+  fp32               ReplaySSM, fp32 checkpoint;
+  fp32+bf16 / fp32+fp8 / fp32+nvfp4
+                     fp32 checkpoint S_hp and a read copy S_lp that non-flush steps read;
+  bf16               ReplaySSM, a plain bf16 checkpoint;
+  bf16sr+fp8         bf16 S_hp (stochastic rounding at the flush) and an fp8 read copy;
+  fp8_single         one fp8 state with row scales, read every step and rewritten at the flush.
+
+Read formats, per row (Mamba-2 (h, p) over N; GDN/KDA (hv, v) over K): bf16 2 bytes per element;
+fp8 e4m3 1 byte plus an fp32 row scale; NVFP4 half a byte (e2m1 codes two per byte) plus an e4m3
+scale per 16 elements and an fp32 row scale (replayssm/reference/quant.py).
+
+Bytes per step are the fewest a step must move, as a mean over a window of L steps:
+* conventional: the state twice (read, write) plus the step's inputs and outputs;
+* replay without a read copy: the checkpoint once per step, its write once per window, the ring's
+  live records (on average (L - 1) / 2 of them, plus the append) and the io;
+* with a read copy: the copy (and scales) on L - 1 steps and its write at the flush (together one
+  copy per step), S_hp read and written once per window, the ring and the io. GDN/KDA rings with a
+  read copy also carry v and beta per record: the flush reads the window's k, g, v and beta to
+  recompute the corrections from S_hp;
+* single copy: the copy on every step plus its write at the flush (the flush folds the stored
+  corrections, so a GDN/KDA ring has no v and beta).
+The ring records are fp32 except x, B, v (the io dtype).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+#: read format -> (bytes per element, bytes of block scales per element, bytes of scale per row)
+READ_FORMATS = {"bfloat16": (2.0, 0.0, 0), "float8_e4m3fn": (1.0, 0.0, 4), "nvfp4": (0.5, 1.0 / 16, 4)}
+
+
+@dataclass(frozen=True)
+class Mode:
+    name: str
+    conventional: bool = False
+    hp_itemsize: int = 4  # S_hp bytes per element (0: single copy, no S_hp)
+    read: str | None = None  # the read copy's format (the single copy's own format)
+    built: bool = True  # the kernels exist (False: planned, issue 12)
+
+
+MODES = {
+    m.name: m
+    for m in (
+        Mode("conventional_fp32", conventional=True),
+        Mode("fp32"),
+        Mode("fp32+bf16", read="bfloat16"),
+        Mode("fp32+fp8", read="float8_e4m3fn"),
+        Mode("fp32+nvfp4", read="nvfp4", built=False),
+        Mode("bf16", hp_itemsize=2),
+        Mode("bf16sr+fp8", hp_itemsize=2, read="float8_e4m3fn", built=False),
+        Mode("fp8_single", hp_itemsize=0, read="float8_e4m3fn", built=False),
+    )
+}
+
+#: the model shapes of the benchmarks (bench_decode.SHAPES' defaults)
+SHAPES = {
+    "mamba2": {"H": 128, "P": 64, "N": 128, "G": 8},
+    "gdn": {"HV": 32, "HK": 16, "K": 128, "V": 128},
+    "kda": {"HV": 32, "HK": 32, "K": 128, "V": 128},
+}
+
+
+def _rows(family: str, s: dict) -> tuple[int, int]:
+    """(rows, elements per row) of one slot's state: Mamba-2 (H*P, N), GDN/KDA (HV*V, K)."""
+    return (s["H"] * s["P"], s["N"]) if family == "mamba2" else (s["HV"] * s["V"], s["K"])
+
+
+def read_copy_bytes(family: str, s: dict, fmt: str | None) -> float:
+    """One slot's read copy with its scales (0 without one)."""
+    if fmt is None:
+        return 0.0
+    if fmt not in READ_FORMATS:
+        raise ValueError(f"read format: expected one of {list(READ_FORMATS)} or None, got {fmt!r}")
+    rows, n = _rows(family, s)
+    elem, block, row = READ_FORMATS[fmt]
+    return rows * n * (elem + block) + rows * row
+
+
+def state_bytes(family: str, s: dict, itemsize: int) -> float:
+    rows, n = _rows(family, s)
+    return float(rows * n * itemsize)
+
+
+def ring_record_bytes(family: str, s: dict, io_itemsize: int) -> dict[str, float]:
+    """One ring record's parts: Mamba-2 x (io), dt (fp32), B (io); GDN/KDA u, k^ (fp32), g (fp32,
+    KDA per key channel), and the read copy's v (io) and beta (fp32)."""
+    if family == "mamba2":
+        return {"x": s["H"] * s["P"] * io_itemsize, "dt": s["H"] * 4, "B": s["G"] * s["N"] * io_itemsize}
+    gates = s["HV"] * (s["K"] if family == "kda" else 1) * 4
+    return {
+        "u": s["HV"] * s["V"] * 4,
+        "k": s["HK"] * s["K"] * 4,
+        "g": gates,
+        "v": s["HV"] * s["V"] * io_itemsize,
+        "beta": s["HV"] * 4,
+    }
+
+
+def _exact_flush(family: str, mode: Mode) -> bool:
+    """GDN/KDA with an S_hp and a read copy: the ring also keeps v and beta, the flush recomputes u."""
+    return family != "mamba2" and mode.read is not None and mode.hp_itemsize > 0
+
+
+def io_bytes(family: str, s: dict, batch: int, io_itemsize: int) -> float:
+    """A step's inputs and outputs (Mamba-2: x, z, y, B, C, dt; GDN/KDA: q, k, v, o, a, b; KDA's a
+    per key channel)."""
+    if family == "mamba2":
+        return batch * (3 * s["H"] * s["P"] + 2 * s["G"] * s["N"]) * io_itemsize + batch * s["H"] * 4
+    io = batch * ((2 * s["HK"] * s["K"] + 2 * s["HV"] * s["V"]) * io_itemsize + 2 * s["HV"] * io_itemsize)
+    if family == "kda":
+        io += batch * s["HV"] * s["K"] * io_itemsize
+    return float(io)
+
+
+def step_bytes(family: str, s: dict, mode: Mode, batch: int, L: int, io_itemsize: int) -> float:
+    """Fewest bytes one step moves, a mean over a window (module docstring)."""
+    io = io_bytes(family, s, batch, io_itemsize)
+    hp = batch * state_bytes(family, s, mode.hp_itemsize)
+    if mode.conventional:
+        return 2 * hp + io
+    r = ring_record_bytes(family, s, io_itemsize)
+    lp = batch * read_copy_bytes(family, s, mode.read)
+    if family == "mamba2":
+        ring = batch * sum(r.values()) * ((L - 1) / 2 + 1)
+    else:
+        rec = r["u"] + r["k"] + r["g"]
+        if _exact_flush(family, mode):  # live reads, the append with v and beta, the flush's records
+            vb = r["v"] + r["beta"]
+            ring = batch * (rec * (L - 1) / 2 + (rec + vb) + (r["k"] + r["g"] + vb))
+        else:
+            ring = batch * rec * ((L - 1) / 2 + 1)
+    if mode.read is None:
+        return hp + hp / L + ring + io
+    if mode.hp_itemsize == 0:  # single copy: read every step, rewritten at the flush
+        return lp + lp / L + ring + io
+    return lp + 2 * hp / L + ring + io
+
+
+def slot_bytes(family: str, s: dict, mode: Mode, L: int, io_itemsize: int, max_draft: int = 1) -> dict[str, float]:
+    """Bytes per slot: the state (S_hp, or the conventional state), the read copy with its scales,
+    the ring of L + max_draft records (none for the conventional kernel), and the total."""
+    hp = state_bytes(family, s, mode.hp_itemsize)
+    lp = read_copy_bytes(family, s, mode.read)
+    if mode.conventional:
+        ring = 0.0
+    else:
+        r = ring_record_bytes(family, s, io_itemsize)
+        keep = r if _exact_flush(family, mode) or family == "mamba2" else {k: r[k] for k in ("u", "k", "g")}
+        ring = (L + max_draft) * sum(keep.values())
+    return {"state": hp, "read_copy": lp, "ring": ring, "total": hp + lp + ring}
+
+
+def table(batch: int, L: int, io_itemsize: int, bandwidth_TBps: float) -> list[dict]:
+    rows = []
+    for family, s in SHAPES.items():
+        base = None
+        for mode in MODES.values():
+            nbytes = step_bytes(family, s, mode, batch, L, io_itemsize)
+            sb = slot_bytes(family, s, mode, L, io_itemsize)
+            base = base or sb["total"]
+            rows.append(
+                dict(
+                    family=family,
+                    dims=s,
+                    mode_name=mode.name,
+                    built=mode.built,
+                    batch=batch,
+                    L=L,
+                    bytes_per_slot=sb,
+                    slot_vs_fp32=sb["total"] / base,
+                    bytes_per_step=nbytes,
+                    floor_us=nbytes / (bandwidth_TBps * 1e6),
+                    mode=asdict(mode),
+                )
+            )
+    return rows
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--batch", type=int, default=256)
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--io-itemsize", type=int, default=2, help="bytes of an io element (2: bf16)")
+    ap.add_argument("--bandwidth", type=float, default=4.4, help="TB/s the floors assume")
+    ap.add_argument("--out", default=None, help="write the rows as JSON")
+    a = ap.parse_args(argv)
+    if a.batch < 1 or a.window < 1 or a.bandwidth <= 0 or a.io_itemsize not in (2, 4):
+        ap.error("--batch/--window >= 1, --bandwidth > 0, --io-itemsize 2 or 4")
+    rows = table(a.batch, a.window, a.io_itemsize, a.bandwidth)
+    print(f"B={a.batch}, L={a.window}, floors at {a.bandwidth} TB/s")
+    for r in rows:
+        b = r["bytes_per_slot"]
+        print(
+            f"{r['family']:6s} {r['mode_name']:18s} {'built' if r['built'] else 'planned':7s} "
+            f"slot {b['total'] / 2**20:6.2f} MiB ({r['slot_vs_fp32']:.2f}x) = state {b['state'] / 2**20:5.2f} "
+            f"+ copy {b['read_copy'] / 2**20:5.2f} + ring {b['ring'] / 2**20:5.2f}; "
+            f"step {r['bytes_per_step'] / 1e6:7.1f} MB floor {r['floor_us']:6.1f} us"
+        )
+    if a.out:
+        meta = dict(command="mode_bytes.py " + " ".join(argv or []), bandwidth_TBps=a.bandwidth, computed="no GPU")
+        Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
