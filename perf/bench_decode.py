@@ -44,24 +44,9 @@ from bench_common import (  # noqa: E402
 )
 
 from replayssm import GDNDecodeWrapper, KDADecodeWrapper, Mamba2DecodeWrapper  # noqa: E402
-from replayssm.families import FAMILIES as DESCRIPTORS  # noqa: E402
 
-# Model shapes of docs/benchmarks.md §4, from the family descriptors (replayssm.families), in the
-# benchmark's short keys.
-_SHORT = {
-    "nheads": "H",
-    "head_dim": "P",
-    "state_dim": "N",
-    "ngroups": "G",
-    "num_v_heads": "HV",
-    "num_k_heads": "HK",
-    "head_k_dim": "K",
-    "head_v_dim": "V",
-}
-SHAPES = {
-    name: {shape: {_SHORT[k]: v for k, v in dims.items()} for shape, dims in fam.model_shapes.items()}
-    for name, fam in DESCRIPTORS.items()
-}
+# Model shapes of docs/benchmarks.md §4, from the family descriptors, in the benchmark's short keys.
+SHAPES = mode_bytes.MODEL_SHAPES
 
 
 def log_uniform(n, lo, hi, gen):

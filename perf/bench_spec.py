@@ -39,6 +39,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import mode_bytes  # noqa: E402
 from bench_common import capture, meta, read_bandwidth_TBps, replay_us_per_step, write_results  # noqa: E402
 from bench_decode import FAMILIES, SHAPES, stagger  # noqa: E402
 from spec_drafts import (  # noqa: E402
@@ -51,7 +52,7 @@ from spec_drafts import (  # noqa: E402
 
 from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec, verify_capacity  # noqa: E402
 
-DEFAULT_SHAPES = {"mamba2": "nemotron-super", "gdn": "qwen3-next", "kda": "kimi-linear"}
+DEFAULT_SHAPES = mode_bytes.DEFAULT_SHAPES
 
 
 def draft_inputs(fam, batch, T):

@@ -29,7 +29,6 @@ tp > kv_heads) each rank keeps the one head its share of the other heads uses (r
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 
 WINDOW = 16  # the replay window L used throughout
@@ -279,26 +278,17 @@ def rank_shapes(cfg: HybridConfig, tp: int, rank: int = 0) -> dict:
 
 
 # ------------------------------------------------------------------------------ memory
-READ_BYTES = {None: 0, "float8_e4m3fn": 1, "bfloat16": 2}
 
 
 def ssm_bytes_per_slot(cfg: HybridConfig, tp: int, read_dtype: str | None, max_draft: int = 1) -> int:
-    """Bytes per slot of one SSM layer's cache on one rank: fp32 checkpoint, read copy and fp8
-    scales, rings (the family descriptor's layout, replayssm.families) and four int32 cursors."""
-    from replayssm.families import FAMILIES
+    """Bytes per slot of one SSM layer's cache on one rank: fp32 checkpoint, read copy and its
+    scales, rings (perf/mode_bytes.py, from the family descriptor's layout) and four int32 cursors."""
+    import mode_bytes
 
     d = wrapper_dims(ssm_shard(cfg, tp, 0))
-    if cfg.family == "mamba2":
-        rows, row = d["nheads"] * d["head_dim"], d["state_dim"]
-    else:
-        rows, row = d["num_v_heads"] * d["head_v_dim"], d["head_k_dim"]
-    state = rows * row * 4
-    copy = rows * row * READ_BYTES[read_dtype] + (rows * 4 if read_dtype == "float8_e4m3fn" else 0)
-    import torch
-
-    layout = FAMILIES[cfg.family].ring_layout(d, WINDOW + max_draft, torch.bfloat16, read_dtype)
-    rings = sum(math.prod(shape) * dtype.itemsize for shape, dtype in layout.values())
-    return state + copy + rings + 16
+    short = {mode_bytes.SHORT[k]: v for k, v in d.items()}
+    sizes = mode_bytes.slot_bytes(cfg.family, short, mode_bytes.Mode("hybrid", read=read_dtype), WINDOW, 2, max_draft)
+    return int(sizes["total"]) + 16
 
 
 def weight_bytes(cfg: HybridConfig, kinds: list[str], tp: int, itemsize: int = 2) -> int:

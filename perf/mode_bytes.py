@@ -26,15 +26,23 @@ Bytes per step are the fewest a step must move, as a mean over a window of L ste
   recompute the corrections from S_hp;
 * single copy: the copy on every step plus its write at the flush (the flush folds the stored
   corrections, so a GDN/KDA ring has no v and beta).
-The ring records are fp32 except x, B, v (the io dtype).
+The ring records are the family's ring layout (replayssm.families): fp32 except x, B, v (io dtype).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
+import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from replayssm.families import FAMILIES  # noqa: E402
 
 #: read format -> (bytes per element, bytes of block scales per element, bytes of scale per row)
 READ_FORMATS = {"bfloat16": (2.0, 0.0, 0), "float8_e4m3fn": (1.0, 0.0, 4), "nvfp4": (0.5, 1.0 / 16, 4)}
@@ -63,12 +71,26 @@ MODES = {
     )
 }
 
-#: the model shapes of the benchmarks (bench_decode.SHAPES' defaults)
-SHAPES = {
-    "mamba2": {"H": 128, "P": 64, "N": 128, "G": 8},
-    "gdn": {"HV": 32, "HK": 16, "K": 128, "V": 128},
-    "kda": {"HV": 32, "HK": 32, "K": 128, "V": 128},
+#: descriptor dim names (replayssm.families) -> the benchmarks' short keys
+SHORT = {
+    "nheads": "H",
+    "head_dim": "P",
+    "state_dim": "N",
+    "ngroups": "G",
+    "num_v_heads": "HV",
+    "num_k_heads": "HK",
+    "head_k_dim": "K",
+    "head_v_dim": "V",
 }
+_LONG = {v: k for k, v in SHORT.items()}
+#: every family's model shapes (the descriptors' model_shapes) in short keys
+MODEL_SHAPES = {
+    name: {shape: {SHORT[k]: v for k, v in dims.items()} for shape, dims in fam.model_shapes.items()}
+    for name, fam in FAMILIES.items()
+}
+#: the shape each family is benchmarked at by default
+DEFAULT_SHAPES = {"mamba2": "nemotron-super", "gdn": "qwen3-next", "kda": "kimi-linear"}
+SHAPES = {family: MODEL_SHAPES[family][shape] for family, shape in DEFAULT_SHAPES.items()}
 
 
 def _rows(family: str, s: dict) -> tuple[int, int]:
@@ -92,24 +114,20 @@ def state_bytes(family: str, s: dict, itemsize: int) -> float:
     return float(rows * n * itemsize)
 
 
-def ring_record_bytes(family: str, s: dict, io_itemsize: int) -> dict[str, float]:
-    """One ring record's parts: Mamba-2 x (io), dt (fp32), B (io); GDN/KDA u, k^ (fp32), g (fp32,
-    KDA per key channel), and the read copy's v (io) and beta (fp32)."""
-    if family == "mamba2":
-        return {"x": s["H"] * s["P"] * io_itemsize, "dt": s["H"] * 4, "B": s["G"] * s["N"] * io_itemsize}
-    gates = s["HV"] * (s["K"] if family == "kda" else 1) * 4
-    return {
-        "u": s["HV"] * s["V"] * 4,
-        "k": s["HK"] * s["K"] * 4,
-        "g": gates,
-        "v": s["HV"] * s["V"] * io_itemsize,
-        "beta": s["HV"] * 4,
-    }
+def ring_record_bytes(family: str, s: dict, io_itemsize: int, read: str | None = None) -> dict[str, float]:
+    """Bytes of one record of each ring tensor, from the family's ring layout (replayssm.families):
+    Mamba-2 x_ring, B_ring, dt_ring; GDN/KDA u_ring, k_ring, g_ring, and with a read copy v_ring and
+    beta_ring. ``read``: only whether there is a read copy matters."""
+    io = torch.bfloat16 if io_itemsize == 2 else torch.float32
+    dims = {_LONG[k]: v for k, v in s.items()}
+    layout = FAMILIES[family].ring_fn(dims, 1, io, read)
+    return {name: float(math.prod(shape) * dt.itemsize) for name, (shape, dt) in layout.items()}
 
 
-def _exact_flush(family: str, mode: Mode) -> bool:
-    """GDN/KDA with an S_hp and a read copy: the ring also keeps v and beta, the flush recomputes u."""
-    return family != "mamba2" and mode.read is not None and mode.hp_itemsize > 0
+def _ring_read(mode: Mode) -> str | None:
+    """What the ring layout is built for: a read copy beside an S_hp (GDN/KDA keep v and beta, the
+    flush recomputes the corrections); a single copy folds the stored corrections, like no copy."""
+    return mode.read if mode.hp_itemsize > 0 else None
 
 
 def io_bytes(family: str, s: dict, batch: int, io_itemsize: int) -> float:
@@ -129,17 +147,14 @@ def step_bytes(family: str, s: dict, mode: Mode, batch: int, L: int, io_itemsize
     hp = batch * state_bytes(family, s, mode.hp_itemsize)
     if mode.conventional:
         return 2 * hp + io
-    r = ring_record_bytes(family, s, io_itemsize)
+    r = ring_record_bytes(family, s, io_itemsize, _ring_read(mode))
     lp = batch * read_copy_bytes(family, s, mode.read)
-    if family == "mamba2":
-        ring = batch * sum(r.values()) * ((L - 1) / 2 + 1)
+    vb = r.pop("v_ring", 0.0) + r.pop("beta_ring", 0.0)  # kept for the flush's exact recompute
+    rec = sum(r.values())  # what a step reads of each live record
+    if vb:  # live reads, the append with v and beta, the flush's k, g, v, beta
+        ring = batch * (rec * (L - 1) / 2 + (rec + vb) + (rec - r["u_ring"] + vb))
     else:
-        rec = r["u"] + r["k"] + r["g"]
-        if _exact_flush(family, mode):  # live reads, the append with v and beta, the flush's records
-            vb = r["v"] + r["beta"]
-            ring = batch * (rec * (L - 1) / 2 + (rec + vb) + (r["k"] + r["g"] + vb))
-        else:
-            ring = batch * rec * ((L - 1) / 2 + 1)
+        ring = batch * rec * ((L - 1) / 2 + 1)
     if mode.read is None:
         return hp + hp / L + ring + io
     if mode.hp_itemsize == 0:  # single copy: read every step, rewritten at the flush
@@ -152,12 +167,11 @@ def slot_bytes(family: str, s: dict, mode: Mode, L: int, io_itemsize: int, max_d
     the ring of L + max_draft records (none for the conventional kernel), and the total."""
     hp = state_bytes(family, s, mode.hp_itemsize)
     lp = read_copy_bytes(family, s, mode.read)
-    if mode.conventional:
-        ring = 0.0
-    else:
-        r = ring_record_bytes(family, s, io_itemsize)
-        keep = r if _exact_flush(family, mode) or family == "mamba2" else {k: r[k] for k in ("u", "k", "g")}
-        ring = (L + max_draft) * sum(keep.values())
+    ring = (
+        0.0
+        if mode.conventional
+        else (L + max_draft) * sum(ring_record_bytes(family, s, io_itemsize, _ring_read(mode)).values())
+    )
     return {"state": hp, "read_copy": lp, "ring": ring, "total": hp + lp + ring}
 
 
@@ -172,16 +186,19 @@ def table(batch: int, L: int, io_itemsize: int, bandwidth_TBps: float) -> list[d
             rows.append(
                 dict(
                     family=family,
-                    dims=s,
-                    mode_name=mode.name,
-                    built=mode.built,
+                    mode="decode",
+                    kernel="conventional" if mode.conventional else "replayssm",
                     batch=batch,
+                    us_per_step=None,  # not measured: the bytes and the floor only
+                    state_mode=mode.name,
+                    dims=s,
+                    built=mode.built,
                     L=L,
                     bytes_per_slot=sb,
                     slot_vs_fp32=sb["total"] / base,
                     bytes_per_step=nbytes,
                     floor_us=nbytes / (bandwidth_TBps * 1e6),
-                    mode=asdict(mode),
+                    mode_spec=asdict(mode),
                 )
             )
     return rows
@@ -202,7 +219,7 @@ def main(argv=None) -> int:
     for r in rows:
         b = r["bytes_per_slot"]
         print(
-            f"{r['family']:6s} {r['mode_name']:18s} {'built' if r['built'] else 'planned':7s} "
+            f"{r['family']:6s} {r['state_mode']:18s} {'built' if r['built'] else 'planned':7s} "
             f"slot {b['total'] / 2**20:6.2f} MiB ({r['slot_vs_fp32']:.2f}x) = state {b['state'] / 2**20:5.2f} "
             f"+ copy {b['read_copy'] / 2**20:5.2f} + ring {b['ring'] / 2**20:5.2f}; "
             f"step {r['bytes_per_step'] / 1e6:7.1f} MB floor {r['floor_us']:6.1f} us"

@@ -17,7 +17,8 @@ and ``r`` relative to the head's largest output at r.
 
 No kernel skips yet: these are the fractions a skipping kernel would reach on these statistics. The
 trained models' statistics come from the accuracy study (perf/accuracy).
-Rows: family, skip_tolerance (0, "default" or r), skipped_fraction (of the window's head-steps),
+Rows: family, mode ("skip_study"), kernel ("reference": the float64 recurrence, no kernel), batch,
+us_per_step (null: nothing is timed), skip_tolerance (0, "default" or r), skipped_fraction (of the window's head-steps),
 bound_ratio_max, max_error_ulps (default) or max_rel_error (r), and the run's sizes.
 """
 
@@ -87,7 +88,8 @@ class Tally:
     def rows(self, family: str, sizes: dict) -> list[dict]:
         out = []
         for t in TOLERANCES:
-            r = dict(family=family, mode="skip_study", skip_tolerance=t, skipped_fraction=self.skipped[t] / self.steps)
+            r = dict(family=family, mode="skip_study", kernel="reference", batch=sizes["batch"], us_per_step=None)
+            r.update(skip_tolerance=t, skipped_fraction=self.skipped[t] / self.steps)  # no kernel timed yet
             r["bound_ratio_max"] = self.ratio
             r["max_error_ulps" if t == skip.DEFAULT else "max_abs_change" if t == 0 else "max_rel_error"] = self.err[t]
             r.update(sizes, head_steps=self.steps, statistics="model init ranges (tests/reference_testing.py)")
