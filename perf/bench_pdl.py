@@ -16,7 +16,6 @@ schema with ``pdl`` and ``inputs`` added.
 from __future__ import annotations
 
 import argparse
-import statistics
 import sys
 
 import torch
@@ -25,7 +24,7 @@ sys.path.insert(0, str(__import__("pathlib").Path(__file__).parent))
 from bench_common import meta, write_results  # noqa: E402
 
 from replayssm import Mamba2DecodeWrapper  # noqa: E402
-from replayssm.timing import capture  # noqa: E402
+from replayssm.timing import capture, replay_us_per_step  # noqa: E402
 
 H, P, N, G, L = 128, 64, 128, 8, 16
 
@@ -54,17 +53,9 @@ def run_chain(batch: int, layers: int, pdl: bool, chained: bool, reps: int, gen:
     step()
     torch.cuda.synchronize()
     g = capture(step)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    ts = []
-    for _ in range(reps):
-        start.record()
-        for _ in range(L):
-            g.replay()
-        end.record()
-        end.synchronize()
-        ts.append(start.elapsed_time(end) * 1e3 / (L * layers))
+    us = replay_us_per_step(g, layers, reps=L, trials=reps, warmup=0)  # a graph is one step of every layer
     assert all(c.check_errors() == 0 for c in caches)
-    return dict(us_per_step=statistics.median(ts), schedule=repr(w.schedule), pdl_planned=w.schedule.pdl)
+    return dict(us_per_step=us, schedule=repr(w.schedule), pdl_planned=w.schedule.pdl)
 
 
 def main(argv=None):
