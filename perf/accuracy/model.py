@@ -24,6 +24,13 @@ Each mixer has two paths:
   ``fla.ops.simple_gla.chunk_simple_gla``, whose recurrence ``S_t = exp(g_t) S_{t-1} + k_t^T v_t``,
   ``o_t = scale q_t S_t`` is Mamba-2's SSD with q = C, k = B, v = delta x, g = A delta, scale 1 (both
   with ``state_v_first=True``, which is our layouts: GDN [V, K], Mamba-2 [P, N]).
+  ``path='train'`` is for training where FLA's chunked backward refuses to run: FLA 0.6 raises
+  on Hopper with Triton >= 3.4 and < 3.7.1 (its gated ``chunk_bwd_dqkwg`` gives wrong gradients
+  there), which is the GPU machine's Triton 3.6. GDN then runs HF transformers' chunked torch
+  implementation of the gated delta rule (``torch_chunk_gated_delta_rule`` of the Qwen3-Next
+  model, called as the plain torch function, not the FLA kernel it dispatches to when FLA is
+  importable); Mamba-2 runs FLA's ``parallel_simple_gla`` (its own backward kernels). Forward
+  only from a zero state, and no final state (training needs neither).
   ``path='sequential'`` is a plain-torch token-by-token recurrence in the inputs' dtype (float32 or
   float64; CPU or CUDA), for the CPU tests and as a fallback. The path is always an explicit
   argument.
@@ -41,7 +48,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PATHS = ("fla", "sequential")
+PATHS = ("fla", "train", "sequential")
 MIXERS = ("gdn", "mamba2")
 L2NORM_EPS = 1e-6  # as the decode kernels and FLA normalise q and k
 
@@ -127,6 +134,32 @@ def _check_path(path: str) -> None:
         raise ValueError(f"path: expected one of {list(PATHS)}, got {path!r}")
     if path == "fla" and not torch.cuda.is_available():
         raise ValueError("path: 'fla' runs FLA's Triton kernels and needs a CUDA GPU; use path='sequential' on CPU")
+
+
+def _train_gdn():
+    """The 'train' path's GDN: HF's torch chunked gated delta rule, unwrapped from the decorator
+    that would hand it to FLA's kernel; or a clear error."""
+    import inspect
+
+    try:
+        from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
+    except Exception as e:
+        raise RuntimeError(f"path='train' needs HF transformers (Qwen3-Next's torch GDN): {e!r}") from e
+    return inspect.unwrap(torch_chunk_gated_delta_rule)
+
+
+def _train_ssd():
+    """The 'train' path's Mamba-2: FLA's parallel simple GLA; or a clear error."""
+    try:
+        from fla.ops.simple_gla import parallel_simple_gla
+    except Exception as e:
+        raise RuntimeError(f"path='train' needs fla-core for Mamba-2 (parallel_simple_gla): {e!r}") from e
+    return parallel_simple_gla
+
+
+def _no_state(path: str, state) -> None:
+    if path == "train" and state is not None:
+        raise ValueError("state: path='train' starts from a zero state (use path='fla' to continue from one)")
 
 
 def _fla():
@@ -231,8 +264,14 @@ class GDNMixer(nn.Module):
         q, k, v = q.view(B, T, H, K), k.view(B, T, H, K), v.view(B, T, H, V)
         a, b = self.ab(x).chunk(2, dim=-1)
         g, beta = self._gates(a, b)
+        _no_state(path, state)
         S0 = None if state is None else state.ssm
-        if path == "fla":
+        if path == "train":
+            torch_gdn = _train_gdn()
+            with torch.autocast(q.device.type, enabled=False):  # its matmuls in float32, as FLA accumulates
+                o, _ = torch_gdn(q.float(), k.float(), v.float(), g.float(), beta.float(), use_qk_l2norm_in_kernel=True)
+            S = None
+        elif path == "fla":
             chunk_gdn, _ = _fla()
             o, S = chunk_gdn(
                 q,
@@ -313,8 +352,15 @@ class Mamba2Mixer(nn.Module):
         Ch = Cm.view(B, T, G, N).repeat_interleave(H // G, dim=2)
         delta = F.softplus(_wide(dt) + _wide(self.dt_bias))  # [B, T, H]
         A = self.A()
+        _no_state(path, state)
         S0 = None if state is None else state.ssm
-        if path == "fla":
+        if path == "train":
+            parallel_gla = _train_ssd()
+            y, _ = parallel_gla(
+                Ch.contiguous(), Bh.contiguous(), (xs * delta[..., None]).to(xs.dtype), g=delta * A, scale=1.0
+            )
+            S = None
+        elif path == "fla":
             _, chunk_gla = _fla()
             y, S = chunk_gla(
                 Ch.contiguous(),

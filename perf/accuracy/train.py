@@ -2,7 +2,9 @@
 
     python -m perf.accuracy.train --model gdn --minutes 8 --out /tmp/out/gdn.pt
 
-Training: FLA's chunked kernels (``path='fla'``), AdamW (lr 2e-3 after a 200-step warm-up, cosine
+Training: the model's ``--path`` (default ``train``: HF transformers' chunked torch GDN, FLA's
+parallel simple GLA for Mamba-2; ``fla``: FLA's chunked kernels, where FLA allows their backward:
+not on Hopper with Triton < 3.7.1, see perf/accuracy/model.py), AdamW (lr 2e-3 after a 200-step warm-up, cosine
 decay to 10% over the budget, weight decay 0.1, betas 0.9/0.95, grad-norm clip 1.0), bf16 autocast
 over fp32 master weights, sequences of ``--seq-len`` bytes drawn by ``TrainSampler(seed)``. The
 budget counts training steps only (one forward and backward before it compiles the kernels, and its
@@ -36,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=8.0, help="training wall-clock budget (default 8)")
     p.add_argument("--out", required=True, help="weights file to write (.pt)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--path", default="train", choices=["train", "fla"], help="training kernels (default train)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)
@@ -60,14 +63,14 @@ def lr_at(frac: float, step: int, base: float, warmup: int) -> float:
 
 
 @torch.no_grad()
-def heldout_loss(model: ByteLM, seqs: torch.Tensor, batch: int) -> float:
+def heldout_loss(model: ByteLM, seqs: torch.Tensor, batch: int, path: str) -> float:
     """Mean next-byte cross-entropy (nats) over held-out windows seqs int64 [rows, L + 1]."""
     model.eval()
     tot, n = 0.0, 0
     for i in range(0, seqs.shape[0], batch):
         s = seqs[i : i + batch].cuda()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, _ = model(s[:, :-1], path="fla")
+            logits, _ = model(s[:, :-1], path=path)
         tot += float(F.cross_entropy(logits.float().flatten(0, 1), s[:, 1:].flatten(), reduction="sum"))
         n += s[:, 1:].numel()
     model.train()
@@ -93,12 +96,12 @@ def main(argv=None) -> dict:
         fused=True,
     )
     sampler = TrainSampler(corpus.train, a.seq_len, a.batch, a.seed, device="cuda")
-    # One forward and backward outside the budget: Triton compiles and autotunes FLA's kernels
+    # One forward and backward outside the budget: Triton compiles and autotunes the kernels
     # (tens of seconds); the gradients are dropped and no optimizer step is taken.
     t_compile = time.perf_counter()
     inp, tgt = sampler.next()
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        logits, _ = model(inp, path="fla")
+        logits, _ = model(inp, path=a.path)
     F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten()).backward()
     opt.zero_grad(set_to_none=True)
     torch.cuda.synchronize()
@@ -114,7 +117,7 @@ def main(argv=None) -> dict:
             gr["lr"] = lr_at(elapsed / budget, step, a.lr, a.warmup)
         inp, tgt = sampler.next()
         with torch.autocast("cuda", dtype=torch.bfloat16):
-            logits, _ = model(inp, path="fla")
+            logits, _ = model(inp, path=a.path)
         loss = F.cross_entropy(logits.float().flatten(0, 1), tgt.flatten())
         opt.zero_grad(set_to_none=True)
         loss.backward()
@@ -130,7 +133,7 @@ def main(argv=None) -> dict:
             print(f"step {step:6d}  {curve[-1][1]:7.1f} s  train loss {mean:.4f}  lr {opt.param_groups[0]['lr']:.2e}")
     train_s = time.perf_counter() - t0
     seqs = heldout_sequences(corpus, a.seq_len + 1, a.eval_rows)
-    h_loss = heldout_loss(model, seqs, a.batch)
+    h_loss = heldout_loss(model, seqs, a.batch, a.path)
     out = Path(a.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     state = {k: v.to(torch.bfloat16) if v.is_floating_point() else v for k, v in model.state_dict().items()}

@@ -28,6 +28,7 @@ import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from perf.accuracy import backends as bk
 from perf.accuracy import data, evaluate, metrics
@@ -263,6 +264,9 @@ def test_argument_errors():
             m(torch.zeros(1, 3, dtype=torch.int64), path="fla")
     with pytest.raises(ValueError, match="tokens"):
         m(torch.zeros(1, 3, dtype=torch.int32), path="sequential")
+    _, st = m(torch.zeros(1, 3, dtype=torch.int64), path="sequential")
+    with pytest.raises(ValueError, match="zero state"):
+        m(torch.zeros(1, 3, dtype=torch.int64), st, path="train")
     with pytest.raises(ValueError, match="factories"):
         evaluate.evaluate_model(
             m, torch.zeros(1, 9, dtype=torch.int64), 2, 3, {}, prefill_path="sequential", graph=False
@@ -300,6 +304,36 @@ def test_fla_path_matches_sequential(mixer):
     assert rel_err(fla, seq) < 2e-3
     for a, b in zip(fla_st, seq_st):
         assert rel_err(a.ssm, b.ssm) < 2e-3 and rel_err(a.conv, b.conv) < 2e-3
+
+
+@pytest.mark.parametrize("mixer", ["gdn", pytest.param("mamba2", marks=pytest.mark.gpu)])
+def test_train_path_matches_sequential_with_gradients(mixer):
+    """The training path against the sequential recurrence, float32: the logits and every
+    parameter's gradient of one loss. GDN (HF transformers' torch GDN) runs on the CPU too, when
+    transformers is installed; Mamba-2 (FLA's parallel simple GLA) needs CUDA and fla-core."""
+    pytest.importorskip("transformers.models.qwen3_next", reason="HF transformers is not installed")
+    if mixer == "mamba2":
+        pytest.importorskip("fla.ops.simple_gla", reason="FLA (fla-core) is not installed")
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    from ..gpu.common import rel_err
+
+    m = ByteLM(GPU_TINY[mixer], seed=11).to(device)
+    tokens = torch.randint(0, 256, (2, 150), generator=_gen(9)).to(device)
+    grads, logits = {}, {}
+    for path in ("sequential", "train"):
+        m.zero_grad(set_to_none=True)
+        out, _ = m(tokens[:, :-1], path=path)
+        F.cross_entropy(out.flatten(0, 1), tokens[:, 1:].flatten()).backward()
+        logits[path] = out.detach()
+        grads[path] = {n: p.grad.detach().clone() for n, p in m.named_parameters()}
+    assert torch.isfinite(logits["train"]).all()
+    assert rel_err(logits["train"], logits["sequential"]) < 2e-3
+    for n, g in grads["sequential"].items():  # 1e-2: float32 (FLA: maybe TF32 dots) chunked vs token-order sums
+        assert torch.isfinite(grads["train"][n]).all(), n
+        assert rel_err(grads["train"][n], g) < 1e-2, n
+    _, st = m(tokens[:, :4], path="sequential")
+    with pytest.raises(ValueError, match="zero state"):
+        m(tokens[:, 4:8], st, path="train")
 
 
 @pytest.mark.gpu
