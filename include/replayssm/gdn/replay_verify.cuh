@@ -67,13 +67,15 @@ struct VerifySmem {
   __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + align16(size_t(T) * ROWS * 4); }
 };
 
-// CTAs per SM the verify kernel is compiled for. GDN at 64 rows sits at the 128-register cliff:
-// at 130 registers (the read-copy work's v and beta appends) it ran three CTAs per SM instead of
-// four, and a T = 4 round at B = 256 took 630 µs against 514 before. Asking for four keeps it
-// under 128 (24 bytes spilled at K = 128). 0 sets no minimum, as without the argument: KDA
-// (per-channel decays) and K = 256 need more registers, and fewer rows need fewer.
+// CTAs per SM the verify kernel is compiled for. At 64 rows and K <= 128 both families sit at the
+// 128-register cliff: GDN at 130 registers (the read-copy work's v and beta appends) ran three
+// CTAs per SM instead of four, and a T = 4 round at B = 256 took 630 µs against 514 before; asking
+// for four keeps it under 128 (24 bytes spilled at K = 128). KDA (per-channel decays) used 133
+// registers and fits 128 with nothing spilled. Where shared memory allows only three CTAs (KDA at
+// T >= 8) the bound costs nothing. 0 sets no minimum, as without the argument: K = 256 needs more
+// registers, and fewer rows need fewer.
 template <bool PerChannelDecay, int K, int ROWS>
-constexpr int kVerifyMinCtas = !PerChannelDecay && K <= 128 && ROWS == 64 ? 4 : 0;
+constexpr int kVerifyMinCtas = K <= 128 && ROWS == 64 ? 4 : 0;
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
 __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
