@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # One device call of the accuracy study for one model: install FLA from .whl/ (carried), train,
 # evaluate every mode, plot; everything that comes back is written under $OUT.
-#   bash perf/accuracy/run_on_device.sh gdn|mamba2 [train minutes, default 4] [evaluate args...]
+#   bash perf/accuracy/run_on_device.sh gdn|mamba2 [train minutes, default 3] [evaluate args...]
 #   e.g. a smoke run: bash perf/accuracy/run_on_device.sh gdn 0.5 --tokens 1024 --rows 2
 # Set REPLAYSSM_COMMIT=<hash> in the command (the device copy has no .git).
 set -euo pipefail
 model=${1:?model: gdn or mamba2}; shift
-minutes=${1:-4}; shift || true
+minutes=${1:-3}; shift || true
 OUT=${OUT:-/tmp/replayssm_out}
 mkdir -p "$OUT" /tmp/acc
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
