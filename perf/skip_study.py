@@ -85,14 +85,16 @@ class Tally:
                 e = float(((full - part).abs().amax(-1) / part.abs().amax(-1)).max())
             self.err[t] = max(self.err[t], e)
 
-    def rows(self, family: str, sizes: dict) -> list[dict]:
+    def rows(
+        self, family: str, sizes: dict, statistics: str = "model init ranges (tests/reference_testing.py)"
+    ) -> list[dict]:
         out = []
         for t in TOLERANCES:
             r = dict(family=family, mode="skip_study", kernel="reference", batch=sizes["batch"], us_per_step=None)
             r.update(skip_tolerance=t, skipped_fraction=self.skipped[t] / self.steps)  # no kernel timed yet
             r["bound_ratio_max"] = self.ratio
             r["max_error_ulps" if t == skip.DEFAULT else "max_abs_change" if t == 0 else "max_rel_error"] = self.err[t]
-            r.update(sizes, head_steps=self.steps, statistics="model init ranges (tests/reference_testing.py)")
+            r.update(sizes, head_steps=self.steps, statistics=statistics)
             out.append(r)
         return out
 

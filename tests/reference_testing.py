@@ -271,10 +271,14 @@ class SkipStep:
     contrib_u: torch.Tensor | None = None
 
 
-def skip_window(gen, family: str, S: torch.Tensor, layer: Tensors, L: int, G: int = 1, HK: int | None = None):
-    """Run one window of L random tokens from checkpoint ``S`` ([b, H, P, N] Mamba-2, [b, HV, V, K]
+def skip_window(
+    gen, family: str, S: torch.Tensor, layer: Tensors, L: int, G: int = 1, HK: int | None = None, tokens=None
+):
+    """Run one window of L tokens from checkpoint ``S`` ([b, H, P, N] Mamba-2, [b, HV, V, K]
     GDN/KDA) alongside a run from zero; yields a SkipStep per token and returns the state after the
-    window (``yield from``). G: Mamba-2 groups; HK: GDN/KDA key heads (default HV)."""
+    window (``yield from``). G: Mamba-2 groups; HK: GDN/KDA key heads (default HV). tokens: None
+    (random tokens from ``gen``, as the tests draw them) or L token dicts of S's dtype (a model's
+    recorded inputs: Mamba-2 x, dt, B, C; GDN/KDA q, k, v, a, b)."""
     from replayssm.reference import skip
     from replayssm.reference._math import l2norm, softplus
     from replayssm.reference.delta import gdn_gate, gdn_step, kda_gate, kda_step
@@ -284,9 +288,10 @@ def skip_window(gen, family: str, S: torch.Tensor, layer: Tensors, L: int, G: in
     b, H, P, N = S.shape
     kda = family == "kda"
     c = torch.zeros((b, H, N) if kda else (b, H), dtype=torch.float64)
+    given = None if tokens is None else iter(tokens)
     for _ in range(L):
         if family == "mamba2":
-            tok = mamba2_tokens(gen, (b,), H, P, N, G, gate=False)
+            tok = mamba2_tokens(gen, (b,), H, P, N, G, gate=False) if given is None else next(given)
             c = c + softplus(tok["dt"] + layer["dt_bias"]) * layer["A"]
             y, S = mamba2_step(S, **tok, **layer)
             rest, Z = mamba2_step(Z, **tok, **layer)
@@ -294,7 +299,7 @@ def skip_window(gen, family: str, S: torch.Tensor, layer: Tensors, L: int, G: in
             continue
         hk_n = HK or H
         gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
-        tok = delta_tokens(gen, (b,), H, hk_n, N, P, kda)
+        tok = delta_tokens(gen, (b,), H, hk_n, N, P, kda) if given is None else next(given)
         c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
         hk = torch.arange(H) // (H // hk_n)
         qh, kh = (l2norm(tok["q"]) * N**-0.5)[:, hk], l2norm(tok["k"])[:, hk]

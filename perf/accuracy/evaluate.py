@@ -27,6 +27,9 @@ Writes ``<out-dir>/accuracy_<model>_h200.json`` (bench_common.write_results: met
 per mode: model, mode, kl_mean_0_1k, kl_mean_8k_16k, ppl, top1_agree, tokens_to_divergence,
 state_rel_err, skipped, tokens, prefill) and ``accuracy_<model>_curves_h200.json`` (per mode: KL
 per position averaged over rows, divergence per row, state error per point) for plot.py.
+With ``--skip-every n`` (default 8; 0: off) it also runs the decay-skip study on the fp32 mode's
+recorded inputs (perf/accuracy/skip_stats.py, every n-th window) and writes
+``skip_study_<model>_trained_h200.json`` (perf/skip_study.py's rows).
 """
 
 from __future__ import annotations
@@ -74,8 +77,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--fp64", action="store_true", help="add the fp64_reference row (eager, slow)")
     p.add_argument("--no-graph", action="store_true", help="run each step eagerly instead of as a CUDA graph")
+    p.add_argument(
+        "--skip-every", type=int, default=8, help="decay-skip study on every n-th window of the fp32 inputs (0: off)"
+    )
     p.add_argument("--out-dir", default=None, help="result folder (default perf/results)")
     a = p.parse_args(argv)
+    if a.skip_every < 0:
+        p.error(f"--skip-every: expected a non-negative int, got {a.skip_every}")
     for name in ("tokens", "prefill", "rows"):
         if getattr(a, name) < 1:
             p.error(f"--{name}: expected a positive int, got {getattr(a, name)}")
@@ -281,12 +289,16 @@ def evaluate_model(
     name: str | None = None,
     shadow: set[str] | None = None,
     parallel_setup: bool = False,
+    skip_every: int = 0,
+    window: int = 16,
     log=print,
-) -> tuple[list[dict], dict]:
+) -> tuple[list[dict], dict, list[dict]]:
     """Run every mode of ``factories`` ({mode: () -> backend}, which must include 'fp32', the
     reference) on ``seqs`` int64 [B, >= prefill + tokens + 1] (on the model's device).
     shadow: modes whose state error against float64 is measured (default: every mode built).
-    Returns (rows, curves) as described in the module docstring."""
+    skip_every: > 0 runs the decay-skip study (perf/accuracy/skip_stats.py) on every skip_every-th
+    window of ``window`` steps of the reference mode's recorded inputs (it must be in shadow).
+    Returns (rows, curves, skip rows) as described in the module docstring."""
     if REFERENCE_MODE not in factories:
         raise ValueError(f"factories: must include the reference mode {REFERENCE_MODE!r}, got {list(factories)}")
     if prefill_path not in PATHS:
@@ -317,6 +329,21 @@ def evaluate_model(
         t0 = time.perf_counter()
         errs = state_errors(model, runs, states, tokens)
         log(f"{name}: float64 recurrence over {len(errs)} mode(s) in {time.perf_counter() - t0:.1f} s")
+        skip = []
+        if skip_every > 0:
+            from .skip_stats import skip_rows
+
+            t0 = time.perf_counter()
+            params = [model.ssm_params(j) for j in range(model.cfg.n_layers)]
+            rec = runs[REFERENCE_MODE]["recorder"]
+            if rec is None:
+                raise ValueError(f"skip_every: needs the reference mode {REFERENCE_MODE!r} in shadow")
+            skip = skip_rows(model.cfg, rec, params, [s.ssm for s in states], window, skip_every, name)
+            log(f"{name}: skip study in {time.perf_counter() - t0:.1f} s")
+            for r in skip:
+                log(
+                    f"  skip_tolerance={r['skip_tolerance']}: skipped {r['skipped_fraction']:.4f}, bound ratio {r['bound_ratio_max']:.3f}"
+                )
         targets = seqs[:, prefill + 1 : prefill + tokens + 1]
         rows, curves = [], {}
         for mode in factories:
@@ -330,7 +357,7 @@ def evaluate_model(
             rows.append(row)
             curves[mode] = curve
             log("  " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in row.items()))
-    return rows, curves
+    return rows, curves, skip
 
 
 def main(argv=None) -> list[dict]:
@@ -357,7 +384,7 @@ def main(argv=None) -> list[dict]:
     if a.fp64:
         factories[FP64_MODE] = lambda: ReferenceBackend(cfg, a.rows, device=dev, io_dtype=io)
     t0 = time.perf_counter()
-    rows, curves = evaluate_model(
+    rows, curves, skip = evaluate_model(
         model,
         seqs,
         a.prefill,
@@ -367,6 +394,8 @@ def main(argv=None) -> list[dict]:
         graph=not a.no_graph,
         shadow=set(modes),
         parallel_setup=True,
+        skip_every=a.skip_every,
+        window=a.window,
     )
     info = meta()
     info.update(
@@ -389,6 +418,11 @@ def main(argv=None) -> list[dict]:
     cpath = Path(out_dir) / f"accuracy_{cfg.mixer}_curves_h200.json"
     cpath.write_text(json.dumps({"meta": info, "curves": curves}))
     print(f"wrote {path} and {cpath}")
+    if skip:
+        spath = write_results(
+            f"skip_study_{cfg.mixer}_trained_h200", dict(info, skip_every=a.skip_every), skip, out_dir
+        )
+        print(f"wrote {spath}")
     return rows
 
 

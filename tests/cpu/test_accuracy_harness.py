@@ -159,6 +159,45 @@ def test_prefill_then_reference_decode_equals_parallel(mixer):
     assert (y0 - full[:, P]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_skip_study_on_recorded_inputs(mixer):
+    """The decay-skip study over a decode's recorded inputs (perf/accuracy/skip_stats.py): one row
+    per tolerance, the bound holds, tolerance 0 changes nothing and skips the head whose decay was
+    made to underflow within a window."""
+    from perf.accuracy.skip_stats import skip_rows
+    from perf.skip_study import TOLERANCES
+
+    m = _tiny_model(mixer)
+    with torch.no_grad():
+        m.layers[0].mixer.A_log[0] = math.log(3e4)  # head 0 of layer 0: exp(c) underflows in a window
+    cfg, B, P, N, L = m.cfg, 2, 5, 12, 4
+    tokens = torch.randint(0, 256, (B, P + N), generator=_gen(6))
+    with torch.no_grad():
+        _, states = m(tokens[:, :P], path="sequential")
+        ref = bk.ReferenceBackend(cfg, B)
+        for j, st in enumerate(states):
+            ref.load(j, st.ssm)
+        conv = [st.conv.clone() for st in states]
+        rec = bk.InputRecorder(N)
+        for t in range(N):
+            m.step(tokens[:, P + t], conv, ref)
+            rec.record(t, ref)
+    params = [m.ssm_params(j) for j in range(cfg.n_layers)]
+    rows = skip_rows(cfg, rec, params, [st.ssm for st in states], L, 1, "tiny")
+    assert [r["skip_tolerance"] for r in rows] == list(TOLERANCES)
+    heads = cfg.heads * cfg.n_layers * B * N
+    for r in rows:
+        assert r["model"] == "tiny" and r["head_steps"] == heads and 0.0 <= r["skipped_fraction"] <= 1.0
+        assert r["bound_ratio_max"] <= 1 + 1e-9 and r["windows"] == N // L
+    by = {r["skip_tolerance"]: r for r in rows}
+    assert by[0]["max_abs_change"] == 0.0 and by[0]["skipped_fraction"] > 0.0
+    assert by[0]["skipped_fraction"] <= by["default"]["skipped_fraction"] <= by[1e-1]["skipped_fraction"]
+    fewer = skip_rows(cfg, rec, params, [st.ssm for st in states], L, 2, "tiny")
+    assert fewer[0]["head_steps"] == cfg.heads * cfg.n_layers * B * L * 2  # windows 0 and 2
+    with pytest.raises(ValueError, match="every"):
+        skip_rows(cfg, rec, params, [st.ssm for st in states], L, 0, "tiny")
+
+
 def test_parallel_path_continues_from_a_state():
     m = _tiny_model("gdn")
     tokens = torch.randint(0, 256, (1, 10), generator=_gen(2))
@@ -210,9 +249,10 @@ def test_evaluation_loop_with_reference_backends():
         "bf16": lambda: bk.ReferenceBackend(cfg, B, io_dtype=torch.bfloat16),
         "fp8_single": _unsupported,
     }
-    rows, curves = evaluate.evaluate_model(
+    rows, curves, skip = evaluate.evaluate_model(
         m, seqs, P, N, factories, prefill_path="sequential", graph=False, name="mamba2", log=lambda s: None
     )
+    assert skip == []  # skip_every=0
     by = {r["mode"]: r for r in rows}
     assert [r["mode"] for r in rows] == list(factories)
     for r in rows:
