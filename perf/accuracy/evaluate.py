@@ -341,9 +341,8 @@ def evaluate_model(
             skip = skip_rows(model.cfg, rec, params, [s.ssm for s in states], window, skip_every, name)
             log(f"{name}: skip study in {time.perf_counter() - t0:.1f} s")
             for r in skip:
-                log(
-                    f"  skip_tolerance={r['skip_tolerance']}: skipped {r['skipped_fraction']:.4f}, bound ratio {r['bound_ratio_max']:.3f}"
-                )
+                tol, frac, ratio = r["skip_tolerance"], r["skipped_fraction"], r["bound_ratio_max"]
+                log(f"  skip_tolerance={tol}: skipped {frac:.4f}, bound ratio {ratio:.3f}")
         targets = seqs[:, prefill + 1 : prefill + tokens + 1]
         rows, curves = [], {}
         for mode in factories:
