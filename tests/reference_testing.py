@@ -287,7 +287,7 @@ def skip_window(
     R, Z = skip.head_row_norm_max(S), torch.zeros_like(S)
     b, H, P, N = S.shape
     kda = family == "kda"
-    c = torch.zeros((b, H, N) if kda else (b, H), dtype=torch.float64)
+    c = torch.zeros((b, H, N) if kda else (b, H), dtype=torch.float64, device=S.device)
     given = None if tokens is None else iter(tokens)
     for _ in range(L):
         if family == "mamba2":
@@ -301,7 +301,7 @@ def skip_window(
         gate, step = (kda_gate, kda_step) if kda else (gdn_gate, gdn_step)
         tok = delta_tokens(gen, (b,), H, hk_n, N, P, kda) if given is None else next(given)
         c = c + gate(layer["A_log"], tok["a"], layer["dt_bias"])
-        hk = torch.arange(H) // (H // hk_n)
+        hk = torch.arange(H, device=S.device) // (H // hk_n)
         qh, kh = (l2norm(tok["q"]) * N**-0.5)[:, hk], l2norm(tok["k"])[:, hk]
         b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
         o, S, u = step(S, **tok, **layer, return_u=True)

@@ -17,6 +17,9 @@ dtype, gates and parameters in at least float32; each backend first rounds the i
 ``WrapperBackend``: replayssm's decode wrappers, one cache per layer, in one of ``MODES``. A mode
 the library cannot build yet raises ``UnsupportedMode`` with the library's own reason
 (``replayssm.supported``), before anything is allocated.
+``EmulatedBackend``: a mode the library lacks (``EMULATIONS``), emulated on the kernels of a mode
+it has by re-rounding the cache's buffers after each flush; backends with ``after_step(t)`` are
+called after every step.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ MODES: dict[str, dict] = {
     "fp32": dict(algorithm="replay", state_dtype=torch.float32),
     "conventional_fp32": dict(algorithm="conventional", state_dtype=torch.float32),
     "fp32+fp8": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.float8_e4m3fn),
+    "fp32+bf16": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.bfloat16),
     "fp32+nvfp4": dict(algorithm="replay", state_dtype=torch.float32, read_dtype="nvfp4"),
     "bf16sr+fp8": dict(
         algorithm="replay", state_dtype=torch.bfloat16, read_dtype=torch.float8_e4m3fn, stochastic_rounding=True
@@ -50,6 +54,7 @@ STATE_BYTES = {
     "fp32": 4,
     "conventional_fp32": 4,
     "fp32+fp8": 5,
+    "fp32+bf16": 6,
     "fp32+nvfp4": 4.5,
     "bf16sr+fp8": 3,
     "fp8_single": 1,
@@ -198,6 +203,81 @@ class WrapperBackend:
         self.last[layer] = t
         y = self.w.run(self.caches[layer], t["x"], t["dt"], A, t["B"], t["C"], D=D, dt_bias=dt_bias)
         return y.to(x.dtype)
+
+
+#: Modes the library lacks, emulated on kernels it has (EmulatedBackend): the mode whose kernels
+#: run, and what is done to the cache's buffers at each load and after each flush.
+EMULATIONS: dict[str, tuple[str, str]] = {
+    "fp8_single": ("fp32", "checkpoint := fp8 rows (round to nearest)"),
+    "fp8_single_sr": ("fp32", "checkpoint := fp8 rows (stochastic rounding)"),
+    "bf16sr+fp8": ("fp32+fp8", "checkpoint (S_hp) := bf16 (stochastic rounding); the fp8 copy as the kernel made it"),
+    "fp32+nvfp4": ("fp32+bf16", "read copy := NVFP4 of the checkpoint (held in the bf16 copy)"),
+}
+
+
+class EmulatedBackend(WrapperBackend):
+    """A mode of EMULATIONS on the library's kernels for its base mode: after every flush (and at
+    every load) the cache's checkpoint or read copy is replaced by what the missing mode would
+    hold, computed by replayssm.reference.quant from the fp32 values the kernel wrote:
+
+    * fp8_single(_sr): the fp32 checkpoint becomes its per-row fp8 values (scale times code):
+      every step reads them, and GDN's corrections are computed from them, as a kernel reading a
+      single fp8 state would; the flush folds the window into them and they are rounded again;
+    * bf16sr+fp8: the fp32 S_hp becomes bf16 values by stochastic rounding; the fp8 read copy
+      keeps what the kernel quantised from the unrounded fold (as issue 12 specifies);
+    * fp32+nvfp4: the bf16 read copy becomes the NVFP4 values of S_hp (NVFP4 values carry at
+      most 5 significant bits times the fp32 row scale: the bf16 copy rounds that scale to 8 bits,
+      1/256 of NVFP4's own error at most).
+
+    The flushes are those of the kernels' policy (a decode step folds when the ring holds L
+    records): after load_state, steps t = L, 2L, ... (0-based) flush. ``after_step(t)`` must be
+    called after every step; it runs eagerly between CUDA-graph replays. The random numbers of
+    stochastic rounding come from a seeded generator on the device (``seed``), not from the counter
+    hash a kernel would use: the same distribution, another stream."""
+
+    def __init__(self, cfg, mode: str, rows: int, ssm_params: list[dict], *, seed: int = 0, **kw):
+        if mode not in EMULATIONS:
+            raise ValueError(f"mode: expected one of {list(EMULATIONS)}, got {mode!r}")
+        super().__init__(cfg, EMULATIONS[mode][0], rows, ssm_params, **kw)
+        self.mode, self.base = mode, EMULATIONS[mode][0]
+        self.window = kw.get("window", 16)
+        self.gen = torch.Generator(device=self.w.device).manual_seed(seed)
+        # the flush policy checked on the device: after a flush every row holds one record
+        self.policy_error = torch.zeros((), dtype=torch.bool, device=self.w.device)
+
+    def _u(self, like: torch.Tensor) -> torch.Tensor:
+        return torch.rand(like.shape, generator=self.gen, device=like.device, dtype=torch.float32)
+
+    def _emulate(self, layer: int) -> None:
+        from replayssm.reference import quant
+
+        c = self.caches[layer]
+        S = c.checkpoint[self.slots]
+        if self.mode == "fp8_single":
+            c.checkpoint[self.slots] = quant.fake_quant_fp8_e4m3(S)
+        elif self.mode == "fp8_single_sr":
+            c.checkpoint[self.slots] = quant.stochastic_round_fp8_e4m3_rows(S, self._u(S))
+        elif self.mode == "bf16sr+fp8":
+            c.checkpoint[self.slots] = quant.stochastic_round_bf16(S, self._u(S))
+        else:  # fp32+nvfp4
+            c.read_copy[self.slots] = quant.fake_quant_nvfp4(S).to(c.read_copy.dtype)
+
+    def load(self, layer: int, state: torch.Tensor) -> None:
+        super().load(layer, state)
+        self._emulate(layer)
+
+    def after_step(self, t: int) -> None:
+        """Call after step t (0-based since the last load): re-rounds after the flushes."""
+        if t < self.window or t % self.window:
+            return
+        for j, c in enumerate(self.caches):
+            self.policy_error |= (c.ring_len[self.slots] != 1).any()
+            self._emulate(j)
+
+    def check_errors(self) -> None:
+        super().check_errors()
+        if bool(self.policy_error):
+            raise RuntimeError(f"{self.mode}: a re-rounding missed a flush (ring length after the step was not 1)")
 
 
 class InputRecorder:

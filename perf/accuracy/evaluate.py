@@ -20,12 +20,14 @@ The non-SSM parts of the model run in float32 (weights upcast from bf16); the SS
 rounded to ``--io-dtype`` (bf16 by default, as engines pass them). The fp32 mode always runs first
 (it is the reference of every comparison). ``--fp64`` adds a row ``fp64_reference``: the same loop
 with the float64 recurrence itself as the state backend (eager, a few ms per step). Each step runs
-as one CUDA graph (``--no-graph``: eagerly). Modes the library cannot build yet get a row with
-``skipped`` = the library's reason and no figures.
+as one CUDA graph (``--no-graph``: eagerly). Modes the library cannot build yet are emulated on
+the kernels it has (backends.EmulatedBackend: the cache's buffers re-rounded after every flush;
+the row's ``implementation`` says so); with ``--no-emulation``, or where no emulation exists, they
+get a row with ``skipped`` = the library's reason and no figures.
 
 Writes ``<out-dir>/accuracy_<model>_h200.json`` (bench_common.write_results: meta + rows, one row
 per mode: model, mode, kl_mean_0_1k, kl_mean_8k_16k, ppl, top1_agree, tokens_to_divergence,
-state_rel_err, skipped, tokens, prefill) and ``accuracy_<model>_curves_h200.json`` (per mode: KL
+state_rel_err, skipped, implementation, tokens, prefill) and ``accuracy_<model>_curves_h200.json`` (per mode: KL
 per position averaged over rows, divergence per row, state error per point) for plot.py.
 With ``--skip-every n`` (default 8; 0: off) it also runs the decay-skip study on the fp32 mode's
 recorded inputs (perf/accuracy/skip_stats.py, every n-th window) and writes
@@ -44,7 +46,17 @@ from pathlib import Path
 import torch
 
 from . import metrics
-from .backends import MODES, STATE_BYTES, InputRecorder, ReferenceBackend, UnsupportedMode, WrapperBackend, check_mode
+from .backends import (
+    EMULATIONS,
+    MODES,
+    STATE_BYTES,
+    EmulatedBackend,
+    InputRecorder,
+    ReferenceBackend,
+    UnsupportedMode,
+    WrapperBackend,
+    check_mode,
+)
 from .backends import reference_states as run_reference
 from .data import heldout_sequences, load_corpus
 from .model import PATHS, ByteLM, LayerState, LMConfig
@@ -61,6 +73,7 @@ ROW_FIELDS = (
     "tokens_to_divergence",
     "state_rel_err",
     "skipped",
+    "implementation",
     "tokens",
     "prefill",
 )
@@ -77,6 +90,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--window", type=int, default=16)
     p.add_argument("--fp64", action="store_true", help="add the fp64_reference row (eager, slow)")
     p.add_argument("--no-graph", action="store_true", help="run each step eagerly instead of as a CUDA graph")
+    p.add_argument(
+        "--no-emulation", action="store_true", help="skip the modes the library lacks instead of emulating them"
+    )
     p.add_argument(
         "--skip-every", type=int, default=8, help="decay-skip study on every n-th window of the fp32 inputs (0: off)"
     )
@@ -168,11 +184,13 @@ def decode_mode(
     points = set(state_points(tokens))
     lp = torch.empty(B, tokens, 256, dtype=torch.float32, device=seqs.device)
     recorder = InputRecorder(tokens) if record else None
+    after = getattr(backend, "after_step", lambda t: None)  # emulated modes re-round after flushes
     mats = {}
     runner.reset(states)
     for t in range(tokens):
         runner.tokens.copy_(seqs[:, prefill + t])
         runner.step()
+        after(t)
         lp[:, t].copy_(runner.lp)
         if recorder is not None:
             recorder.record(t, backend)
@@ -183,6 +201,7 @@ def decode_mode(
     runner.tokens.copy_(first)
     for t in range(tokens):
         runner.step()
+        after(t)
         greedy[:, t].copy_(runner.greedy)
         runner.tokens.copy_(runner.greedy)
     if hasattr(backend, "check_errors"):
@@ -225,6 +244,15 @@ def state_errors(
     return out
 
 
+def implementation(backend) -> str:
+    """What ran a mode: the library's kernels, an emulation on them, or the float64 reference."""
+    if isinstance(backend, EmulatedBackend):
+        return f"emulated: {backend.base} kernels; {EMULATIONS[backend.mode][1]}, after each flush"
+    if isinstance(backend, WrapperBackend):
+        return "kernels"
+    return "float64 reference" if isinstance(backend, ReferenceBackend) else type(backend).__name__
+
+
 def mode_row(
     name: str, mode: str, ref: dict, run: dict, targets: torch.Tensor, tokens: int, prefill: int, errs
 ) -> dict:
@@ -241,6 +269,7 @@ def mode_row(
         "tokens_to_divergence": float(div.double().mean()),
         "state_rel_err": max(errs.values()) if errs else None,
         "skipped": None,
+        "implementation": run.get("implementation"),
         "tokens": tokens,
         "prefill": prefill,
     }, {
@@ -323,6 +352,7 @@ def evaluate_model(
             runs[mode] = decode_mode(
                 model, backends[mode], states, first, seqs, prefill, tokens, use_graph, record=mode in shadow
             )
+            runs[mode]["implementation"] = implementation(backends[mode])
             seconds[mode] = round(time.perf_counter() - t0, 1)
             log(f"{name} {mode}: decoded {tokens} x 2 steps in {seconds[mode]} s{' (graph)' if use_graph else ''}")
             del backends[mode]
@@ -377,7 +407,16 @@ def main(argv=None) -> list[dict]:
         check_mode(m)
 
     def wrapper_factory(mode):
-        return lambda: WrapperBackend(cfg, mode, a.rows, params, device=dev, io_dtype=io, window=a.window)
+        def build():
+            kw = dict(device=dev, io_dtype=io, window=a.window)
+            try:
+                return WrapperBackend(cfg, mode, a.rows, params, **kw)
+            except UnsupportedMode:
+                if a.no_emulation or mode not in EMULATIONS:
+                    raise
+                return EmulatedBackend(cfg, mode, a.rows, params, **kw)
+
+        return build
 
     factories = {m: wrapper_factory(m) for m in modes}
     if a.fp64:

@@ -8,8 +8,8 @@ Per (model, mode): the bytes one decode step moves per sequence (state, read cop
 over a window, as mode_bytes.step_bytes counts them) and the bytes a sequence keeps per layer,
 both also as a ratio to the fp32 replay mode; and the accuracy figures of evaluate.py (KL at
 positions 0-1K and 8K-16K, top-1 agreement, tokens to divergence, state error). Modes the library
-does not have yet keep their bytes and no accuracy. Prints a Markdown table; writes the rows as
-JSON with --out.
+does not have yet keep their bytes, and their accuracy where evaluate.py emulated them (marked).
+Prints a Markdown table; writes the rows as JSON with --out.
 """
 
 from __future__ import annotations
@@ -65,6 +65,7 @@ def rows_for(result: dict, L: int = 16, io_itemsize: int = 2) -> list[dict]:
             slot_vs_fp32=slot / base_slot,
             layers=layers,
             skipped=r.get("skipped"),
+            implementation=r.get("implementation"),
         )
         row.update({k: r.get(k) for k in ACCURACY_KEYS})
         out.append(row)
@@ -83,8 +84,9 @@ def markdown(rows: list[dict]) -> str:
     lines = []
     for r in rows:
         acc = r["skipped"] is None
+        label = r["mode"] + (" (emulated)" if str(r.get("implementation") or "").startswith("emulated") else "")
         lines.append(
-            f"| {r['model']} | {r['mode']} | {r['step_vs_fp32']:.2f} | {r['slot_vs_fp32']:.2f} | "
+            f"| {r['model']} | {label} | {r['step_vs_fp32']:.2f} | {r['slot_vs_fp32']:.2f} | "
             + (
                 f"{_fmt(r['kl_mean_0_1k'], '.2e')} | {_fmt(r['kl_mean_8k_16k'], '.2e')} | "
                 f"{_fmt(r['top1_agree'], '.4f')} | {_fmt(r['tokens_to_divergence'], '.0f')} | "

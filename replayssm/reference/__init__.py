@@ -24,6 +24,8 @@ from .quant import (
     quantize_fp8_e4m3_rows,
     quantize_nvfp4,
     round_to_e2m1,
+    stochastic_round_bf16,
+    stochastic_round_fp8_e4m3_rows,
 )
 
 __all__ = [
@@ -45,6 +47,8 @@ __all__ = [
     "dequantize_fp8_e4m3_rows",
     "quantize_nvfp4",
     "dequantize_nvfp4",
+    "stochastic_round_fp8_e4m3_rows",
+    "stochastic_round_bf16",
     "round_to_e2m1",
     "softplus",
     "l2norm",

@@ -21,6 +21,17 @@ row independent, which is what a kernel that owns a row block needs):
 
 All arithmetic of the quantisers is fp32 (as a kernel reading an fp32 ``S_hp`` would do); the
 fake-quant helpers return the dequantised tensor in the dtype and shape of their input.
+
+**Stochastic rounding** (a single fp8 state, or a bf16 ``S_hp``, rounded at the flush) takes its
+random numbers as an argument ``u`` (uniform in [0, 1), the shape of the values), so that a
+kernel's counter hash and a test's generator drive the same function: a value between the two
+neighbours ``lo < hi`` of the target grid rounds to ``hi`` (in magnitude) with probability
+``(|v| - lo) / (hi - lo)``, so the rounding is unbiased.
+
+* :func:`stochastic_round_fp8_e4m3_rows`: the fp8 row format above, the scaled value rounded
+  stochastically to the e4m3 grid (spacing ``2^(e - 3)`` in the binade ``[2^e, 2^(e+1))``,
+  ``2^-9`` below ``2^-6``) instead of to nearest;
+* :func:`stochastic_round_bf16`: fp32 to bf16 (the 16 dropped bits compared with ``u``).
 """
 
 from __future__ import annotations
@@ -49,8 +60,8 @@ def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
     """
     float_tensor("round_to_e2m1", "y", y)
     mag = y.abs()
-    grid = torch.tensor(E2M1_VALUES, dtype=y.dtype)
-    idx = torch.zeros(y.shape, dtype=torch.int64)
+    grid = torch.tensor(E2M1_VALUES, dtype=y.dtype, device=y.device)
+    idx = torch.zeros(y.shape, dtype=torch.int64, device=y.device)
     for mid, up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_UP):
         idx += ((mag >= mid) if up else (mag > mid)).to(torch.int64)
     out = grid[idx] * torch.sign(y)
@@ -83,6 +94,41 @@ def fake_quant_fp8_e4m3(x: torch.Tensor) -> torch.Tensor:
     """Quantise→dequantise ``x`` [..., D] with per-row fp8 e4m3; same shape and dtype as ``x``."""
     codes, scale = quantize_fp8_e4m3_rows(x)
     return dequantize_fp8_e4m3_rows(codes, scale, x.dtype)
+
+
+def stochastic_round_fp8_e4m3_rows(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Quantise→dequantise ``x`` [..., D] to per-row fp8 e4m3 with stochastic rounding.
+
+    u: uniform numbers in [0, 1), the shape of ``x``. Returns the dequantised values (fp32 scale
+    times an e4m3 value) in ``x``'s dtype; the scale is that of :func:`quantize_fp8_e4m3_rows`."""
+    float_tensor("stochastic_round_fp8_e4m3_rows", "x", x)
+    if u.shape != x.shape:
+        raise ValueError(
+            f"stochastic_round_fp8_e4m3_rows: argument 'u' must have shape {tuple(x.shape)}, got {tuple(u.shape)}"
+        )
+    xf = x.to(torch.float32)
+    scale = xf.abs().amax(dim=-1, keepdim=True) / E4M3_MAX
+    safe = torch.where(scale > 0, scale, torch.ones_like(scale))
+    y = (xf / safe).abs().clamp(max=E4M3_MAX)
+    _, ex = torch.frexp(y.clamp(min=2.0**-6))  # y in [2^(ex-1), 2^ex); subnormals share 2^-6's spacing
+    step = torch.exp2((ex - 4).to(torch.float32))
+    lo = torch.floor(y / step) * step
+    q = torch.where(u.to(torch.float32) < (y - lo) / step, lo + step, lo).clamp(max=E4M3_MAX)
+    return (torch.copysign(q, xf) * scale).to(x.dtype)
+
+
+def stochastic_round_bf16(x: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Round fp32 ``x`` to bf16 values stochastically (returned as fp32). u: uniform in [0, 1), the
+    shape of ``x``: the 16 bits bf16 drops are added to ``floor(u * 2^16)`` and cut off, so a value
+    rounds away from zero with probability (dropped bits) / 2^16. NaN and inf pass through."""
+    float_tensor("stochastic_round_bf16", "x", x)
+    if u.shape != x.shape:
+        raise ValueError(f"stochastic_round_bf16: argument 'u' must have shape {tuple(x.shape)}, got {tuple(u.shape)}")
+    xf = x.to(torch.float32).contiguous()
+    r = torch.floor(u.to(torch.float64) * 65536.0).to(torch.int32)
+    bits = (xf.view(torch.int32) + r) & ~0xFFFF
+    y = bits.view(torch.float32)
+    return torch.where(torch.isfinite(xf), y, xf)
 
 
 def quantize_nvfp4(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

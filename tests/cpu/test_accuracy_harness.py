@@ -285,8 +285,10 @@ def test_unsupported_modes_skip_with_the_library_reason():
         assert not built and skipped == {mode: why}
         row = evaluate.skipped_row("gdn", mode, why, 64, 512)
         assert row["skipped"] == why and all(row[k] is None for k in ("ppl", "kl_mean_0_1k", "state_rel_err"))
-    for mode in ("fp32", "conventional_fp32", "fp32+fp8", "bf16"):
+    for mode in ("fp32", "conventional_fp32", "fp32+fp8", "fp32+bf16", "bf16"):
         assert bk.mode_support(cfg, mode) == (True, "ok")
+    for mode, (base, _) in bk.EMULATIONS.items():  # every emulation runs on kernels the library has
+        assert mode in bk.MODES and bk.mode_support(cfg, base) == (True, "ok")
 
 
 def test_tradeoff_table_joins_bytes_and_accuracy(tmp_path):
@@ -420,19 +422,71 @@ def test_evaluate_end_to_end_tiny(tmp_path):
     m = ByteLM(cfg, seed=1)
     path = tmp_path / "tiny.pt"
     torch.save({"config": cfg.to_dict(), "seed": 1, "state_dict": m.state_dict()}, path)
-    rows = evaluate.main(
+    every = evaluate.main(
         ["--weights", str(path), "--tokens", "64", "--prefill", "32", "--rows", "2", "--modes", "fp32", "fp32+fp8"]
-        + ["--out-dir", str(tmp_path)]
+        + ["fp8_single", "--out-dir", str(tmp_path)]
     )
-    by = {r["mode"]: r for r in rows}
-    assert set(by) == {"fp32", "fp32+fp8"}
+    by = {r["mode"]: r for r in every}
+    assert set(by) == {"fp32", "fp32+fp8", "fp8_single"}
+    assert by["fp32"]["implementation"] == "kernels" and by["fp8_single"]["implementation"].startswith("emulated")
+    single = by.pop("fp8_single")  # a single fp8 state: its state error is fp8's, not fp32's
+    assert single["skipped"] is None and 1e-4 < single["state_rel_err"] < 0.2 and math.isfinite(single["ppl"])
+    rows = [r for r in every if r["mode"] != "fp8_single"]
     assert by["fp32"]["kl_mean_0_1k"] == 0.0 and by["fp32"]["tokens_to_divergence"] == 64
     assert by["fp32+fp8"]["kl_mean_0_1k"] >= 0.0 and 0.0 <= by["fp32+fp8"]["top1_agree"] <= 1.0
     for r in rows:
         assert r["skipped"] is None and r["state_rel_err"] <= 2e-5 and math.isfinite(r["ppl"])
     written = json.loads((tmp_path / "accuracy_gdn_h200.json").read_text())
-    assert written["rows"] == rows and "commit" in written["meta"]
+    assert written["rows"] == every and "commit" in written["meta"]
     assert (tmp_path / "accuracy_gdn_curves_h200.json").exists()
+    skip = json.loads((tmp_path / "skip_study_gdn_trained_h200.json").read_text())["rows"]
+    assert skip and all(r["bound_ratio_max"] <= 1 + 1e-9 for r in skip)
+
+
+EMULATED = ("fp8_single", "fp8_single_sr", "bf16sr+fp8", "fp32+nvfp4")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_emulated_modes_hold_what_the_missing_mode_would(mixer):
+    """EmulatedBackend after loads and flushes: the single copy's checkpoint is fp8 rows (a fixed
+    point of the fp8 round trip), the bf16sr S_hp is bf16 values, the nvfp4 read copy is the NVFP4
+    values of S_hp; the re-rounding lands on the flushes (check_errors); every output is finite."""
+    from replayssm.reference import quant
+
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    cfg = GPU_TINY[mixer]
+    m = ByteLM(cfg, seed=2).cuda().eval()
+    params = [m.ssm_params(j) for j in range(cfg.n_layers)]
+    rows, P, N = 2, 24, 40
+    tokens = torch.randint(0, 256, (rows, P + N), generator=_gen(8)).cuda()
+    with torch.no_grad():
+        _, states = m(tokens[:, :P], path="sequential")
+    for mode in EMULATED:
+        ok, _ = bk.mode_support(cfg, mode)
+        if ok:
+            continue  # the library has it now: nothing to emulate
+        be = bk.EmulatedBackend(cfg, mode, rows, params, device="cuda")
+        conv = [st.conv.clone() for st in states]
+        for j, st in enumerate(states):
+            be.load(j, st.ssm)
+        with torch.no_grad():
+            for t in range(N):
+                y = m.step(tokens[:, P + t], conv, be)
+                be.after_step(t)
+                assert torch.isfinite(y).all(), (mode, t)
+                if t in (0, 16, 32):  # after the load's rounding and after the two flushes
+                    for c in be.caches:
+                        S = c.checkpoint[be.slots]
+                        if mode.startswith("fp8_single"):
+                            assert torch.equal(quant.fake_quant_fp8_e4m3(S), S), (mode, t)
+                        elif mode == "bf16sr+fp8":
+                            assert torch.equal(S.to(torch.bfloat16).float(), S), (mode, t)
+                        else:
+                            want = quant.fake_quant_nvfp4(S).to(c.read_copy.dtype)
+                            assert torch.equal(c.read_copy[be.slots], want), (mode, t)
+        be.check_errors()
 
 
 def test_plot_writes_a_png(tmp_path):

@@ -178,3 +178,65 @@ def test_fake_quant_dispatch(seed):
         fake_quant(x, "fp4")
     with pytest.raises(TypeError, match="'x' must have a floating dtype"):
         fake_quant_fp8_e4m3(torch.zeros(2, 4, dtype=torch.int32))
+
+
+# ------------------------------------------------------------------ stochastic rounding
+def _e4m3_step(y: torch.Tensor) -> torch.Tensor:
+    """Spacing of the e4m3 grid at magnitudes y >= 0 (2^-9 below the smallest normal 2^-6)."""
+    _, ex = torch.frexp(y.clamp(min=2.0**-6))
+    return torch.exp2((ex - 4).to(y.dtype))
+
+
+class TestStochasticRounding:
+    def test_fp8_rounds_to_a_grid_neighbour_chosen_by_u(self, seed):
+        from replayssm.reference import stochastic_round_fp8_e4m3_rows as sr
+
+        x = _wide(generator(seed), (32, 128), torch.float32)
+        _, scale = quantize_fp8_e4m3_rows(x)
+        y = (x / torch.where(scale > 0, scale, 1)).abs()
+        step = _e4m3_step(y)
+        for u, direction in ((0.0, 1), (1.0 - 2**-20, -1)):  # u -> 0 rounds up, u -> 1 down
+            q = (sr(x, torch.full_like(x, u)) / torch.where(scale > 0, scale, 1)).abs()
+            assert torch.isfinite(q).all(), f"seed={seed}"
+            assert ((q - torch.round(q / step) * step).abs() <= 1e-5 * step).all(), f"seed={seed}: off the grid"
+            moved = (q - y) * direction
+            assert (moved >= -1e-5 * step).all() and (moved <= step * (1 + 1e-5)).all(), f"seed={seed}, u={u}"
+        rn = fake_quant_fp8_e4m3(x)
+        r = sr(x, torch.rand(x.shape, generator=generator(seed + 1)))
+        assert ((r - rn).abs() <= (step * scale) * (1 + 1e-5)).all(), f"seed={seed}: more than a step from nearest"
+
+    def test_fp8_is_unbiased(self, seed):
+        from replayssm.reference import stochastic_round_fp8_e4m3_rows as sr
+
+        gen = generator(seed)
+        x = _wide(gen, (8, 64), torch.float32)
+        _, scale = quantize_fp8_e4m3_rows(x)
+        step = _e4m3_step((x / torch.where(scale > 0, scale, 1)).abs()) * scale
+        n = 2000
+        mean = sum(sr(x, torch.rand(x.shape, generator=gen)) for _ in range(n)) / n
+        # one draw's error is at most a step with variance <= step^2 / 4: 6 sigma of the mean of n
+        assert ((mean - x).abs() <= 6 * 0.5 * step / n**0.5 + 1e-12).all(), f"seed={seed}"
+
+    def test_bf16_rounds_to_a_neighbour_and_is_unbiased(self, seed):
+        from replayssm.reference import stochastic_round_bf16 as sr
+
+        gen = generator(seed)
+        x = _wide(gen, (4096,), torch.float32)
+        lo = sr(x, torch.zeros_like(x))
+        assert (lo.to(torch.bfloat16).float() == lo).all() and (lo.abs() <= x.abs()).all(), f"seed={seed}"
+        hi = sr(x, torch.full_like(x, 1.0 - 2**-20))
+        exact = x.to(torch.bfloat16).float() == x
+        assert (hi[exact] == x[exact]).all() and (hi[~exact].abs() > x[~exact].abs()).all(), f"seed={seed}"
+        n = 2000
+        mean = sum(sr(x, torch.rand(x.shape, generator=gen)) for _ in range(n)) / n
+        ulp = x.abs() * 2.0**-7
+        assert ((mean - x).abs() <= 6 * 0.5 * ulp / n**0.5 + 1e-30).all(), f"seed={seed}"
+        special = torch.tensor([float("inf"), float("-inf"), float("nan")])
+        assert torch.equal(sr(special, torch.zeros(3))[:2], special[:2]) and sr(special, torch.zeros(3))[2].isnan()
+
+    def test_bad_u(self):
+        from replayssm.reference import stochastic_round_bf16, stochastic_round_fp8_e4m3_rows
+
+        for f in (stochastic_round_bf16, stochastic_round_fp8_e4m3_rows):
+            with pytest.raises(ValueError, match="'u'"):
+                f(torch.zeros(4, 16), torch.zeros(4, 15))
