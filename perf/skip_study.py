@@ -64,6 +64,19 @@ class Tally:
         self.skipped = {t: 0 for t in TOLERANCES}
         self.err = {t: 0.0 for t in TOLERANCES}
         self.ratio = 0.0
+        self.u_ratio = 0.0  # GDN / KDA: the largest bound ratio of the corrections u
+
+    def window(self, steps):
+        """Tally every step of a tests.reference_testing.skip_window generator; returns the state
+        after the window (the generator's return value)."""
+        while True:
+            try:
+                st = next(steps)
+            except StopIteration as done:
+                return done.value
+            self.add(st.c, st.bound, st.contrib, st.rest)
+            if st.bound_u is not None:
+                self.u_ratio = max(self.u_ratio, bound_ratio(st.contrib_u, st.bound_u, st.rest))
 
     def add(self, c, bound, contrib, rest):
         """c [b, H] (KDA [b, H, K]); bound [b, H]; contrib, rest [b, H, P] (the checkpoint's part and
@@ -114,19 +127,10 @@ def study(gen, family, batch, H, P, N, L, burn, windows, G=1) -> tuple[Tally, fl
         tok = mamba2_tokens(gen, (batch,), H, P, N, G, gate=False) if family == "mamba2" else None
         tok = tok or delta_tokens(gen, (batch,), H, H, N, P, kda)
         _, S = step(S, **tok, **layer)
-    tally, u_ratio = Tally(), 0.0
+    tally = Tally()
     for _ in range(windows):
-        steps = skip_window(gen, family, S, layer, L, G=G)
-        while True:
-            try:
-                st = next(steps)
-            except StopIteration as done:
-                S = done.value
-                break
-            tally.add(st.c, st.bound, st.contrib, st.rest)
-            if st.bound_u is not None:
-                u_ratio = max(u_ratio, bound_ratio(st.contrib_u, st.bound_u, st.rest))
-    return tally, u_ratio
+        S = tally.window(skip_window(gen, family, S, layer, L, G=G))
+    return tally, tally.u_ratio
 
 
 def main(argv=None) -> int:

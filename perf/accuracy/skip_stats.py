@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import torch
 
-from perf.skip_study import Tally, bound_ratio
+from perf.skip_study import Tally
 from tests.reference_testing import skip_window
 
 
@@ -40,7 +40,7 @@ def skip_rows(cfg, recorder, params: list[dict], init: list[torch.Tensor], L: in
         raise ValueError(f"L, every: expected positive ints, got {L}, {every}")
     steps = next(iter(recorder.buffers[0].values())).shape[0]
     windows = steps // L
-    tally, u_ratio = Tally(), 0.0
+    tally = Tally()
     for j, buf in enumerate(recorder.buffers):
         layer = _layer(cfg, params[j])
         S = init[j].double().clone()
@@ -53,16 +53,7 @@ def skip_rows(cfg, recorder, params: list[dict], init: list[torch.Tensor], L: in
                     else:
                         _, S = mamba2_step(S, **tok, **layer)
                 continue
-            gen = skip_window(None, cfg.mixer, S, layer, L, G=cfg.ngroups, HK=cfg.heads, tokens=toks)
-            while True:
-                try:
-                    st = next(gen)
-                except StopIteration as done:
-                    S = done.value
-                    break
-                tally.add(st.c, st.bound, st.contrib, st.rest)
-                if st.bound_u is not None:
-                    u_ratio = max(u_ratio, bound_ratio(st.contrib_u, st.bound_u, st.rest))
+            S = tally.window(skip_window(None, cfg.mixer, S, layer, L, G=cfg.ngroups, HK=cfg.heads, tokens=toks))
     rows_ = init[0].shape[0]
     if cfg.mixer == "gdn":
         sizes = dict(batch=rows_, HV=cfg.heads, HK=cfg.heads, K=cfg.head_k_dim, V=cfg.head_v_dim)
@@ -72,4 +63,6 @@ def skip_rows(cfg, recorder, params: list[dict], init: list[torch.Tensor], L: in
     family = "gdn" if cfg.mixer == "gdn" else "mamba2"
     stats = f"trained {name} model decoding held-out text (perf/accuracy), every {every}th window of {windows}"
     rows = tally.rows(family, sizes, statistics=stats)
-    return [dict(r, u_bound_ratio_max=u_ratio, model=name) if family == "gdn" else dict(r, model=name) for r in rows]
+    return [
+        dict(r, u_bound_ratio_max=tally.u_ratio, model=name) if family == "gdn" else dict(r, model=name) for r in rows
+    ]
