@@ -30,7 +30,9 @@ Each mixer has two paths:
   implementation of the gated delta rule (``torch_chunk_gated_delta_rule`` of the Qwen3-Next
   model, called as the plain torch function, not the FLA kernel it dispatches to when FLA is
   importable); Mamba-2 runs FLA's ``parallel_simple_gla`` (its own backward kernels). Forward
-  only from a zero state, and no final state (training needs neither).
+  only from a zero state, and no final state (training needs neither). ``path='train_hf'`` is the
+  same but Mamba-2 runs HF transformers' chunked pure-torch SSD scan (``mamba2_chunk_scan``):
+  slower and hungrier for memory, a fallback that needs no Triton at all.
   ``path='sequential'`` is a plain-torch token-by-token recurrence in the inputs' dtype (float32 or
   float64; CPU or CUDA), for the CPU tests and as a fallback. The path is always an explicit
   argument.
@@ -48,7 +50,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PATHS = ("fla", "train", "sequential")
+PATHS = ("fla", "train", "train_hf", "sequential")
 MIXERS = ("gdn", "mamba2")
 L2NORM_EPS = 1e-6  # as the decode kernels and FLA normalise q and k
 
@@ -157,8 +159,26 @@ def _train_ssd():
     return parallel_simple_gla
 
 
+def _train_ssd_hf():
+    """The 'train_hf' path's Mamba-2: HF transformers' chunked pure-torch SSD scan
+    (``mamba2_chunk_scan`` of its Mamba-2 model), unwrapped from the decorator that would hand it
+    to mamba-ssm's kernel; or a clear error."""
+    import inspect
+
+    try:
+        from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
+    except Exception as e:
+        raise RuntimeError(f"path='train_hf' needs HF transformers (Mamba-2's torch SSD scan): {e!r}") from e
+    return inspect.unwrap(mamba2_chunk_scan)
+
+
+#: the chunk of HF's torch SSD scan: it forms [B, chunks, chunk, chunk, H, N] products, so memory
+#: grows with the chunk (32: about 9 GB at B = 32, T = 1,024, H = 16, N = 128)
+HF_SSD_CHUNK = 32
+
+
 def _no_state(path: str, state) -> None:
-    if path == "train" and state is not None:
+    if path in ("train", "train_hf") and state is not None:
         raise ValueError("state: path='train' starts from a zero state (use path='fla' to continue from one)")
 
 
@@ -266,7 +286,7 @@ class GDNMixer(nn.Module):
         g, beta = self._gates(a, b)
         _no_state(path, state)
         S0 = None if state is None else state.ssm
-        if path == "train":
+        if path in ("train", "train_hf"):
             torch_gdn = _train_gdn()
             with torch.autocast(q.device.type, enabled=False):  # its matmuls in float32, as FLA accumulates
                 o, _ = torch_gdn(q.float(), k.float(), v.float(), g.float(), beta.float(), use_qk_l2norm_in_kernel=True)
@@ -359,6 +379,13 @@ class Mamba2Mixer(nn.Module):
             y, _ = parallel_gla(
                 Ch.contiguous(), Bh.contiguous(), (xs * delta[..., None]).to(xs.dtype), g=delta * A, scale=1.0
             )
+            S = None
+        elif path == "train_hf":
+            scan = _train_ssd_hf()
+            with torch.autocast(x.device.type, enabled=False):
+                y = scan(
+                    xs.float(), delta, A.float(), Bm.view(B, T, G, N).float(), Cm.view(B, T, G, N).float(), HF_SSD_CHUNK
+                )
             S = None
         elif path == "fla":
             _, chunk_gla = _fla()
