@@ -215,6 +215,26 @@ EMULATIONS: dict[str, tuple[str, str]] = {
 }
 
 
+def reround(mode: str, cache, slots: torch.Tensor, gen: torch.Generator) -> None:
+    """What EmulatedBackend does to one cache after a load or a flush, for the rows ``slots``:
+    ``cache`` has ``checkpoint`` [slots, *state] float32 and, for fp32+nvfp4, ``read_copy`` (bf16);
+    ``gen``: the generator of the stochastic rounding (on the cache's device)."""
+    from replayssm.reference import quant
+
+    S = cache.checkpoint[slots]
+    u = lambda: torch.rand(S.shape, generator=gen, device=S.device, dtype=torch.float32)  # noqa: E731
+    if mode == "fp8_single":
+        cache.checkpoint[slots] = quant.fake_quant_fp8_e4m3(S)
+    elif mode == "fp8_single_sr":
+        cache.checkpoint[slots] = quant.stochastic_round_fp8_e4m3_rows(S, u())
+    elif mode == "bf16sr+fp8":
+        cache.checkpoint[slots] = quant.stochastic_round_bf16(S, u())
+    elif mode == "fp32+nvfp4":
+        cache.read_copy[slots] = quant.fake_quant_nvfp4(S).to(cache.read_copy.dtype)
+    else:
+        raise ValueError(f"mode: expected one of {list(EMULATIONS)}, got {mode!r}")
+
+
 class EmulatedBackend(WrapperBackend):
     """A mode of EMULATIONS on the library's kernels for its base mode: after every flush (and at
     every load) the cache's checkpoint or read copy is replaced by what the missing mode would
@@ -245,22 +265,8 @@ class EmulatedBackend(WrapperBackend):
         # the flush policy checked on the device: after a flush every row holds one record
         self.policy_error = torch.zeros((), dtype=torch.bool, device=self.w.device)
 
-    def _u(self, like: torch.Tensor) -> torch.Tensor:
-        return torch.rand(like.shape, generator=self.gen, device=like.device, dtype=torch.float32)
-
     def _emulate(self, layer: int) -> None:
-        from replayssm.reference import quant
-
-        c = self.caches[layer]
-        S = c.checkpoint[self.slots]
-        if self.mode == "fp8_single":
-            c.checkpoint[self.slots] = quant.fake_quant_fp8_e4m3(S)
-        elif self.mode == "fp8_single_sr":
-            c.checkpoint[self.slots] = quant.stochastic_round_fp8_e4m3_rows(S, self._u(S))
-        elif self.mode == "bf16sr+fp8":
-            c.checkpoint[self.slots] = quant.stochastic_round_bf16(S, self._u(S))
-        else:  # fp32+nvfp4
-            c.read_copy[self.slots] = quant.fake_quant_nvfp4(S).to(c.read_copy.dtype)
+        reround(self.mode, self.caches[layer], self.slots, self.gen)
 
     def load(self, layer: int, state: torch.Tensor) -> None:
         super().load(layer, state)
@@ -276,6 +282,10 @@ class EmulatedBackend(WrapperBackend):
 
     def check_errors(self) -> None:
         super().check_errors()
+        self.check_policy()
+
+    def check_policy(self) -> None:
+        """Raise if a re-rounding did not follow a flush (the device-side flag of after_step)."""
         if bool(self.policy_error):
             raise RuntimeError(f"{self.mode}: a re-rounding missed a flush (ring length after the step was not 1)")
 

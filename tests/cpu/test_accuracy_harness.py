@@ -291,6 +291,61 @@ def test_unsupported_modes_skip_with_the_library_reason():
         assert mode in bk.MODES and bk.mode_support(cfg, base) == (True, "ok")
 
 
+@pytest.mark.parametrize("mode", ["fp8_single", "fp8_single_sr", "bf16sr+fp8", "fp32+nvfp4"])
+def test_reround_writes_what_the_missing_mode_holds(mode):
+    """EmulatedBackend's re-rounding on a stand-in cache (CPU): only the named rows change, to
+    the values the missing mode would hold."""
+    from types import SimpleNamespace
+
+    from replayssm.reference import quant
+
+    g = _gen(12)
+    ck = torch.randn(4, 2, 8, 32, generator=g) * torch.exp(torch.randn(4, 2, 8, 1, generator=g))
+    cache = SimpleNamespace(checkpoint=ck.clone(), read_copy=ck.to(torch.bfloat16))
+    slots = torch.tensor([2, 0])
+    bk.reround(mode, cache, slots, torch.Generator().manual_seed(0))
+    for i in (1, 3):  # rows not named stay as they were
+        assert torch.equal(cache.checkpoint[i], ck[i]) and torch.equal(cache.read_copy[i], ck[i].to(torch.bfloat16))
+    S = cache.checkpoint[slots]
+    if mode == "fp8_single":
+        assert torch.equal(S, quant.fake_quant_fp8_e4m3(ck[slots]))
+    elif mode == "fp8_single_sr":
+        assert torch.equal(quant.fake_quant_fp8_e4m3(S), S) and not torch.equal(S, ck[slots])
+        assert ((S - ck[slots]).abs() <= ck[slots].abs().amax(-1, keepdim=True) / 448 * 32).all()
+    elif mode == "bf16sr+fp8":
+        assert torch.equal(S.to(torch.bfloat16).float(), S) and ((S - ck[slots]).abs() <= ck[slots].abs() / 64).all()
+    else:
+        assert torch.equal(S, ck[slots])  # S_hp untouched, the copy holds its NVFP4 values
+        assert torch.equal(cache.read_copy[slots], quant.fake_quant_nvfp4(ck[slots]).to(torch.bfloat16))
+    with pytest.raises(ValueError, match="mode"):
+        bk.reround("fp32", cache, slots, torch.Generator())
+
+
+def test_emulated_backend_rerounds_after_each_flush_and_checks_it():
+    """after_step re-rounds after steps L, 2L, ... and flags a cache whose ring did not just flush
+    (a stand-in for the wrapper's caches, CPU)."""
+    from types import SimpleNamespace
+
+    be = object.__new__(bk.EmulatedBackend)  # the wrapper itself needs a GPU; its state is set here
+    ck = torch.randn(2, 1, 4, 16, generator=_gen(13))
+    be.caches = [SimpleNamespace(checkpoint=ck.clone(), ring_len=torch.ones(2, dtype=torch.int32))]
+    be.slots, be.window, be.mode = torch.arange(2), 4, "fp8_single"
+    be.gen, be.policy_error = torch.Generator(), torch.zeros((), dtype=torch.bool)
+    rounded = []
+    for t in range(13):
+        before = be.caches[0].checkpoint.clone()
+        be.after_step(t)
+        if not torch.equal(before, be.caches[0].checkpoint):
+            rounded.append(t)
+        be.caches[0].checkpoint += 0.01 * (t + 1)  # the next steps' fold moves it off the grid
+    assert rounded == [4, 8, 12]
+    be.check_policy()
+    be.caches[0].ring_len[1] = 3  # a step 4L that did not flush row 1
+    be.after_step(16)
+    with pytest.raises(RuntimeError, match="missed a flush"):
+        be.check_policy()
+
+
 def test_tradeoff_table_joins_bytes_and_accuracy(tmp_path):
     from perf.accuracy import tradeoff
     from perf.mode_bytes import MODES, step_bytes
