@@ -9,8 +9,9 @@
 //   y_j   = E_j (S k_j),   E_j = exp(g_0 + .. + g_j)
 //   r_j   = beta_j (v_j - (y_j + sum_{i<j} C_ji r_i)),  r_i decayed by a_j = exp(g_j) as j passes
 //   S'    = E_{M-1} S + sum_j r_j k_j^T
-// (gdn/wy.cuh's forward_substitute_regs with kDecayed). Both kernels take one warp per tile,
-// the tile and the keys staged in shared memory as the persistent kernel has them.
+// (gdn/wy.cuh's forward_substitute_regs with kDecayed). The first two kernels take one warp per
+// tile, the third four; the tile and the keys are staged in shared memory as the persistent
+// kernel has them.
 //
 //   cuda_cores: 8 lanes per row, 16 columns per lane, 4 passes of 4 rows; every product is a
 //               group sum of shuffles (the structure of exact_flush_tile).
@@ -18,6 +19,9 @@
 //               operand split in two TF32 parts (hi + lo; the lo x lo product dropped), which
 //               keeps fp32 accuracy: 96 MMAs for Y, 96 for the fold; the substitution one lane
 //               per row.
+//   tensor_split: the same with four warps on one tile, as the persistent kernel's consumers
+//               share a stage: a quarter of the channels each for Y (partials summed in shared
+//               memory), a quarter of the columns each for the fold.
 //
 // The program checks both against a float64 host reference on a sample of tiles (relative error
 // of S' per tile; it fails above 2e-5) and times each over every tile with CUDA events (median of
@@ -280,6 +284,132 @@ __global__ void __launch_bounds__(32 * kWarps) flush_tensor_cores(Problem p) {
   }
 }
 
+// The same on the persistent kernel's geometry: four warps share one 16-row tile. Each warp takes
+// a quarter of the key channels for Y (partial sums reduced through shared memory), 16 threads
+// solve the rows, and each warp folds and writes a quarter of the columns.
+struct alignas(16) SplitSmem {
+  float S[R][kPad];
+  float k[M][kPad];
+  float C[M][M + 1];
+  float Yp[kWarps][R][M + 1];  // each warp's partial Y
+  float Y[R][M + 1];  // Y, then the fold weights
+  float e[M], a[M], beta[M];
+  float ck;
+};
+
+__global__ void __launch_bounds__(32 * kWarps) flush_tensor_cores_split(Problem p) {
+  extern __shared__ __align__(16) unsigned char raw[];
+  SplitSmem& s = *reinterpret_cast<SplitSmem*>(raw);
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+  const int t = blockIdx.x;
+  const int head = t / p.tiles_per_head, key = head / p.heads_per_key;
+  {  // stage: the whole CTA loads the tile and the keys
+    const float4* S4 = reinterpret_cast<const float4*>(p.S + static_cast<size_t>(t) * R * K);
+    const float4* k4 = reinterpret_cast<const float4*>(p.keys + static_cast<size_t>(key) * M * K);
+    for (int i = tid; i < R * K / 4; i += 32 * kWarps) {
+      const int r = i / (K / 4), c = i % (K / 4);
+      *reinterpret_cast<float4*>(&s.S[r][4 * c]) = S4[i];
+      *reinterpret_cast<float4*>(&s.k[r][4 * c]) = k4[i];
+    }
+    for (int i = tid; i < M * M; i += 32 * kWarps) s.C[i / M][i % M] = p.gram[static_cast<size_t>(key) * M * M + i];
+    if (tid < M) {
+      const float gj = p.g[head * M + tid];
+      float pre = gj;
+      for (int off = 1; off < M; off *= 2) {
+        const float o = __shfl_up_sync(0x0000ffffu, pre, off);
+        if (tid >= off) pre += o;
+      }
+      s.e[tid] = expf(pre);
+      s.a[tid] = expf(gj);
+      s.beta[tid] = p.beta[head * M + tid];
+      if (tid == M - 1) s.ck = expf(pre);
+    }
+    __syncthreads();
+  }
+  const int g = lane / 4, c = lane % 4;
+  const int q0 = warp * (K / kWarps);  // this warp's quarter of the channels / columns
+  for (int rep = 0; rep < p.reps; ++rep) {
+    float y[2][4] = {};
+#pragma unroll
+    for (int k0 = q0; k0 < q0 + K / kWarps; k0 += 8) {
+      uint32_t ah[4], al[4];
+      split(s.S[g][k0 + c], ah[0], al[0]);
+      split(s.S[g + 8][k0 + c], ah[1], al[1]);
+      split(s.S[g][k0 + c + 4], ah[2], al[2]);
+      split(s.S[g + 8][k0 + c + 4], ah[3], al[3]);
+#pragma unroll
+      for (int n = 0; n < 2; ++n) {
+        uint32_t b0h, b0l, b1h, b1l;
+        split(s.k[8 * n + g][k0 + c], b0h, b0l);
+        split(s.k[8 * n + g][k0 + c + 4], b1h, b1l);
+        mma_tf32(y[n], al, b0h, b1h);
+        mma_tf32(y[n], ah, b0l, b1l);
+        mma_tf32(y[n], ah, b0h, b1h);
+      }
+    }
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {
+      s.Yp[warp][g][8 * n + 2 * c] = y[n][0];
+      s.Yp[warp][g][8 * n + 2 * c + 1] = y[n][1];
+      s.Yp[warp][g + 8][8 * n + 2 * c] = y[n][2];
+      s.Yp[warp][g + 8][8 * n + 2 * c + 1] = y[n][3];
+    }
+    __syncthreads();
+    for (int i = tid; i < R * M; i += 32 * kWarps) {  // the partial sums, in warp order (deterministic)
+      const int r = i / M, j = i % M;
+      float sum = 0.f;
+#pragma unroll
+      for (int w = 0; w < kWarps; ++w) sum += s.Yp[w][r][j];
+      s.Y[r][j] = sum;
+    }
+    __syncthreads();
+    if (tid < R) {
+      float w[M];
+#pragma unroll
+      for (int j = 0; j < M; ++j) {
+        const float yj = s.Y[tid][j] * s.e[j];
+        const float aj = s.a[j];
+        float acc = 0.f;
+#pragma unroll
+        for (int i = 0; i < j; ++i) w[i] *= aj;
+#pragma unroll
+        for (int i = 0; i < j; ++i) acc = fmaf(s.C[j][i], w[i], acc);
+        w[j] = s.beta[j] * (p.v[(static_cast<size_t>(t) * M + j) * R + tid] - (yj + acc));
+      }
+#pragma unroll
+      for (int j = 0; j < M; ++j) s.Y[tid][j] = w[j];
+    }
+    __syncthreads();
+    uint32_t wh[2][4], wl[2][4];
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {
+      split(s.Y[g][8 * q + c], wh[q][0], wl[q][0]);
+      split(s.Y[g + 8][8 * q + c], wh[q][1], wl[q][1]);
+      split(s.Y[g][8 * q + c + 4], wh[q][2], wl[q][2]);
+      split(s.Y[g + 8][8 * q + c + 4], wh[q][3], wl[q][3]);
+    }
+    float* out = p.out + static_cast<size_t>(t) * R * K;
+    const float ck = s.ck;
+#pragma unroll
+    for (int n0 = q0; n0 < q0 + K / kWarps; n0 += 8) {
+      float d[4] = {ck * s.S[g][n0 + 2 * c], ck * s.S[g][n0 + 2 * c + 1], ck * s.S[g + 8][n0 + 2 * c],
+                    ck * s.S[g + 8][n0 + 2 * c + 1]};
+#pragma unroll
+      for (int q = 0; q < 2; ++q) {
+        uint32_t b0h, b0l, b1h, b1l;
+        split(s.k[8 * q + c][n0 + g], b0h, b0l);
+        split(s.k[8 * q + c + 4][n0 + g], b1h, b1l);
+        mma_tf32(d, wl[q], b0h, b1h);
+        mma_tf32(d, wh[q], b0l, b1l);
+        mma_tf32(d, wh[q], b0h, b1h);
+      }
+      *reinterpret_cast<float2*>(out + g * K + n0 + 2 * c) = make_float2(d[0], d[1]);
+      *reinterpret_cast<float2*>(out + (g + 8) * K + n0 + 2 * c) = make_float2(d[2], d[3]);
+    }
+    __syncthreads();  // the next repetition overwrites Yp and Y
+  }
+}
+
 // ------------------------------------------------------------------------------ host
 static void reference(int t, const std::vector<float>& S, const std::vector<float>& keys,
                       const std::vector<float>& gram, const std::vector<float>& g, const std::vector<float>& beta,
@@ -364,14 +494,17 @@ int main() {
   const int grid = (tiles + kWarps - 1) / kWarps;
   CHECK(cudaFuncSetAttribute(flush_cuda_cores, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
   CHECK(cudaFuncSetAttribute(flush_tensor_cores, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(smem)));
+  CHECK(cudaFuncSetAttribute(flush_tensor_cores_split, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                             static_cast<int>(sizeof(SplitSmem))));
   std::printf("tiles %d, shared memory %zu B per CTA of %d warps\n", tiles, smem, kWarps);
 
   int failed = 0;
-  const char* names[2] = {"cuda_cores", "tensor_cores"};
-  for (int which = 0; which < 2; ++which) {
+  const char* names[3] = {"cuda_cores", "tensor_cores", "tensor_split"};
+  for (int which = 0; which < 3; ++which) {
     auto launch = [&] {
       if (which == 0) flush_cuda_cores<<<grid, 32 * kWarps, smem>>>(p);
-      else flush_tensor_cores<<<grid, 32 * kWarps, smem>>>(p);
+      else if (which == 1) flush_tensor_cores<<<grid, 32 * kWarps, smem>>>(p);
+      else flush_tensor_cores_split<<<tiles, 32 * kWarps, sizeof(SplitSmem)>>>(p);
     };
     CHECK(cudaMemset(dout, 0xff, S.size() * 4));  // NaN poison: every element must be written
     launch();
