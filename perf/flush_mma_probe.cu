@@ -74,30 +74,38 @@ struct alignas(16) Smem {
   float ck;
 };
 
-// Per warp: the tile, its keys, Gram matrix and the head's scalars into shared memory.
-__device__ void stage(const Problem& p, int t, Smem& s, int lane) {
+// The tile, its keys, Gram matrix and the head's scalars into shared memory, by the threads
+// `tid` = 0 .. n - 1 (a warp, or a CTA); the caller synchronises them afterwards.
+__device__ void stage(const Problem& p, int t, Smem& s, int tid, int n) {
   const int head = t / p.tiles_per_head, key = head / p.heads_per_key;
   const float4* S4 = reinterpret_cast<const float4*>(p.S + static_cast<size_t>(t) * R * K);
   const float4* k4 = reinterpret_cast<const float4*>(p.keys + static_cast<size_t>(key) * M * K);
-  for (int i = lane; i < R * K / 4; i += 32) {
+  for (int i = tid; i < R * K / 4; i += n) {
     const int r = i / (K / 4), c = i % (K / 4);
     *reinterpret_cast<float4*>(&s.S[r][4 * c]) = S4[i];
     *reinterpret_cast<float4*>(&s.k[r][4 * c]) = k4[i];  // M == R: the same walk
   }
-  for (int i = lane; i < M * M; i += 32) s.C[i / M][i % M] = p.gram[static_cast<size_t>(key) * M * M + i];
-  if (lane < M) {
-    const float gj = p.g[head * M + lane];
-    float pre = gj;  // inclusive prefix sum over the lanes 0..15
+  for (int i = tid; i < M * M; i += n) s.C[i / M][i % M] = p.gram[static_cast<size_t>(key) * M * M + i];
+  if (tid < M) {
+    const float gj = p.g[head * M + tid];
+    float pre = gj;  // inclusive prefix sum over the threads 0..15
     for (int off = 1; off < M; off *= 2) {
       const float o = __shfl_up_sync(0x0000ffffu, pre, off);
-      if (lane >= off) pre += o;
+      if (tid >= off) pre += o;
     }
-    s.e[lane] = expf(pre);
-    s.a[lane] = expf(gj);
-    s.beta[lane] = p.beta[head * M + lane];
-    if (lane == M - 1) s.ck = expf(pre);
+    s.e[tid] = expf(pre);
+    s.a[tid] = expf(gj);
+    s.beta[tid] = p.beta[head * M + tid];
+    if (tid == M - 1) s.ck = expf(pre);
   }
+}
+
+// One warp per tile: this warp's part of the shared memory, with tile t staged.
+__device__ Smem& warp_tile(const Problem& p, unsigned char* raw, int t, int lane) {
+  Smem& s = reinterpret_cast<Smem*>(raw)[threadIdx.x / 32];
+  stage(p, t, s, lane, 32);
   __syncwarp();
+  return s;
 }
 
 // Row `r`'s forward substitution from y_j (s.Y[r][j], not yet decayed by E_j); leaves the fold
@@ -122,11 +130,9 @@ __device__ void substitute_row(const Problem& p, int t, Smem& s, int r) {
 // ------------------------------------------------------------------------ CUDA cores
 __global__ void __launch_bounds__(32 * kWarps) flush_cuda_cores(Problem p) {
   extern __shared__ __align__(16) unsigned char raw[];
-  Smem& s = reinterpret_cast<Smem*>(raw)[threadIdx.x / 32];
-  const int lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, t = blockIdx.x * kWarps + threadIdx.x / 32;
   if (t >= p.tiles) return;
-  stage(p, t, s, lane);
+  Smem& s = warp_tile(p, raw, t, lane);
   const int sub = lane / 8, l8 = lane % 8;  // 4 rows per pass, 8 lanes per row
   for (int rep = 0; rep < p.reps; ++rep) {
     float sv[16];  // this lane's 16 columns of its row: 4 vectors of 4
@@ -211,75 +217,84 @@ __device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], 
       : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
+using Rows = float[kPad];  // a row of a staged [16][kPad] array
+using Small = float[M + 1];  // a row of a [16][M + 1] array
+
+// Yout[r][j] = sum over channels [k_begin, k_end) of S[r][k] k_j[k]: one warp, 2xTF32 products.
+__device__ __forceinline__ void products(const Rows* S, const Rows* key, int k_begin, int k_end, Small* Yout,
+                                         int lane) {
+  const int g = lane / 4, c = lane % 4;
+  float y[2][4] = {};
+#pragma unroll
+  for (int k0 = k_begin; k0 < k_end; k0 += 8) {
+    uint32_t ah[4], al[4];
+    split(S[g][k0 + c], ah[0], al[0]);
+    split(S[g + 8][k0 + c], ah[1], al[1]);
+    split(S[g][k0 + c + 4], ah[2], al[2]);
+    split(S[g + 8][k0 + c + 4], ah[3], al[3]);
+#pragma unroll
+    for (int n = 0; n < 2; ++n) {  // B[k][n] = k_n[k]
+      uint32_t b0h, b0l, b1h, b1l;
+      split(key[8 * n + g][k0 + c], b0h, b0l);
+      split(key[8 * n + g][k0 + c + 4], b1h, b1l);
+      mma_tf32(y[n], al, b0h, b1h);
+      mma_tf32(y[n], ah, b0l, b1l);
+      mma_tf32(y[n], ah, b0h, b1h);
+    }
+  }
+#pragma unroll
+  for (int n = 0; n < 2; ++n) {
+    Yout[g][8 * n + 2 * c] = y[n][0];
+    Yout[g][8 * n + 2 * c + 1] = y[n][1];
+    Yout[g + 8][8 * n + 2 * c] = y[n][2];
+    Yout[g + 8][8 * n + 2 * c + 1] = y[n][3];
+  }
+}
+
+// out[r][n] = ck S[r][n] + sum_j W[r][j] k_j[n] for the columns [n_begin, n_end): one warp.
+__device__ __forceinline__ void fold(const Rows* S, const Rows* key, const Small* W, float ck, int n_begin, int n_end,
+                                     float* out, int lane) {
+  const int g = lane / 4, c = lane % 4;
+  uint32_t wh[2][4], wl[2][4];  // W's A fragments for records 0-7 and 8-15
+#pragma unroll
+  for (int q = 0; q < 2; ++q) {
+    split(W[g][8 * q + c], wh[q][0], wl[q][0]);
+    split(W[g + 8][8 * q + c], wh[q][1], wl[q][1]);
+    split(W[g][8 * q + c + 4], wh[q][2], wl[q][2]);
+    split(W[g + 8][8 * q + c + 4], wh[q][3], wl[q][3]);
+  }
+#pragma unroll 4
+  for (int n0 = n_begin; n0 < n_end; n0 += 8) {
+    float d[4] = {ck * S[g][n0 + 2 * c], ck * S[g][n0 + 2 * c + 1], ck * S[g + 8][n0 + 2 * c],
+                  ck * S[g + 8][n0 + 2 * c + 1]};
+#pragma unroll
+    for (int q = 0; q < 2; ++q) {  // B[k][n] = k_k[n]
+      uint32_t b0h, b0l, b1h, b1l;
+      split(key[8 * q + c][n0 + g], b0h, b0l);
+      split(key[8 * q + c + 4][n0 + g], b1h, b1l);
+      mma_tf32(d, wl[q], b0h, b1h);
+      mma_tf32(d, wh[q], b0l, b1l);
+      mma_tf32(d, wh[q], b0h, b1h);
+    }
+    *reinterpret_cast<float2*>(out + g * K + n0 + 2 * c) = make_float2(d[0], d[1]);
+    *reinterpret_cast<float2*>(out + (g + 8) * K + n0 + 2 * c) = make_float2(d[2], d[3]);
+  }
+}
+
 // Fragments (g = lane / 4, c = lane % 4): A a0 (g, c), a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8,
 // c + 4); B b0 (k = c, n = g), b1 (k = c + 4, n = g); C/D d0 (g, 2c), d1 (g, 2c + 1), d2 (g + 8,
 // 2c), d3 (g + 8, 2c + 1).
 __global__ void __launch_bounds__(32 * kWarps) flush_tensor_cores(Problem p) {
   extern __shared__ __align__(16) unsigned char raw[];
-  Smem& s = reinterpret_cast<Smem*>(raw)[threadIdx.x / 32];
-  const int lane = threadIdx.x % 32;
-  const int t = blockIdx.x * kWarps + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, t = blockIdx.x * kWarps + threadIdx.x / 32;
   if (t >= p.tiles) return;
-  stage(p, t, s, lane);
-  const int g = lane / 4, c = lane % 4;
+  Smem& s = warp_tile(p, raw, t, lane);
   for (int rep = 0; rep < p.reps; ++rep) {
-    // Y [16 rows][16 records] = S [16][K] x K^T: B[k][n] = k_n[k].
-    float y[2][4] = {};
-#pragma unroll
-    for (int k0 = 0; k0 < K; k0 += 8) {
-      uint32_t ah[4], al[4];
-      split(s.S[g][k0 + c], ah[0], al[0]);
-      split(s.S[g + 8][k0 + c], ah[1], al[1]);
-      split(s.S[g][k0 + c + 4], ah[2], al[2]);
-      split(s.S[g + 8][k0 + c + 4], ah[3], al[3]);
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        uint32_t b0h, b0l, b1h, b1l;
-        split(s.k[8 * n + g][k0 + c], b0h, b0l);
-        split(s.k[8 * n + g][k0 + c + 4], b1h, b1l);
-        mma_tf32(y[n], al, b0h, b1h);
-        mma_tf32(y[n], ah, b0l, b1l);
-        mma_tf32(y[n], ah, b0h, b1h);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      s.Y[g][8 * n + 2 * c] = y[n][0];
-      s.Y[g][8 * n + 2 * c + 1] = y[n][1];
-      s.Y[g + 8][8 * n + 2 * c] = y[n][2];
-      s.Y[g + 8][8 * n + 2 * c + 1] = y[n][3];
-    }
+    products(s.S, s.k, 0, K, s.Y, lane);  // Y [16 rows][16 records] = S K^T
     __syncwarp();
     if (lane < R) substitute_row(p, t, s, lane);
     __syncwarp();
-
-    // S' [16][K] = ck S + W [16 rows][16 records] x Kw [16 records][K]: B[k][n] = k_k[n].
-    uint32_t wh[2][4], wl[2][4];  // W's A fragments for records 0-7 and 8-15
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      split(s.Y[g][8 * q + c], wh[q][0], wl[q][0]);
-      split(s.Y[g + 8][8 * q + c], wh[q][1], wl[q][1]);
-      split(s.Y[g][8 * q + c + 4], wh[q][2], wl[q][2]);
-      split(s.Y[g + 8][8 * q + c + 4], wh[q][3], wl[q][3]);
-    }
-    float* out = p.out + static_cast<size_t>(t) * R * K;
-    const float ck = s.ck;
-#pragma unroll 4
-    for (int n0 = 0; n0 < K; n0 += 8) {
-      float d[4] = {ck * s.S[g][n0 + 2 * c], ck * s.S[g][n0 + 2 * c + 1], ck * s.S[g + 8][n0 + 2 * c],
-                    ck * s.S[g + 8][n0 + 2 * c + 1]};
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        uint32_t b0h, b0l, b1h, b1l;
-        split(s.k[8 * q + c][n0 + g], b0h, b0l);
-        split(s.k[8 * q + c + 4][n0 + g], b1h, b1l);
-        mma_tf32(d, wl[q], b0h, b1h);
-        mma_tf32(d, wh[q], b0l, b1l);
-        mma_tf32(d, wh[q], b0h, b1h);
-      }
-      *reinterpret_cast<float2*>(out + g * K + n0 + 2 * c) = make_float2(d[0], d[1]);
-      *reinterpret_cast<float2*>(out + (g + 8) * K + n0 + 2 * c) = make_float2(d[2], d[3]);
-    }
+    fold(s.S, s.k, s.Y, s.ck, 0, K, p.out + static_cast<size_t>(t) * R * K, lane);  // S' = ck S + W K
     __syncwarp();
   }
 }
@@ -288,124 +303,33 @@ __global__ void __launch_bounds__(32 * kWarps) flush_tensor_cores(Problem p) {
 // a quarter of the key channels for Y (partial sums reduced through shared memory), 16 threads
 // solve the rows, and each warp folds and writes a quarter of the columns.
 struct alignas(16) SplitSmem {
-  float S[R][kPad];
-  float k[M][kPad];
-  float C[M][M + 1];
-  float Yp[kWarps][R][M + 1];  // each warp's partial Y
-  float Y[R][M + 1];  // Y, then the fold weights
-  float e[M], a[M], beta[M];
-  float ck;
+  Smem tile;  // Y: the summed products, then the fold weights
+  float Yp[kWarps][R][M + 1];  // each warp's partial products
 };
 
 __global__ void __launch_bounds__(32 * kWarps) flush_tensor_cores_split(Problem p) {
   extern __shared__ __align__(16) unsigned char raw[];
-  SplitSmem& s = *reinterpret_cast<SplitSmem*>(raw);
+  SplitSmem& sp = *reinterpret_cast<SplitSmem*>(raw);
+  Smem& s = sp.tile;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int t = blockIdx.x;
-  const int head = t / p.tiles_per_head, key = head / p.heads_per_key;
-  {  // stage: the whole CTA loads the tile and the keys
-    const float4* S4 = reinterpret_cast<const float4*>(p.S + static_cast<size_t>(t) * R * K);
-    const float4* k4 = reinterpret_cast<const float4*>(p.keys + static_cast<size_t>(key) * M * K);
-    for (int i = tid; i < R * K / 4; i += 32 * kWarps) {
-      const int r = i / (K / 4), c = i % (K / 4);
-      *reinterpret_cast<float4*>(&s.S[r][4 * c]) = S4[i];
-      *reinterpret_cast<float4*>(&s.k[r][4 * c]) = k4[i];
-    }
-    for (int i = tid; i < M * M; i += 32 * kWarps) s.C[i / M][i % M] = p.gram[static_cast<size_t>(key) * M * M + i];
-    if (tid < M) {
-      const float gj = p.g[head * M + tid];
-      float pre = gj;
-      for (int off = 1; off < M; off *= 2) {
-        const float o = __shfl_up_sync(0x0000ffffu, pre, off);
-        if (tid >= off) pre += o;
-      }
-      s.e[tid] = expf(pre);
-      s.a[tid] = expf(gj);
-      s.beta[tid] = p.beta[head * M + tid];
-      if (tid == M - 1) s.ck = expf(pre);
-    }
-    __syncthreads();
-  }
-  const int g = lane / 4, c = lane % 4;
+  stage(p, t, s, tid, 32 * kWarps);
+  __syncthreads();
   const int q0 = warp * (K / kWarps);  // this warp's quarter of the channels / columns
   for (int rep = 0; rep < p.reps; ++rep) {
-    float y[2][4] = {};
-#pragma unroll
-    for (int k0 = q0; k0 < q0 + K / kWarps; k0 += 8) {
-      uint32_t ah[4], al[4];
-      split(s.S[g][k0 + c], ah[0], al[0]);
-      split(s.S[g + 8][k0 + c], ah[1], al[1]);
-      split(s.S[g][k0 + c + 4], ah[2], al[2]);
-      split(s.S[g + 8][k0 + c + 4], ah[3], al[3]);
-#pragma unroll
-      for (int n = 0; n < 2; ++n) {
-        uint32_t b0h, b0l, b1h, b1l;
-        split(s.k[8 * n + g][k0 + c], b0h, b0l);
-        split(s.k[8 * n + g][k0 + c + 4], b1h, b1l);
-        mma_tf32(y[n], al, b0h, b1h);
-        mma_tf32(y[n], ah, b0l, b1l);
-        mma_tf32(y[n], ah, b0h, b1h);
-      }
-    }
-#pragma unroll
-    for (int n = 0; n < 2; ++n) {
-      s.Yp[warp][g][8 * n + 2 * c] = y[n][0];
-      s.Yp[warp][g][8 * n + 2 * c + 1] = y[n][1];
-      s.Yp[warp][g + 8][8 * n + 2 * c] = y[n][2];
-      s.Yp[warp][g + 8][8 * n + 2 * c + 1] = y[n][3];
-    }
+    products(s.S, s.k, q0, q0 + K / kWarps, sp.Yp[warp], lane);
     __syncthreads();
     for (int i = tid; i < R * M; i += 32 * kWarps) {  // the partial sums, in warp order (deterministic)
       const int r = i / M, j = i % M;
       float sum = 0.f;
 #pragma unroll
-      for (int w = 0; w < kWarps; ++w) sum += s.Yp[w][r][j];
+      for (int w = 0; w < kWarps; ++w) sum += sp.Yp[w][r][j];
       s.Y[r][j] = sum;
     }
     __syncthreads();
-    if (tid < R) {
-      float w[M];
-#pragma unroll
-      for (int j = 0; j < M; ++j) {
-        const float yj = s.Y[tid][j] * s.e[j];
-        const float aj = s.a[j];
-        float acc = 0.f;
-#pragma unroll
-        for (int i = 0; i < j; ++i) w[i] *= aj;
-#pragma unroll
-        for (int i = 0; i < j; ++i) acc = fmaf(s.C[j][i], w[i], acc);
-        w[j] = s.beta[j] * (p.v[(static_cast<size_t>(t) * M + j) * R + tid] - (yj + acc));
-      }
-#pragma unroll
-      for (int j = 0; j < M; ++j) s.Y[tid][j] = w[j];
-    }
+    if (tid < R) substitute_row(p, t, s, tid);
     __syncthreads();
-    uint32_t wh[2][4], wl[2][4];
-#pragma unroll
-    for (int q = 0; q < 2; ++q) {
-      split(s.Y[g][8 * q + c], wh[q][0], wl[q][0]);
-      split(s.Y[g + 8][8 * q + c], wh[q][1], wl[q][1]);
-      split(s.Y[g][8 * q + c + 4], wh[q][2], wl[q][2]);
-      split(s.Y[g + 8][8 * q + c + 4], wh[q][3], wl[q][3]);
-    }
-    float* out = p.out + static_cast<size_t>(t) * R * K;
-    const float ck = s.ck;
-#pragma unroll
-    for (int n0 = q0; n0 < q0 + K / kWarps; n0 += 8) {
-      float d[4] = {ck * s.S[g][n0 + 2 * c], ck * s.S[g][n0 + 2 * c + 1], ck * s.S[g + 8][n0 + 2 * c],
-                    ck * s.S[g + 8][n0 + 2 * c + 1]};
-#pragma unroll
-      for (int q = 0; q < 2; ++q) {
-        uint32_t b0h, b0l, b1h, b1l;
-        split(s.k[8 * q + c][n0 + g], b0h, b0l);
-        split(s.k[8 * q + c + 4][n0 + g], b1h, b1l);
-        mma_tf32(d, wl[q], b0h, b1h);
-        mma_tf32(d, wh[q], b0l, b1l);
-        mma_tf32(d, wh[q], b0h, b1h);
-      }
-      *reinterpret_cast<float2*>(out + g * K + n0 + 2 * c) = make_float2(d[0], d[1]);
-      *reinterpret_cast<float2*>(out + (g + 8) * K + n0 + 2 * c) = make_float2(d[2], d[3]);
-    }
+    fold(s.S, s.k, s.Y, s.ck, q0, q0 + K / kWarps, p.out + static_cast<size_t>(t) * R * K, lane);
     __syncthreads();  // the next repetition overwrites Yp and Y
   }
 }
