@@ -3,7 +3,8 @@
     python -m perf.accuracy.evaluate --weights /tmp/out/gdn.pt [--tokens 16384 --prefill 512 --rows 4]
 
 For ``--rows`` held-out sequences of ``prefill + tokens + 1`` bytes: prefill the first ``prefill``
-with the parallel path (FLA's chunked kernels on CUDA), hand the states to each mode's caches
+with a parallel path (``--prefill-path``: ``hf``, HF transformers' chunked torch kernels, the
+default; ``fla``, FLA's chunked kernels), hand the states to each mode's caches
 (``cache.load_state``) and the conv windows to the decode loop, then per mode:
 
 (i)   teacher-forced decode of ``tokens`` steps (step t feeds byte prefill + t, predicts the next),
@@ -84,6 +85,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--weights", required=True, help="a file written by perf.accuracy.train")
     p.add_argument("--tokens", type=int, default=16_384, help="decode steps per sequence (default 16384)")
     p.add_argument("--prefill", type=int, default=512, help="prefill tokens (default 512)")
+    p.add_argument("--prefill-path", default="hf", choices=["hf", "fla", "sequential"], help="the prefill's kernels")
     p.add_argument("--rows", type=int, default=4, help="held-out sequences decoded together (default 4)")
     p.add_argument("--modes", nargs="+", default=list(MODES), help=f"modes to run (default all: {' '.join(MODES)})")
     p.add_argument("--io-dtype", default="bfloat16", choices=["bfloat16", "float32"])
@@ -428,7 +430,7 @@ def main(argv=None) -> list[dict]:
         a.prefill,
         a.tokens,
         factories,
-        prefill_path="fla",
+        prefill_path=a.prefill_path,
         graph=not a.no_graph,
         shadow=set(modes),
         parallel_setup=True,
@@ -443,6 +445,7 @@ def main(argv=None) -> list[dict]:
         train_seed=blob.get("seed"),
         corpus=corpus.describe(),
         rows=a.rows,
+        prefill_path=a.prefill_path,
         io_dtype=a.io_dtype,
         window=a.window,
         graph=not a.no_graph,

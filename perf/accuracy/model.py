@@ -30,9 +30,12 @@ Each mixer has two paths:
   implementation of the gated delta rule (``torch_chunk_gated_delta_rule`` of the Qwen3-Next
   model, called as the plain torch function, not the FLA kernel it dispatches to when FLA is
   importable); Mamba-2 runs FLA's ``parallel_simple_gla`` (its own backward kernels). Forward
-  only from a zero state, and no final state (training needs neither). ``path='train_hf'`` is the
-  same but Mamba-2 runs HF transformers' chunked pure-torch SSD scan (``mamba2_chunk_scan``):
-  slower and hungrier for memory, a fallback that needs no Triton at all.
+  only from a zero state, and no final state (training needs neither).
+  ``path='hf'`` runs HF transformers' chunked pure-torch kernels for both mixers, from a state and
+  to the final state (float32, autocast off): GDN as above, Mamba-2 its SSD scan
+  (``mamba2_chunk_scan`` of the Mamba-2 model, unwrapped from the decorator that would hand it to
+  mamba-ssm). It needs no Triton at all: the prefill of the accuracy study, and the fallback for
+  training Mamba-2 (slower, and hungrier for memory, than FLA's kernel).
   ``path='sequential'`` is a plain-torch token-by-token recurrence in the inputs' dtype (float32 or
   float64; CPU or CUDA), for the CPU tests and as a fallback. The path is always an explicit
   argument.
@@ -50,7 +53,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-PATHS = ("fla", "train", "train_hf", "sequential")
+PATHS = ("fla", "train", "hf", "sequential")
 MIXERS = ("gdn", "mamba2")
 L2NORM_EPS = 1e-6  # as the decode kernels and FLA normalise q and k
 
@@ -139,14 +142,14 @@ def _check_path(path: str) -> None:
 
 
 def _train_gdn():
-    """The 'train' path's GDN: HF's torch chunked gated delta rule, unwrapped from the decorator
+    """The 'train' and 'hf' paths' GDN: HF's torch chunked gated delta rule, unwrapped from the decorator
     that would hand it to FLA's kernel; or a clear error."""
     import inspect
 
     try:
         from transformers.models.qwen3_next.modeling_qwen3_next import torch_chunk_gated_delta_rule
     except Exception as e:
-        raise RuntimeError(f"path='train' needs HF transformers (Qwen3-Next's torch GDN): {e!r}") from e
+        raise RuntimeError(f"path {'train'!r} or {'hf'!r} needs HF transformers (Qwen3-Next's torch GDN): {e!r}") from e
     return inspect.unwrap(torch_chunk_gated_delta_rule)
 
 
@@ -160,7 +163,7 @@ def _train_ssd():
 
 
 def _train_ssd_hf():
-    """The 'train_hf' path's Mamba-2: HF transformers' chunked pure-torch SSD scan
+    """The 'hf' path's Mamba-2: HF transformers' chunked pure-torch SSD scan
     (``mamba2_chunk_scan`` of its Mamba-2 model), unwrapped from the decorator that would hand it
     to mamba-ssm's kernel; or a clear error."""
     import inspect
@@ -168,7 +171,7 @@ def _train_ssd_hf():
     try:
         from transformers.models.mamba2.modeling_mamba2 import mamba2_chunk_scan
     except Exception as e:
-        raise RuntimeError(f"path='train_hf' needs HF transformers (Mamba-2's torch SSD scan): {e!r}") from e
+        raise RuntimeError(f"path='hf' needs HF transformers (Mamba-2's torch SSD scan): {e!r}") from e
     return inspect.unwrap(mamba2_chunk_scan)
 
 
@@ -178,7 +181,7 @@ HF_SSD_CHUNK = 32
 
 
 def _no_state(path: str, state) -> None:
-    if path in ("train", "train_hf") and state is not None:
+    if path == "train" and state is not None:
         raise ValueError("state: path='train' starts from a zero state (use path='fla' to continue from one)")
 
 
@@ -286,11 +289,16 @@ class GDNMixer(nn.Module):
         g, beta = self._gates(a, b)
         _no_state(path, state)
         S0 = None if state is None else state.ssm
-        if path in ("train", "train_hf"):
+        if path in ("train", "hf"):
             torch_gdn = _train_gdn()
             with torch.autocast(q.device.type, enabled=False):  # its matmuls in float32, as FLA accumulates
-                o, _ = torch_gdn(q.float(), k.float(), v.float(), g.float(), beta.float(), use_qk_l2norm_in_kernel=True)
-            S = None
+                # HF's state is [B, H, K, V]: ours transposed
+                init = None if S0 is None else S0.float().transpose(-1, -2).contiguous()
+                o, S = torch_gdn(
+                    q.float(), k.float(), v.float(), g.float(), beta.float(),
+                    initial_state=init, output_final_state=path == "hf", use_qk_l2norm_in_kernel=True,
+                )  # fmt: skip
+            S = None if S is None else S.transpose(-1, -2).contiguous()
         elif path == "fla":
             chunk_gdn, _ = _fla()
             o, S = chunk_gdn(
@@ -380,13 +388,13 @@ class Mamba2Mixer(nn.Module):
                 Ch.contiguous(), Bh.contiguous(), (xs * delta[..., None]).to(xs.dtype), g=delta * A, scale=1.0
             )
             S = None
-        elif path == "train_hf":
+        elif path == "hf":
             scan = _train_ssd_hf()
             with torch.autocast(x.device.type, enabled=False):
-                y = scan(
-                    xs.float(), delta, A.float(), Bm.view(B, T, G, N).float(), Cm.view(B, T, G, N).float(), HF_SSD_CHUNK
-                )
-            S = None
+                y, S = scan(
+                    xs.float(), delta, A.float(), Bm.view(B, T, G, N).float(), Cm.view(B, T, G, N).float(),
+                    HF_SSD_CHUNK, initial_states=None if S0 is None else S0.float(), return_final_states=True,
+                )  # fmt: skip
         elif path == "fla":
             _, chunk_gla = _fla()
             y, S = chunk_gla(

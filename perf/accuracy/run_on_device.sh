@@ -5,7 +5,7 @@
 # accuracy_<model>_curves_h200.json, accuracy_<model>_kl_h200.png, skip_study_<model>_trained_h200.json.
 #   bash perf/accuracy/run_on_device.sh gdn|mamba2 [train minutes, default 3] [evaluate args...]
 #   e.g. a smoke run: bash perf/accuracy/run_on_device.sh gdn 0.5 --tokens 1024 --rows 2
-#   TRAIN_PATH=train_hf bash ...: train.py --path (default train; see perf/accuracy/model.py)
+#   TRAIN_PATH=hf bash ...: train.py --path (default train; see perf/accuracy/model.py)
 # Set REPLAYSSM_COMMIT=<hash> in the command (the device copy has no .git).
 set -euo pipefail
 model=${1:?model: gdn or mamba2}; shift

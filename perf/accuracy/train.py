@@ -3,7 +3,7 @@
     python -m perf.accuracy.train --model gdn --minutes 8 --out /tmp/out/gdn.pt
 
 Training: the model's ``--path`` (default ``train``: HF transformers' chunked torch GDN, FLA's
-parallel simple GLA for Mamba-2; ``train_hf``: HF's torch SSD scan for Mamba-2 instead; ``fla``:
+parallel simple GLA for Mamba-2; ``hf``: HF's torch kernels for both (Mamba-2's SSD scan); ``fla``:
 FLA's chunked kernels, where FLA allows their backward:
 not on Hopper with Triton < 3.7.1, see perf/accuracy/model.py), AdamW (lr 2e-3 after a 200-step warm-up, cosine
 decay to 10% over the budget, weight decay 0.1, betas 0.9/0.95, grad-norm clip 1.0), bf16 autocast
@@ -39,9 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--minutes", type=float, default=8.0, help="training wall-clock budget (default 8)")
     p.add_argument("--out", required=True, help="weights file to write (.pt)")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument(
-        "--path", default="train", choices=["train", "train_hf", "fla"], help="training kernels (default train)"
-    )
+    p.add_argument("--path", default="train", choices=["train", "hf", "fla"], help="training kernels (default train)")
     p.add_argument("--seq-len", type=int, default=1024)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--lr", type=float, default=2e-3)

@@ -429,13 +429,32 @@ def test_fla_path_matches_sequential(mixer):
         assert rel_err(a.ssm, b.ssm) < 2e-3 and rel_err(a.conv, b.conv) < 2e-3
 
 
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_hf_path_continues_from_a_state_and_hands_it_on(mixer):
+    """path='hf' (HF transformers' torch kernels) from a state to the final state against the
+    sequential recurrence, float32 (runs where transformers is installed; CPU or GPU)."""
+    pytest.importorskip("transformers.models.qwen3_next", reason="HF transformers is not installed")
+    from ..gpu.common import rel_err
+
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    m = ByteLM(GPU_TINY[mixer], seed=4).to(device).eval()
+    tokens = torch.randint(0, 256, (2, 120), generator=_gen(14)).to(device)
+    with torch.no_grad():
+        _, st = m(tokens[:, :50], path="sequential")
+        seq, seq_st = m(tokens[:, 50:], st, path="sequential")
+        hf, hf_st = m(tokens[:, 50:], st, path="hf")
+    assert rel_err(hf, seq) < 1e-4
+    for a, b in zip(hf_st, seq_st):
+        assert a.ssm.shape == b.ssm.shape and rel_err(a.ssm, b.ssm) < 1e-4 and rel_err(a.conv, b.conv) < 1e-4
+
+
 @pytest.mark.parametrize(
     "mixer, path",
-    [("gdn", "train"), pytest.param("mamba2", "train", marks=pytest.mark.gpu), ("mamba2", "train_hf")],
+    [("gdn", "train"), pytest.param("mamba2", "train", marks=pytest.mark.gpu), ("mamba2", "hf")],
 )
 def test_train_path_matches_sequential_with_gradients(mixer, path):
     """The training path against the sequential recurrence, float32: the logits and every
-    parameter's gradient of one loss. GDN (HF transformers' torch GDN) and Mamba-2 on 'train_hf'
+    parameter's gradient of one loss. GDN (HF transformers' torch GDN) and Mamba-2 on 'hf'
     (HF's torch SSD scan) run on the CPU too, when transformers is installed; Mamba-2 on 'train'
     (FLA's parallel simple GLA) needs CUDA and fla-core.
 
@@ -469,9 +488,10 @@ def test_train_path_matches_sequential_with_gradients(mixer, path):
         if not err < tol:
             bad[n] = (err, tol)
     assert not bad, f"gradients off (relative error, tolerance): {bad}"
-    _, st = m(tokens[:, :4], path="sequential")
-    with pytest.raises(ValueError, match="zero state"):
-        m(tokens[:, 4:8], st, path=path)
+    if path == "train":
+        _, st = m(tokens[:, :4], path="sequential")
+        with pytest.raises(ValueError, match="zero state"):
+            m(tokens[:, 4:8], st, path=path)
 
 
 @pytest.mark.gpu
