@@ -205,6 +205,50 @@ class WrapperBackend:
         return y.to(x.dtype)
 
 
+class StackedBackend:
+    """Several backends decoding side by side in one batch: rows ``[i*R, (i+1)*R)`` of every step
+    belong to ``backends[i]`` (each of ``R`` rows). The model's other layers then run once for all
+    modes, with the same arithmetic for every mode's rows, and one CUDA graph replays them all
+    (when every backend is capturable). ``load`` gives each backend the same state [R, *state];
+    ``last`` and ``state`` stay per backend (``backends[i].last``, ``backends[i].state(layer)``)."""
+
+    def __init__(self, backends: list):
+        if not backends:
+            raise ValueError("backends: expected at least one backend, got none")
+        rows = {b.rows for b in backends}
+        if len(rows) != 1:
+            raise ValueError(f"backends: expected the same row count in each, got {sorted(rows)}")
+        self.backends, self.rows = list(backends), rows.pop() * len(backends)
+
+    def load(self, layer: int, state: torch.Tensor) -> None:
+        for b in self.backends:
+            b.load(layer, state)
+
+    def after_step(self, t: int) -> None:
+        for b in self.backends:
+            getattr(b, "after_step", lambda t: None)(t)
+
+    def check_errors(self) -> None:
+        for b in self.backends:
+            if hasattr(b, "check_errors"):
+                b.check_errors()
+
+    def _split(self, tensors: list[torch.Tensor]) -> list[list[torch.Tensor]]:
+        n = len(self.backends)
+        for x in tensors:
+            if x.shape[0] != self.rows:
+                raise ValueError(f"step inputs: expected {self.rows} rows ({n} backends), got {x.shape[0]}")
+        return list(zip(*[x.chunk(n, dim=0) for x in tensors]))
+
+    def gdn(self, layer, q, k, v, a, b, A_log, dt_bias):
+        parts = self._split([q, k, v, a, b])
+        return torch.cat([be.gdn(layer, *p, A_log, dt_bias) for be, p in zip(self.backends, parts)])
+
+    def mamba2(self, layer, x, dt, B, C, A, D, dt_bias):
+        parts = self._split([x, dt, B, C])
+        return torch.cat([be.mamba2(layer, *p, A, D, dt_bias) for be, p in zip(self.backends, parts)])
+
+
 #: Modes the library lacks, emulated on kernels it has (EmulatedBackend): the mode whose kernels
 #: run, and what is done to the cache's buffers at each load and after each flush.
 EMULATIONS: dict[str, tuple[str, str]] = {

@@ -20,8 +20,10 @@ default; ``fla``, FLA's chunked kernels), hand the states to each mode's caches
 The non-SSM parts of the model run in float32 (weights upcast from bf16); the SSM io tensors are
 rounded to ``--io-dtype`` (bf16 by default, as engines pass them). The fp32 mode always runs first
 (it is the reference of every comparison). ``--fp64`` adds a row ``fp64_reference``: the same loop
-with the float64 recurrence itself as the state backend (eager, a few ms per step). Each step runs
-as one CUDA graph (``--no-graph``: eagerly). Modes the library cannot build yet are emulated on
+with the float64 recurrence itself as the state backend (eager, a few ms per step). The modes
+decode side by side, stacked along the batch (one mode's rows after another's): each step of all
+of them runs as one CUDA graph (``--no-graph``: eagerly), and the model's other layers treat every
+mode's rows alike. Modes the library cannot build yet are emulated on
 the kernels it has (backends.EmulatedBackend: the cache's buffers re-rounded after every flush;
 the row's ``implementation`` says so); with ``--no-emulation``, or where no emulation exists, they
 get a row with ``skipped`` = the library's reason and no figures.
@@ -54,6 +56,7 @@ from .backends import (
     EmulatedBackend,
     InputRecorder,
     ReferenceBackend,
+    StackedBackend,
     UnsupportedMode,
     WrapperBackend,
     check_mode,
@@ -148,10 +151,12 @@ class StepRunner:
         return lp, lp.argmax(-1)
 
     def reset(self, states: list[LayerState]) -> None:
-        """Back to the prefill: each layer's SSM state loaded, conv windows copied."""
+        """Back to the prefill: each layer's SSM state loaded, conv windows copied (repeated when
+        the runner's batch stacks several backends' rows, StackedBackend)."""
         for j, s in enumerate(states):
             self.backend.load(j, s.ssm)
-            self.conv[j].copy_(s.conv)
+            reps = self.conv[j].shape[0] // s.conv.shape[0]
+            self.conv[j].copy_(s.conv.repeat(reps, *([1] * (s.conv.dim() - 1))))
 
     def step(self) -> None:
         if self.graph is not None:
@@ -165,50 +170,67 @@ def state_points(tokens: int, n: int = 8) -> list[int]:
     return sorted({max(0, (tokens * i) // n - 1) for i in range(1, n + 1)})
 
 
-def decode_mode(
+def decode_modes(
     model: ByteLM,
-    backend,
+    backends: dict[str, object],
     states: list[LayerState],
     first: torch.Tensor,
     seqs: torch.Tensor,
     prefill: int,
     tokens: int,
     graph: bool,
-    record: bool,
-) -> dict:
-    """Teacher-forced and free-running decode of one mode from the prefill ``states``.
+    record: set[str],
+) -> dict[str, dict]:
+    """Teacher-forced and free-running decode of several modes side by side from the prefill
+    ``states``: their backends are stacked along the batch (StackedBackend, mode after mode), so
+    one step (one CUDA graph with graph=True) advances every mode, and the model's other layers
+    compute every mode's rows with the same arithmetic.
 
     seqs int64 [B, prefill + tokens + 1] on the device; first int64 [B]: the prefill's greedy token.
-    Returns {'lp': float32 [B, tokens, 256] teacher-forced log-probs, 'greedy': int64 [B, tokens]
-    free-running tokens, 'recorder': InputRecorder or None, 'states': {t: per-layer state}}."""
-    runner = StepRunner(model, backend, [s.conv for s in states], graph)
-    B = seqs.shape[0]
+    record: the modes whose inputs are recorded (their state error is measured).
+    Returns {mode: {'lp': float32 [B, tokens, 256] teacher-forced log-probs, 'greedy': int64
+    [B, tokens] free-running tokens, 'recorder': InputRecorder or None, 'states': {t: per-layer
+    state}}}."""
+    modes = list(backends)
+    stack = StackedBackend([backends[m] for m in modes])
+    M, B = len(modes), seqs.shape[0]
+    runner = StepRunner(model, stack, [s.conv.repeat(M, *([1] * (s.conv.dim() - 1))) for s in states], graph)
     points = set(state_points(tokens))
-    lp = torch.empty(B, tokens, 256, dtype=torch.float32, device=seqs.device)
-    recorder = InputRecorder(tokens) if record else None
-    after = getattr(backend, "after_step", lambda t: None)  # emulated modes re-round after flushes
-    mats = {}
+    out = {
+        m: {
+            "lp": torch.empty(B, tokens, 256, dtype=torch.float32, device=seqs.device),
+            "greedy": torch.empty(B, tokens, dtype=torch.int64, device=seqs.device),
+            "recorder": InputRecorder(tokens) if m in record else None,
+            "states": {},
+        }
+        for m in modes
+    }
+    feed = seqs[:, prefill : prefill + tokens].repeat(M, 1)
     runner.reset(states)
     for t in range(tokens):
-        runner.tokens.copy_(seqs[:, prefill + t])
+        runner.tokens.copy_(feed[:, t])
         runner.step()
-        after(t)
-        lp[:, t].copy_(runner.lp)
-        if recorder is not None:
-            recorder.record(t, backend)
-        if record and t in points:
-            mats[t] = [backend.state(j).clone() for j in range(model.cfg.n_layers)]
-    greedy = torch.empty(B, tokens, dtype=torch.int64, device=seqs.device)
+        stack.after_step(t)  # emulated modes re-round after flushes
+        lp = runner.lp.view(M, B, -1)
+        for i, m in enumerate(modes):
+            r = out[m]
+            r["lp"][:, t].copy_(lp[i])
+            if r["recorder"] is not None:
+                r["recorder"].record(t, backends[m])
+                if t in points:
+                    r["states"][t] = [backends[m].state(j).clone() for j in range(model.cfg.n_layers)]
+    greedy = torch.empty(M * B, tokens, dtype=torch.int64, device=seqs.device)
     runner.reset(states)
-    runner.tokens.copy_(first)
+    runner.tokens.copy_(first.repeat(M))
     for t in range(tokens):
         runner.step()
-        after(t)
+        stack.after_step(t)
         greedy[:, t].copy_(runner.greedy)
         runner.tokens.copy_(runner.greedy)
-    if hasattr(backend, "check_errors"):
-        backend.check_errors()
-    return {"lp": lp, "greedy": greedy, "recorder": recorder, "states": mats}
+    stack.check_errors()
+    for i, m in enumerate(modes):
+        out[m]["greedy"].copy_(greedy[i * B : (i + 1) * B])
+    return out
 
 
 def state_errors(
@@ -348,16 +370,22 @@ def evaluate_model(
         shadow = set(backends) if shadow is None else shadow
         order = [REFERENCE_MODE] + [m for m in factories if m != REFERENCE_MODE and m in backends]
         runs, seconds = {}, {}
-        for mode in order:
+        # the capturable modes decode together as one CUDA graph; the rest together, eagerly
+        capturable = [m for m in order if graph and isinstance(backends[m], WrapperBackend)]
+        groups = [g for g in (capturable, [m for m in order if m not in capturable]) if g]
+        for group in groups:
             t0 = time.perf_counter()
-            use_graph = graph and isinstance(backends[mode], WrapperBackend)
-            runs[mode] = decode_mode(
-                model, backends[mode], states, first, seqs, prefill, tokens, use_graph, record=mode in shadow
+            use_graph = group is capturable
+            done = decode_modes(
+                model, {m: backends[m] for m in group}, states, first, seqs, prefill, tokens, use_graph, shadow
             )
-            runs[mode]["implementation"] = implementation(backends[mode])
-            seconds[mode] = round(time.perf_counter() - t0, 1)
-            log(f"{name} {mode}: decoded {tokens} x 2 steps in {seconds[mode]} s{' (graph)' if use_graph else ''}")
-            del backends[mode]
+            sec = round(time.perf_counter() - t0, 1)
+            for m in group:
+                runs[m] = dict(done[m], implementation=implementation(backends[m]))
+                seconds[m] = sec
+                del backends[m]
+            how = " (graph)" if use_graph else ""
+            log(f"{name} {', '.join(group)}: decoded {tokens} x 2 steps side by side in {sec} s{how}")
         t0 = time.perf_counter()
         errs = state_errors(model, runs, states, tokens)
         log(f"{name}: float64 recurrence over {len(errs)} mode(s) in {time.perf_counter() - t0:.1f} s")

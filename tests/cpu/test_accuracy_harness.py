@@ -239,6 +239,33 @@ def _unsupported():
     raise bk.UnsupportedMode("fp8_single", "the library says no")
 
 
+@pytest.mark.parametrize("mixer", ["gdn", "mamba2"])
+def test_stacked_backend_is_its_backends_side_by_side(mixer):
+    """StackedBackend: rows [i*R, (i+1)*R) go to backend i; each backend's outputs, recorded inputs
+    and states equal those of running it alone on its rows; row counts are checked."""
+    m = _tiny_model(mixer)
+    cfg, R, steps = m.cfg, 2, 6
+    toks = torch.randint(0, 256, (2 * R, steps), generator=_gen(11))
+    alone = [bk.ReferenceBackend(cfg, R), bk.ReferenceBackend(cfg, R, io_dtype=torch.bfloat16)]
+    side = [bk.ReferenceBackend(cfg, R), bk.ReferenceBackend(cfg, R, io_dtype=torch.bfloat16)]
+    stack = bk.StackedBackend(side)
+    conv_alone = [[torch.zeros(R, cfg.conv_width - 1, cfg.conv_channels) for _ in range(cfg.n_layers)] for _ in alone]
+    conv_stack = [torch.cat([c[j] for c in conv_alone]) for j in range(cfg.n_layers)]
+    with torch.no_grad():
+        for t in range(steps):
+            y = m.step(toks[:, t], conv_stack, stack)
+            for i, be in enumerate(alone):
+                want = m.step(toks[i * R : (i + 1) * R, t], conv_alone[i], be)
+                torch.testing.assert_close(y[i * R : (i + 1) * R], want, rtol=1e-5, atol=1e-6)
+    for a, b in zip(alone, side):
+        for j in range(cfg.n_layers):
+            torch.testing.assert_close(b.state(j), a.state(j), rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match="same row count"):
+        bk.StackedBackend([bk.ReferenceBackend(cfg, 1), bk.ReferenceBackend(cfg, 2)])
+    with pytest.raises(ValueError, match="rows"):
+        m.step(toks[:3, 0], [c[:3] for c in conv_stack], stack)
+
+
 def test_evaluation_loop_with_reference_backends():
     m = _tiny_model("mamba2")
     cfg, B, P, N = m.cfg, 2, 5, 20
@@ -559,7 +586,11 @@ def test_emulated_modes_hold_what_the_missing_mode_would(mixer):
                     for c in be.caches:
                         S = c.checkpoint[be.slots]
                         if mode.startswith("fp8_single"):
-                            assert torch.equal(quant.fake_quant_fp8_e4m3(S), S), (mode, t)
+                            # on the fp8 grid: a second round trip moves nothing beyond fp32 rounding
+                            # of the row scale (CUDA divides by a scalar as a multiplication by its
+                            # reciprocal); an unrounded row is up to 1/16 of its max-abs off the grid
+                            off = (quant.fake_quant_fp8_e4m3(S) - S).abs()
+                            assert (off <= 2.0**-20 * S.abs().amax(-1, keepdim=True)).all(), (mode, t)
                         elif mode == "bf16sr+fp8":
                             assert torch.equal(S.to(torch.bfloat16).float(), S), (mode, t)
                         else:
