@@ -10,11 +10,14 @@ Every time is a CUDA-graph replay timed with CUDA events (median over many repla
   run back to back), replayed L times to cover whole windows; us_single_replay beside it.
 Pools hold random slot permutations and are larger than L2; inputs follow the model init ranges.
 
---read-dtypes none float8_e4m3fn bfloat16 runs the replay kernel once per read copy in the same
-call (every family; `none` is the plain checkpoint), so the formats are measured side by side.
-Floors count what each must move per step over a window: the read copy (and its scales) on L - 1
-steps, the checkpoint read, checkpoint write and read-copy write once; GDN/KDA also the ring's
-live records and, once per window, the v and beta records the flush recomputes u from. --phases staggered starts each
+--formats fp32 fp32+fp8 bf16 bf16sr+fp8 fp8_single ... runs the replay kernel once per state format
+in the same call (every family; names as perf/mode_bytes.py and the accuracy study spell them:
+FORMATS below), so the formats are measured side by side; --read-dtypes none float8_e4m3fn
+bfloat16 is the older spelling (read copies of the --state-dtype checkpoint). Floors count what
+each must move per step over a window (perf/mode_bytes.py): the read copy (and its scales) on
+L - 1 steps, the checkpoint read, checkpoint write and read-copy write once; a single copy on
+every step and its write once; GDN/KDA also the ring's live records and, with two copies, once
+per window the v and beta records the flush recomputes u from. --phases staggered starts each
 slot at a random point of its window (random ring lengths), as in serving, instead of all slots
 flushing on the same step (lockstep).
 """
@@ -25,6 +28,7 @@ import argparse
 import math
 import statistics
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -66,7 +70,7 @@ class Mamba2Family:
         dt0 = log_uniform(H, 1e-3, 1e-1, gen)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows, persistent=None, read_dtype=None):
+    def wrapper(self, batch, algorithm, rows, persistent=None, fmt=None):
         s, a = self.s, self.args
         return Mamba2DecodeWrapper(
             s["H"],
@@ -74,13 +78,12 @@ class Mamba2Family:
             s["N"],
             s["G"],
             window=a.window,
-            state_dtype=a.state_dtype,
             io_dtype=a.io_dtype,
             max_batch=batch,
             algorithm=algorithm,
             rows_per_cta=rows,
             persistent=persistent,
-            read_dtype=read_dtype,
+            **(fmt or plain_format(a)).wrapper_kwargs(),
         )
 
     def inputs(self, batch):
@@ -106,14 +109,14 @@ class Mamba2Family:
         s = self.s
         return s["H"] * s["P"] * s["N"] * self.args.state_dtype.itemsize
 
-    def read_copy_bytes(self, read_dtype):
-        """Bytes of one slot's read copy and its scales (0 without one)."""
-        return mode_bytes.read_copy_bytes(self.family_name, self.s, read_dtype)
-
-    def step_bytes(self, kind, batch, read_dtype=None):
+    def step_bytes(self, kind, batch, fmt=None):
         """Fewest bytes one step must move (mean over a window for replay): perf/mode_bytes.py."""
+        fmt = fmt or plain_format(self.args)
         mode = mode_bytes.Mode(
-            "bench", conventional=kind == "conventional", hp_itemsize=self.args.state_dtype.itemsize, read=read_dtype
+            "bench",
+            conventional=kind == "conventional",
+            hp_itemsize=0 if fmt.single_copy else fmt.state_dtype.itemsize,
+            read=fmt.read_dtype,
         )
         return mode_bytes.step_bytes(
             self.family_name, self.s, mode, batch, self.args.window, self.args.io_dtype.itemsize
@@ -135,7 +138,7 @@ class GDNFamily:
         dt0 = log_uniform(HV * (shape["K"] if self.per_channel else 1), 1e-3, 1e-1, gen).reshape(HV, *self.gate_tail)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows, persistent=None, read_dtype=None):
+    def wrapper(self, batch, algorithm, rows, persistent=None, fmt=None):
         s, a = self.s, self.args
         return self.wrapper_cls(
             s["HV"],
@@ -143,13 +146,12 @@ class GDNFamily:
             s["K"],
             s["V"],
             window=a.window,
-            state_dtype=a.state_dtype,
             io_dtype=a.io_dtype,
             max_batch=batch,
             algorithm=algorithm,
             rows_per_cta=rows,
             persistent=persistent,
-            read_dtype=read_dtype,
+            **(fmt or plain_format(a)).wrapper_kwargs(),
         )
 
     def inputs(self, batch):
@@ -175,7 +177,6 @@ class GDNFamily:
         s = self.s
         return s["HV"] * s["V"] * s["K"] * self.args.state_dtype.itemsize
 
-    read_copy_bytes = Mamba2Family.read_copy_bytes
     step_bytes = Mamba2Family.step_bytes
 
 
@@ -188,6 +189,53 @@ class KDAFamily(GDNFamily):
 
 
 READ_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}
+
+
+@dataclass(frozen=True)
+class StateFormat:
+    """One state format of the replay kernels: the checkpoint dtype, the read copy, single copy
+    (the copy is the only state), stochastic rounding at the flush."""
+
+    name: str
+    state_dtype: torch.dtype
+    read_dtype: str | None = None
+    single_copy: bool = False
+    stochastic_rounding: bool = False
+
+    def wrapper_kwargs(self) -> dict:
+        return dict(
+            state_dtype=self.state_dtype,
+            read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
+        )
+
+
+F32, BF16 = torch.float32, torch.bfloat16
+FP8 = "float8_e4m3fn"
+#: --formats names (perf/mode_bytes.py's and the accuracy study's) -> format
+FORMATS = {
+    f.name: f
+    for f in (
+        StateFormat("fp32", F32),
+        StateFormat("fp32+fp8", F32, FP8),
+        StateFormat("fp32+bf16", F32, "bfloat16"),
+        StateFormat("bf16", BF16),
+        StateFormat("bf16sr", BF16, stochastic_rounding=True),
+        StateFormat("bf16+fp8", BF16, FP8),
+        StateFormat("bf16sr+fp8", BF16, FP8, stochastic_rounding=True),
+        StateFormat("fp8_single", F32, FP8, single_copy=True),
+        StateFormat("fp8_single_sr", F32, FP8, single_copy=True, stochastic_rounding=True),
+    )
+}
+
+
+def plain_format(args, read_dtype=None) -> StateFormat:
+    """The --state-dtype checkpoint, with ``read_dtype`` (the --read-dtypes spelling)."""
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", FP8: "fp8"}
+    name = short[str(args.state_dtype).removeprefix("torch.")] + (f"+{short[read_dtype]}" if read_dtype else "")
+    return StateFormat(name, args.state_dtype, read_dtype)
+
 
 # --persistent: which replay kernels to run: the wrapper's choice, one, or both.
 PERSISTENT_CHOICES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
@@ -205,15 +253,22 @@ def stagger(cache, gen):
     cache.ring_start.copy_(torch.randint(0, R, (n,), device="cuda", generator=gen, dtype=torch.int32))
 
 
-def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, read_dtype=None, phases="lockstep"):
+def fill_states(cache, gen) -> None:
+    """Random (normal) states in every slot, in the cache's format (load_state encodes the copies)."""
+    if cache.checkpoint is not None and cache.read_copy is None:
+        cache.checkpoint.normal_(generator=gen)
+        return
+    S = torch.randn(cache.num_slots, *cache.state_shape, device="cuda", generator=gen)
+    cache.load_state(list(range(cache.num_slots)), S)
+
+
+def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, fmt=None, phases="lockstep"):
     """One pool; a graph of L consecutive steps, plus one graph per step for non-flush/flush."""
     L = fam.args.window
     num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
-    w = fam.wrapper(batch, algorithm, rows, persistent, read_dtype)
+    w = fam.wrapper(batch, algorithm, rows, persistent, fmt)
     cache = w.create_cache(num_slots)
-    cache.checkpoint.normal_(generator=fam.gen)
-    if read_dtype is not None:
-        cache.load_state(list(range(num_slots)), cache.checkpoint.clone())  # encodes the read copy
+    fill_states(cache, fam.gen)
     if phases == "staggered":
         stagger(cache, fam.gen)
     w.plan(torch.randperm(num_slots, device="cuda", generator=fam.gen)[:batch].to(torch.int32))
@@ -330,15 +385,13 @@ def bench_fla(fam, batch, reps, ops):
     )
 
 
-def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, read_dtype=None):
+def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, fmt=None):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
     L = fam.args.window
-    w = fam.wrapper(batch, algorithm, rows, persistent, read_dtype)
+    w = fam.wrapper(batch, algorithm, rows, persistent, fmt)
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
-        c.checkpoint.normal_(generator=fam.gen)
-        if read_dtype is not None:
-            c.load_state(list(range(c.num_slots)), c.checkpoint.clone())
+        fill_states(c, fam.gen)
     w.plan(torch.randperm(max(batch, 2), device="cuda", generator=fam.gen)[:batch].to(torch.int32))
     ins = [fam.inputs(batch) for _ in range(layers)]
     outs = [fam.out(batch) for _ in range(layers)]
@@ -369,12 +422,12 @@ def run(args):
             if fla is not None and args.family in ("gdn", "kda") and batch > 8:
                 variants.append(("fla", None))
             variants = [
-                (algorithm, persistent, read, ph)
+                (algorithm, persistent, f, ph)
                 for algorithm, persistent in variants
-                for read in (args.read_dtypes if algorithm == "replay" else [None])
+                for f in (args.formats if algorithm == "replay" else [plain_format(args)])
                 for ph in (args.phases if algorithm == "replay" and batch > 8 else ["lockstep"])
             ]
-            for algorithm, persistent, read_dtype, phases in variants:
+            for algorithm, persistent, fmt, phases in variants:
                 for rows in args.rows or [None]:
                     try:
                         if algorithm == "fla":
@@ -382,15 +435,15 @@ def run(args):
                                 continue
                             r = bench_fla(fam, batch, args.reps, fla)
                         elif batch <= 8:
-                            r = bench_layers(fam, batch, algorithm, rows, args.reps, persistent, read_dtype=read_dtype)
+                            r = bench_layers(fam, batch, algorithm, rows, args.reps, persistent, fmt=fmt)
                         else:
-                            r = bench_pool(fam, batch, algorithm, rows, args.reps, persistent, read_dtype, phases)
+                            r = bench_pool(fam, batch, algorithm, rows, args.reps, persistent, fmt, phases)
                     except torch.OutOfMemoryError:
                         print(f"skip {shape_name} B={batch} {algorithm}: out of memory")
                         torch.cuda.empty_cache()
                         continue
                     kind = "conventional" if algorithm == "fla" else algorithm
-                    nbytes = fam.step_bytes(kind, batch, read_dtype)
+                    nbytes = fam.step_bytes(kind, batch, fmt)
                     floor = nbytes / (bw * 1e12) * 1e6
                     row = {
                         "family": args.family,
@@ -401,10 +454,12 @@ def run(args):
                         "batch": batch,
                         "L": args.window,
                         "T": 1,
-                        "state_dtype": str(args.state_dtype).removeprefix("torch."),
+                        "format": fmt.name,
+                        "state_dtype": str(fmt.state_dtype).removeprefix("torch."),
                         "io_dtype": str(args.io_dtype).removeprefix("torch."),
-                        "read_dtype": read_dtype or str(args.state_dtype).removeprefix("torch."),
-                        "single_copy": read_dtype is None,
+                        "read_dtype": fmt.read_dtype or str(fmt.state_dtype).removeprefix("torch."),
+                        "single_copy": fmt.read_dtype is None or fmt.single_copy,
+                        "stochastic_rounding": fmt.stochastic_rounding,
                         "phases": phases,
                         "rows_per_cta": rows,
                         "bytes_per_step": nbytes,
@@ -415,7 +470,7 @@ def run(args):
                     row["fraction_of_floor"] = floor / r["us_per_step"]
                     rows_out.append(row)
                     print(
-                        f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} read={row['read_dtype']:13s} "
+                        f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} {fmt.name:13s} "
                         f"{phases:9s} rows={r['rows_used']} "
                         f"{'persistent ' if r['persistent'] else ''}"
                         f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
@@ -453,9 +508,16 @@ def main():
     ap.add_argument(
         "--read-dtypes",
         nargs="+",
-        default=["none"],
+        default=None,
         choices=["none", *READ_ITEMSIZE],
-        help="replay: read copies to measure side by side (none: the checkpoint itself)",
+        help="replay: read copies of the --state-dtype checkpoint, side by side (none: the checkpoint itself)",
+    )
+    ap.add_argument(
+        "--formats",
+        nargs="+",
+        default=None,
+        choices=list(FORMATS),
+        help="replay: state formats to measure side by side (default: the --state-dtype checkpoint)",
     )
     ap.add_argument("--phases", nargs="+", default=["lockstep"], choices=["lockstep", "staggered"])
     ap.add_argument("--reps", type=int, default=50)
@@ -469,7 +531,9 @@ def main():
         ap.error(f"--shapes: {unknown} not in {list(SHAPES[args.family])}")
     args.state_dtype = getattr(torch, args.state_dtype)
     args.io_dtype = getattr(torch, args.io_dtype)
-    args.read_dtypes = [None if r == "none" else r for r in args.read_dtypes]
+    formats = [FORMATS[f] for f in args.formats or []]
+    formats += [plain_format(args, None if r == "none" else r) for r in args.read_dtypes or []]
+    args.formats = formats or [plain_format(args)]
     rows, extra = run(args)
     m = meta()
     m.update(extra)

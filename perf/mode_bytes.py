@@ -66,8 +66,8 @@ MODES = {
         Mode("fp32+fp8", read="float8_e4m3fn"),
         Mode("fp32+nvfp4", read="nvfp4", built=False),
         Mode("bf16", hp_itemsize=2),
-        Mode("bf16sr+fp8", hp_itemsize=2, read="float8_e4m3fn", built=False),
-        Mode("fp8_single", hp_itemsize=0, read="float8_e4m3fn", built=False),
+        Mode("bf16sr+fp8", hp_itemsize=2, read="float8_e4m3fn"),
+        Mode("fp8_single", hp_itemsize=0, read="float8_e4m3fn"),
     )
 }
 

@@ -35,6 +35,7 @@ ERROR_BITS = {
 assert set(ERROR_BITS) == set(_BITS.values()), "describe every kErr* bit of constants.h"
 
 _CURSOR_NAMES = ("ring_start", "ring_len", "ring_done", "ring_draft")  # per-slot int32 (ReplayCache.cursors)
+_STATE_NAMES = ("checkpoint", "read_copy", "read_scale", "flush_count")  # per-slot state buffers (None: absent)
 _COUNTER_NAMES = ("error_flag", "work_counter")  # per-cache int32
 
 
@@ -82,6 +83,7 @@ class ReplayCache:
     """What every family's cache has: the checkpoint pool, device-side cursors, the error flag.
 
         checkpoint  [num_slots, heads, rows, cols]  state_dtype  state after the last folded record
+                                        (None with a single copy: the read copy is the state)
         ring_start  [num_slots] int32   physical index of the oldest record since the checkpoint
         ring_len    [num_slots] int32   committed records since the checkpoint
         ring_done   [num_slots] int32   kernel-internal arrival counter (0 at rest)
@@ -94,6 +96,8 @@ class ReplayCache:
         read_copy   [num_slots, heads, rows, cols]  read dtype  low-precision copy S_lp of the
                                         checkpoint that non-flush steps read (None without one)
         read_scale  [num_slots, heads, rows]  float32  S_lp's per-row scales (fp8; else None)
+        flush_count [num_slots] int32   flushes of each slot since its load/reset (stochastic
+                                        rounding only, else None): what the flush's random bits hash
     Rings hold R = window + max_draft records per slot. The kernels advance the cursors, so a
     decode step needs no host sync and can be captured in a CUDA graph.
 
@@ -103,6 +107,11 @@ class ReplayCache:
     format ('float8_e4m3fn': codes = e4m3(row / s) with s = amax|row| / 448 per row; 'bfloat16':
     codes = bf16(row)), as replayssm.reference.quant defines them; the kernels keep it equal to
     the format applied to the checkpoint (each flush re-encodes it), and so do reset and load_state.
+    single_copy: the fp8 read copy is the only state (no checkpoint; every step reads it and a flush
+    folds into it and re-encodes it). stochastic_rounding: flushes round what they store (a bf16
+    checkpoint, or the single fp8 copy) stochastically, with random bits hashed from (slot, the
+    slot's flush count, element) (replayssm.reference.stochastic); a read copy beside a bf16
+    checkpoint is still encoded to nearest from the flush's fp32 values.
     """
 
     dims: Any  # the family's dims (set by each subclass)
@@ -119,16 +128,21 @@ class ReplayCache:
         io_dtype: torch.dtype,
         device,
         read_dtype: str | None = None,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ):
         positive_int("num_slots", num_slots)
         check_max_draft(max_draft)
         self.read_dtype = read_format_name(read_dtype)
+        self.single_copy, self.stochastic_rounding = single_copy, stochastic_rounding
         self.num_slots, self.window, self.max_draft = num_slots, window, max_draft
         self.state_dtype, self.io_dtype = state_dtype, io_dtype
         self.device = cuda_device("device", device)
         self.capacity = window + max_draft
         dev = self.device
-        self.checkpoint = torch.zeros((num_slots, *state_shape), dtype=state_dtype, device=dev)
+        self.checkpoint: torch.Tensor | None = None
+        if not single_copy:
+            self.checkpoint = torch.zeros((num_slots, *state_shape), dtype=state_dtype, device=dev)
         self.ring_start = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_len = torch.zeros(num_slots, dtype=torch.int32, device=dev)
         self.ring_done = torch.zeros(num_slots, dtype=torch.int32, device=dev)
@@ -142,6 +156,9 @@ class ReplayCache:
             self.read_copy = torch.zeros((num_slots, *state_shape), dtype=getattr(torch, self.read_dtype), device=dev)
             if self.read_dtype == "float8_e4m3fn":
                 self.read_scale = torch.zeros((num_slots, *state_shape[:-1]), dtype=torch.float32, device=dev)
+        self.flush_count: torch.Tensor | None = None
+        if stochastic_rounding:
+            self.flush_count = torch.zeros(num_slots, dtype=torch.int32, device=dev)
 
     @classmethod
     def _over(
@@ -154,18 +171,23 @@ class ReplayCache:
         io_dtype,
         read_dtype: str | None,
         device: torch.device,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ) -> ReplayCache:
         """A cache of this class over existing tensors, allocating and copying nothing (for
         replayssm.torch_ops: inside a custom op the tensors may be torch.compile's stand-ins for a
-        cache's own). tensors: by attribute name ('checkpoint', 'read_copy', 'read_scale', the
-        ring names, 'ring_start', 'ring_len', 'ring_done', 'ring_draft', 'error_flag',
+        cache's own). tensors: by attribute name ('checkpoint', 'read_copy', 'read_scale',
+        'flush_count', the ring names, 'ring_start', 'ring_len', 'ring_done', 'ring_draft', 'error_flag',
         'work_counter'); absent ones are None. The ring names and 'ring_start' are required:
         num_slots is ring_start's length and the capacity the first ring's dim 2."""
         c = cls.__new__(cls)
         c.dims, c.window, c.state_dtype, c.io_dtype = dims, window, state_dtype, io_dtype
         c.read_dtype, c.device = read_dtype, device
-        c._ring_names = tuple(cls.descriptor.ring_layout(dataclasses.asdict(dims), 1, io_dtype, read_dtype))
-        for name in (*c._ring_names, "checkpoint", "read_copy", "read_scale", *_CURSOR_NAMES, *_COUNTER_NAMES):
+        c.single_copy, c.stochastic_rounding = single_copy, stochastic_rounding
+        c._ring_names = tuple(
+            cls.descriptor.ring_layout(dataclasses.asdict(dims), 1, io_dtype, read_dtype, single_copy)
+        )
+        for name in (*c._ring_names, *_STATE_NAMES, *_CURSOR_NAMES, *_COUNTER_NAMES):
             setattr(c, name, tensors.get(name))
         c.num_slots = tensors["ring_start"].shape[0]  # type: ignore[union-attr]
         c.hint_slots = c.num_slots
@@ -175,7 +197,7 @@ class ReplayCache:
 
     def _make_rings(self, dims: dict) -> None:
         """Allocate the family's rings (zeros) as the descriptor lays them out."""
-        layout = self.descriptor.ring_layout(dims, self.capacity, self.io_dtype, self.read_dtype)
+        layout = self.descriptor.ring_layout(dims, self.capacity, self.io_dtype, self.read_dtype, self.single_copy)
         self._ring_names = tuple(layout)
         for name, (shape, dtype) in layout.items():
             setattr(self, name, torch.zeros((self.num_slots, *shape), dtype=dtype, device=self.device))
@@ -194,8 +216,9 @@ class ReplayCache:
         return self.bytes_per_slot()["checkpoint"]
 
     def bytes_per_slot(self) -> dict[str, int]:
-        """Bytes per slot of every buffer the cache keeps: 'checkpoint', 'read_copy' and
-        'read_scale' (0 without a read copy), 'rings' (all ring tensors), 'cursors', and 'total'."""
+        """Bytes per slot of every buffer the cache keeps: 'checkpoint' (0 with a single copy),
+        'read_copy' and 'read_scale' (0 without a read copy), 'rings' (all ring tensors), 'cursors'
+        (with the flush count of stochastic rounding), and 'total'."""
 
         def per_slot(ts) -> int:
             return sum(t[0].numel() * t.element_size() for t in ts if t is not None)
@@ -205,7 +228,7 @@ class ReplayCache:
             "read_copy": per_slot([self.read_copy]),
             "read_scale": per_slot([self.read_scale]),
             "rings": per_slot(self.rings()),
-            "cursors": per_slot(self.cursors()),
+            "cursors": per_slot([*self.cursors(), self.flush_count]),
         }
         sizes["total"] = sum(sizes.values())
         return sizes
@@ -221,37 +244,54 @@ class ReplayCache:
             c[s] = 0
 
     def reset(self, slots) -> None:
-        """Start new sequences: zero state, empty ring."""
+        """Start new sequences: zero state, empty ring (and flush count)."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
-        self.checkpoint[s] = 0
-        if self.read_copy is not None:
-            self.read_copy[s] = 0
-        if self.read_scale is not None:
-            self.read_scale[s] = 0
+        for t in (self.checkpoint, self.read_copy, self.read_scale, self.flush_count):
+            if t is not None:
+                t[s] = 0
         self._empty_rings(s)
 
     def load_state(self, slots, state: torch.Tensor) -> None:
         """Hand over prefill states: checkpoint = state, ring emptied (one call).
 
         slots: distinct slot ids in [0, num_slots) (int32/int64 tensor or list);
-        state: [len(slots), *checkpoint.shape[1:]] on the cache's device, a floating dtype (cast to
-        the checkpoint dtype)."""
+        state: [len(slots), *state_shape] (the checkpoint's shape after the slot dim) on the cache's
+        device, a floating dtype: cast to the checkpoint dtype (to nearest); a read copy (or the
+        single copy) is encoded from its float32 values, as a flush encodes it."""
         s = _as_slots("slots", slots, self.num_slots, self.device, distinct=True)
-        check_tensor("state", state, shape=(s.numel(), *self.checkpoint.shape[1:]), device=self.device)
+        check_tensor("state", state, shape=(s.numel(), *self.state_shape), device=self.device)
         if not state.is_floating_point():
             to = str(self.state_dtype).removeprefix("torch.")
             raise TypeError(
                 f"state: expected a floating dtype (cast to {to}), got {str(state.dtype).removeprefix('torch.')}"
             )
-        self.checkpoint[s] = state.to(self.state_dtype)
-        self._encode_read_copy(s)
+        if self.checkpoint is not None:
+            self.checkpoint[s] = state.to(self.state_dtype)
+        self._encode_read_copy(s, state.float())
+        if self.flush_count is not None:
+            self.flush_count[s] = 0
         self._empty_rings(s)
 
-    def _encode_read_copy(self, s: torch.Tensor) -> None:
-        """Re-encode the read copy of slots ``s`` from their checkpoint (as a flush does)."""
+    @property
+    def state_shape(self) -> tuple[int, ...]:
+        """The state's shape after the slot dim: [heads, rows, cols]."""
+        t = self.checkpoint if self.checkpoint is not None else self.read_copy
+        assert t is not None
+        return tuple(t.shape[1:])
+
+    def checkpoint_values(self, slots) -> torch.Tensor:
+        """The checkpoint of ``slots`` as float32 [len(slots), heads, rows, cols]: the checkpoint
+        itself, or with a single copy its dequantised codes (codes times row scales)."""
+        s = _as_slots("slots", slots, self.num_slots, self.device)
+        if self.checkpoint is not None:
+            return self.checkpoint[s].float()
+        assert self.read_copy is not None and self.read_scale is not None
+        return self.read_copy[s].float() * self.read_scale[s][..., None]
+
+    def _encode_read_copy(self, s: torch.Tensor, S: torch.Tensor) -> None:
+        """Encode the read copy of slots ``s`` from float32 values ``S`` [len(s), *state_shape]."""
         if self.read_copy is None:
             return
-        S = self.checkpoint[s].float()
         if self.read_scale is not None:
             codes, scale = quantize_fp8_e4m3_rows(S)
             self.read_copy[s] = codes
@@ -278,7 +318,7 @@ class ReplayCache:
     def slot_tensors(self) -> dict[str, torch.Tensor]:
         """Every tensor the cache keeps per slot (slot dim first), by attribute name: the checkpoint,
         the read copy and its scales (when kept), the rings and the cursors (what swap_out copies)."""
-        named = {"checkpoint": self.checkpoint, "read_copy": self.read_copy, "read_scale": self.read_scale}
+        named = {name: getattr(self, name) for name in _STATE_NAMES}
         named.update(zip(self._ring_names, self.rings()))
         named.update(zip(_CURSOR_NAMES, self.cursors()))
         return {name: t for name, t in named.items() if t is not None}
@@ -322,8 +362,11 @@ class Mamba2Cache(ReplayCache):
         read_scale  [num_slots, H, P]     float32    (read_dtype float8_e4m3fn) S_lp's row scales
 
     read_dtype: None, torch.float8_e4m3fn (N >= 128) or torch.bfloat16 (or their names): a
-    low-precision read copy of the float32 checkpoint that non-flush replay steps read (see
-    ReplayCache); only the replay decode step serves such a cache so far.
+    low-precision read copy of the checkpoint that non-flush replay steps read (see ReplayCache):
+    fp8 or bf16 beside a float32 checkpoint, fp8 beside a 16-bit one. single_copy (with fp8): the
+    copy is the only state (``checkpoint`` is None). stochastic_rounding: flushes round a bf16
+    checkpoint or the single copy stochastically (``flush_count`` kept). Only the replay decode
+    step serves such caches so far.
 
     The ring keeps dt, not dt * A, so folding pending records (``materialize``) needs the layer's
     A. The cache keeps it explicitly: pass ``A=`` here (or to the wrapper's ``create_cache``) or
@@ -347,10 +390,12 @@ class Mamba2Cache(ReplayCache):
         device=None,
         A: torch.Tensor | None = None,
         read_dtype=None,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ):
         dims = dict(nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
-        self.descriptor.check_read(read_dtype, "replay", state_dtype, dims)
+        self.descriptor.check_format(read_dtype, "replay", state_dtype, dims, single_copy, stochastic_rounding)
         A_heads = None if A is None else self._per_head_A(A, nheads)
         super().__init__(
             num_slots,
@@ -361,6 +406,8 @@ class Mamba2Cache(ReplayCache):
             io_dtype=io_dtype,
             device=device,
             read_dtype=read_dtype,
+            single_copy=single_copy,
+            stochastic_rounding=stochastic_rounding,
         )
         self.dims = m2_ops.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         dev = self.device
@@ -406,7 +453,7 @@ class Mamba2Cache(ReplayCache):
         if A is not None:
             A = self._per_head_A(A, self.dims.nheads).to(device=self.device, dtype=torch.float32)
         count = self._prefix_counts(s, upto)
-        S = self.checkpoint[s].float()
+        S = self.checkpoint_values(s)
         if not (s.numel() and int(count.max())):
             return S
         A = self._A if A is None else A
@@ -442,8 +489,8 @@ class GDNCache(ReplayCache):
         g_ring      [num_slots, HV, R]     float32   log decays
         read_copy   [num_slots, HV, V, K]  read_dtype  (read_dtype given) S_lp, one row = (hv, v) over K
         read_scale  [num_slots, HV, V]     float32    (read_dtype float8_e4m3fn) S_lp's row scales
-        v_ring      [num_slots, HV, R, V]  io_dtype   (read_dtype given) values v as given
-        beta_ring   [num_slots, HV, R]     float32    (read_dtype given) gates beta
+        v_ring      [num_slots, HV, R, V]  io_dtype   (read_dtype given, two copies) values v as given
+        beta_ring   [num_slots, HV, R]     float32    (read_dtype given, two copies) gates beta
     The ring is fp32 so that replay reproduces the fp32 recurrence: u depends on the state, and a
     16-bit u or k^ would add a rounding error the conventional kernel does not make.
 
@@ -451,7 +498,10 @@ class GDNCache(ReplayCache):
     low-precision read copy of the float32 checkpoint that non-flush replay steps read (see
     ReplayCache). Their u, computed from the copy, are approximate; each flush recomputes the
     window's u exactly from the checkpoint and the ring's v and beta before folding, and so does
-    ``materialize``. Only the replay decode step serves such a cache so far.
+    ``materialize``. fp8 may also sit beside a 16-bit checkpoint. single_copy (with fp8): the copy
+    is the only state (``checkpoint`` is None; the ring's u are exact for it, no v and beta).
+    stochastic_rounding: flushes round a bf16 checkpoint or the single copy stochastically
+    (``flush_count`` kept). Only the replay decode step serves such caches so far.
     """
 
     descriptor = FAMILIES["gdn"]
@@ -470,10 +520,12 @@ class GDNCache(ReplayCache):
         io_dtype=torch.bfloat16,
         device=None,
         read_dtype=None,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ):
         dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
-        self.descriptor.check_read(read_dtype, "replay", state_dtype, dims)
+        self.descriptor.check_format(read_dtype, "replay", state_dtype, dims, single_copy, stochastic_rounding)
         super().__init__(
             num_slots,
             (num_v_heads, head_v_dim, head_k_dim),
@@ -483,6 +535,8 @@ class GDNCache(ReplayCache):
             io_dtype=io_dtype,
             device=device,
             read_dtype=read_dtype,
+            single_copy=single_copy,
+            stochastic_rounding=stochastic_rounding,
         )
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
         self._make_rings(dims)
@@ -499,7 +553,7 @@ class GDNCache(ReplayCache):
         is the checkpoint), each at most the slot's ``ring_len`` (see replayssm.prefix)."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
         count = self._prefix_counts(s, upto)
-        S = self.checkpoint[s].float()
+        S = self.checkpoint_values(s)
         if not (s.numel() and int(count.max())):
             return S
         recs, valid = self._records(s, count)

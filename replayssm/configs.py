@@ -66,7 +66,16 @@ _COMMON_OPTIONS: dict[str, Callable[[Any], object]] = {
     "num_slots": lambda v: positive_int("num_slots", v),
     "max_draft": check_max_draft,
 }
-_SHARED_KEYS = ("window", "state_dtype", "io_dtype", "rows_per_cta", "read_dtype", "arch")
+_SHARED_KEYS = (
+    "window",
+    "state_dtype",
+    "io_dtype",
+    "rows_per_cta",
+    "read_dtype",
+    "single_copy",
+    "stochastic_rounding",
+    "arch",
+)
 
 
 def check_target_arch(v) -> str:
@@ -96,8 +105,10 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), dt_softplus; gdn and kda keys:
     num_v_heads, num_k_heads, head_k_dim, head_v_dim (required), use_l2norm, scale; all families:
     window (16), state_dtype (float32), io_dtype (bfloat16) (dtypes as torch.dtype or name),
-    read_dtype (None; Mamba-2: torch.float8_e4m3fn or torch.bfloat16, a read copy of a float32
-    checkpoint for the replay algorithm),
+    read_dtype (None; torch.float8_e4m3fn or torch.bfloat16, a read copy of a float32 checkpoint
+    for the replay algorithm, or fp8 beside a 16-bit one), single_copy (False; with fp8: the copy
+    is the only state), stochastic_rounding (False; flushes round a bfloat16 checkpoint or the
+    single copy stochastically),
     max_batch, algorithm, pad_slot_id, rows_per_cta, persistent, debug, device (checked only when
     given: a visible CUDA device of compute capability 8.0 or newer), arch (checked only when
     given: the arch to plan for, e.g. '8.0', '8.9', '9.0a', '10.0a'; sm_80 or newer, where every
@@ -124,7 +135,14 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
             config.get("io_dtype", torch.bfloat16),
         )
         fam.check_rows(config.get("rows_per_cta"), dims)
-        fam.check_read(config.get("read_dtype"), config.get("algorithm", "replay"), state, dims)
+        fam.check_format(
+            config.get("read_dtype"),
+            config.get("algorithm", "replay"),
+            state,
+            dims,
+            config.get("single_copy", False),
+            config.get("stochastic_rounding", False),
+        )
         if "arch" in config:
             check_target_arch(config["arch"])
         for key, value in config.items():

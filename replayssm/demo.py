@@ -223,7 +223,7 @@ def _gpu_demo(args, H, P, N, G, L, state_dtype, io_dtype) -> int:
     torch.cuda.synchronize()
     errors = {a: c.check_errors() for a, c in caches.items()}
     S_rep = caches["replay"].materialize(slots, A)
-    S_conv = caches["conventional"].checkpoint[slots.long()].float()
+    S_conv = caches["conventional"].checkpoint_values(slots.long())
     print(
         f"outputs, replay vs conventional: worst rel L2 {worst_out:.2e}, max |diff| {worst_abs:.2e} "
         f"({args.io_dtype} outputs)"

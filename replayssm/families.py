@@ -120,12 +120,14 @@ class Family:
     per_channel:   one decay per key channel (KDA) instead of per head
     model_shapes:  named model shapes (dims by keyword): the AOT set and the benchmarks' shapes
     check_dims:    raises TypeError/ValueError unless the kernels have these dims
-    spec_fn:       the generator: (op, dims, state_dtype, io_dtype, L, T, read_dtype) -> Specialization
-    ring_fn:       the ring layout: (dims, R, io_dtype, read) -> {name: (shape after num_slots, dtype)},
-                   in the order of the kernels' Ring struct (its ops module's params builder reads
-                   them); ``read`` is the read copy's format name or None (GDN/KDA keep each record's
-                   v and beta with one, for the flush's exact recompute; arrays a cache without a
-                   read copy lacks are null in the struct)
+    spec_fn:       the generator: (op, dims, state_dtype, io_dtype, L, T, read_dtype, single_copy,
+                   stochastic_rounding) -> Specialization
+    ring_fn:       the ring layout: (dims, R, io_dtype, read, single_copy) -> {name: (shape after
+                   num_slots, dtype)}, in the order of the kernels' Ring struct (its ops module's
+                   params builder reads them); ``read`` is the read copy's format name or None
+                   (GDN/KDA keep each record's v and beta beside a checkpoint with a read copy, for
+                   the flush's exact recompute; not with a single copy, whose u are its own; arrays a
+                   cache lacks are null in the struct)
     ops_module:    the module that builds the family's params structs and loads its modules
     """
 
@@ -150,11 +152,11 @@ class Family:
         return importlib.import_module(self.ops_module)
 
     def ring_layout(
-        self, dims: Mapping[str, Any], R: int, io_dtype, read_dtype=None
+        self, dims: Mapping[str, Any], R: int, io_dtype, read_dtype=None, single_copy: bool = False
     ) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
         """Each ring tensor's name, shape after the slot dim and dtype, for rings of R records
-        (read_dtype: the cache's read copy, None without one)."""
-        return self.ring_fn(dims, R, io_dtype, generators.read_format_name(read_dtype))
+        (read_dtype: the cache's read copy, None without one; single_copy: it is the only state)."""
+        return self.ring_fn(dims, R, io_dtype, generators.read_format_name(read_dtype), single_copy)
 
     @property
     def required_keys(self) -> tuple[str, ...]:
@@ -183,37 +185,79 @@ class Family:
             raise TypeError(f"rows_per_cta: expected an int or None, got {type(rows).__name__} {rows!r}")
         return check_rows(rows, dims[self.tile_key], self.tile_key, ROW_CHOICES)
 
-    def check_read(self, read_dtype, algorithm, state_dtype, dims: Mapping[str, Any]) -> str | None:
-        """A read_dtype argument -> its format name (None without a read copy); TypeError/ValueError
-        where the family's kernels have no such read copy."""
+    def check_format(
+        self,
+        read_dtype,
+        algorithm,
+        state_dtype,
+        dims: Mapping[str, Any],
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
+    ) -> tuple[str | None, bool, bool]:
+        """The state format of the arguments: (read copy's format name or None, single_copy,
+        stochastic_rounding); TypeError/ValueError where the family's kernels have no such format
+        (generators.check_state_format)."""
         name = generators.read_format_name(read_dtype)
-        if name is not None and algorithm != "replay":
-            raise ValueError(f"read_dtype: a read copy needs algorithm='replay', got algorithm={algorithm!r}")
-        generators.check_read_copy(self.name, "replay_decode", name, state_dtype, dims[self.row_key])
-        return name
+        for arg, on in (
+            ("read_dtype", name is not None),
+            ("single_copy", single_copy is True),
+            ("stochastic_rounding", stochastic_rounding is True),
+        ):
+            if on and algorithm != "replay":
+                raise ValueError(f"{arg}: needs algorithm='replay', got algorithm={algorithm!r}")
+        generators.check_state_format(
+            self.name, "replay_decode", name, state_dtype, dims[self.row_key], single_copy, stochastic_rounding
+        )
+        return name, single_copy, stochastic_rounding
+
+    def check_read(self, read_dtype, algorithm, state_dtype, dims: Mapping[str, Any]) -> str | None:
+        """A read_dtype argument -> its format name (None without a read copy): check_format with
+        neither a single copy nor stochastic rounding."""
+        return self.check_format(read_dtype, algorithm, state_dtype, dims)[0]
 
     def spec(
-        self, op: str, dims: Mapping[str, Any], state_dtype, io_dtype, L: int | None = None, T: int = 1, read_dtype=None
+        self,
+        op: str,
+        dims: Mapping[str, Any],
+        state_dtype,
+        io_dtype,
+        L: int | None = None,
+        T: int = 1,
+        read_dtype=None,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ) -> generators.Specialization:
-        """The Specialization of ``op`` for these dims (the generator checks what it builds)."""
-        return self.spec_fn(op, dims, state_dtype, io_dtype, L, T, read_dtype)
+        """The Specialization of ``op`` for these dims and state format (the generator checks what
+        it builds)."""
+        return self.spec_fn(op, dims, state_dtype, io_dtype, L, T, read_dtype, single_copy, stochastic_rounding)
 
 
-def _mamba2_spec(op, dims, state_dtype, io_dtype, L, T, read_dtype):
+def _mamba2_spec(op, dims, state_dtype, io_dtype, L, T, read_dtype, single_copy, stochastic_rounding):
     return generators.mamba2_decode_spec(
-        op, dims["head_dim"], dims["state_dim"], state_dtype, io_dtype, L, T, read_dtype
+        op,
+        dims["head_dim"],
+        dims["state_dim"],
+        state_dtype,
+        io_dtype,
+        L,
+        T,
+        read_dtype,
+        single_copy,
+        stochastic_rounding,
     )
 
 
 def _delta_spec(family: str):
-    def spec(op, dims, state_dtype, io_dtype, L, T, read_dtype):
+    def spec(op, dims, state_dtype, io_dtype, L, T, read_dtype, single_copy, stochastic_rounding):
         K, V = dims["head_k_dim"], dims["head_v_dim"]
-        return generators.gdn_decode_spec(op, K, V, state_dtype, io_dtype, L, family, T, read_dtype)
+        return generators.gdn_decode_spec(
+            op, K, V, state_dtype, io_dtype, L, family, T, read_dtype, single_copy, stochastic_rounding
+        )
 
     return spec
 
 
-def _mamba2_rings(d, R, io_dtype, read=None):
+def _mamba2_rings(d, R, io_dtype, read=None, single_copy=False):
     # A read copy adds nothing: a Mamba-2 record is the step's inputs, which the flush folds exactly.
     f32 = torch.float32
     return {
@@ -224,7 +268,7 @@ def _mamba2_rings(d, R, io_dtype, read=None):
 
 
 def _delta_rings(per_channel: bool):
-    def rings(d, R, io_dtype, read=None):
+    def rings(d, R, io_dtype, read=None, single_copy=False):
         f32 = torch.float32
         HV = d["num_v_heads"]
         gate = (HV, R, d["head_k_dim"]) if per_channel else (HV, R)
@@ -233,7 +277,7 @@ def _delta_rings(per_channel: bool):
             "k_ring": ((d["num_k_heads"], R, d["head_k_dim"]), f32),  # normalised keys
             "g_ring": (gate, f32),  # log decays (KDA: one per key channel)
         }
-        if read is not None:  # a read copy's u are approximate: the flush recomputes them from these
+        if read is not None and not single_copy:  # a read copy's u are approximate: the flush recomputes them
             layout["v_ring"] = ((HV, R, d["head_v_dim"]), io_dtype)  # values as given
             layout["beta_ring"] = ((HV, R), f32)  # gates beta
         return layout

@@ -274,7 +274,7 @@ def checkpointing_ssu(
     planned = _planned(key)
     scratch = _scratch_for(state)
     p = m2.DecodeParams(inputs=inputs, nheads=dims.nheads, ngroups=dims.ngroups, dt_softplus=int(dt_softplus))
-    p.pool = StatePool(*_slot_array(state), *_slot_array(None), *_slot_array(None))
+    p.pool = StatePool(*_slot_array(state), *_slot_array(None), *_slot_array(None), None)  # no copy, no flush counts
     p.ring = _ring(x_cache, B_cache, dt_cache, ring_start, prev_num_accepted_tokens, scratch[1:])
     p.slots = SlotArg(slots.data_ptr(), pad_slot_id, num_slots, int(slots.dtype == torch.int64), 0)
     p.error_flag = scratch.data_ptr()

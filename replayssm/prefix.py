@@ -80,7 +80,18 @@ def in_order(t: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.T
 
 
 def _group_key(c) -> tuple:
-    return (type(c), c.dims, c.window, c.capacity, c.num_slots, c.state_dtype, c.io_dtype, c.read_dtype, c.device)
+    return (
+        type(c),
+        c.dims,
+        c.window,
+        c.capacity,
+        c.num_slots,
+        c.state_dtype,
+        c.io_dtype,
+        c.read_dtype,
+        c.single_copy,
+        c.device,
+    )
 
 
 def materialize_many(caches: Sequence, slots, upto=None, *, A: Sequence | None = None) -> list[torch.Tensor]:
@@ -159,9 +170,15 @@ def _materialize_group(group: list, index: list[int], slots, upto, A_group) -> t
                 f"{int(count[li, si])} for slot {int(s[si])} in caches[{int(layers[li, si])}], which has "
                 f"{int(committed[li, si])}"
             )
+
+    def checkpoints() -> torch.Tensor:
+        """[L, n, *state] fp32: the checkpoints (a single copy's dequantised codes)."""
+        if first.single_copy:
+            return torch.stack([c.checkpoint_values(s) for c in group])
+        return stacked(lambda c: c.checkpoint).float()
+
     if not (n and int(count.max())):
-        S = stacked(lambda c: c.checkpoint).float()  # [L, n, *state]: the checkpoints themselves
-        return S
+        return checkpoints()  # the checkpoints themselves
     if A_group is not None and any(a is None for a in A_group):
         k = next(k for k, a in enumerate(A_group) if a is None)
         raise ValueError(
@@ -172,7 +189,7 @@ def _materialize_group(group: list, index: list[int], slots, upto, A_group) -> t
 
     if one_launch.supported(group):  # the whole group in one kernel launch
         return one_launch.fold_many(group, s, None if upto is None else count[0], A_group)
-    S = stacked(lambda c: c.checkpoint).float().flatten(0, 1)  # [L * n, *state]
+    S = checkpoints().flatten(0, 1)  # [L * n, *state]
     start = torch.stack([c.ring_start for c in group])[:, s]
     pos, valid = ring_order(start.flatten(), count.flatten(), R)
     recs = {

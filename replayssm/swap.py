@@ -5,7 +5,7 @@
     cache.swap_in(new_slots, host)     # the same bytes into (possibly other) slots
 
 What a slot's replay state is: every tensor the cache keeps per slot (``cache.slot_tensors()``):
-the checkpoint, the read copy and its scales when the cache keeps them, the rings (whole, so ring
+the checkpoint, the read copy and its scales and the flush counts when the cache keeps them, the rings (whole, so ring
 positions stay valid) and the cursors (start, len, the arrival counter, pending drafts). The
 per-cache tensors (error flag, unit counter) and Mamba-2's ``A`` are the layer's, not the slot's,
 and stay. A swapped-in slot continues exactly as the swapped-out one would have: the next steps'
@@ -38,6 +38,8 @@ def _config(cache: ReplayCache) -> dict:
         "state_dtype": cache.state_dtype,
         "io_dtype": cache.io_dtype,
         "read_dtype": cache.read_dtype,
+        "single_copy": cache.single_copy,
+        "stochastic_rounding": cache.stochastic_rounding,
     }
 
 

@@ -9,18 +9,19 @@ refuses to run under capture anyway): call it before the compiled step, as in ea
 Ops (``torch.ops.replayssm.*``; ``!`` marks what the kernels may write, all declared in
 ``mutates_args``):
 
-    mamba2_run(handle, plan, checkpoint!, read_copy!?, read_scale!?, x_ring!, B_ring!, dt_ring!,
+    mamba2_run(handle, plan, checkpoint!?, read_copy!?, read_scale!?, flush_count!?, x_ring!, B_ring!, dt_ring!,
                ring_start!, ring_len!, ring_done!, ring_draft!, error_flag!, work_counter!, out!,
                x, dt, A, B, C, D?, z?, dt_bias?) -> ()
-    gdn_run / kda_run(handle, plan, checkpoint!, read_copy!?, read_scale!?, u_ring!, k_ring!, g_ring!,
+    gdn_run / kda_run(handle, plan, checkpoint!?, read_copy!?, read_scale!?, flush_count!?, u_ring!, k_ring!, g_ring!,
                v_ring!?, beta_ring!?, ring_start!, ring_len!, ring_done!, ring_draft!, error_flag!,
                work_counter!, out!, q, k, v, g?, beta?, A_log?, a?, dt_bias?, b?) -> ()
     mamba2_commit(handle, plan, x_ring!, B_ring!, dt_ring!, ring_start, ring_len!, ring_draft!,
                error_flag!, num_accepted?, accepted_path?) -> ()
     gdn_commit / kda_commit: the same with u_ring!, k_ring!, g_ring!, v_ring!?, beta_ring!?
 
-(``?``: None where the cache has no such tensor: read_copy and read_scale without a read copy,
-v_ring and beta_ring, the rings a GDN/KDA read copy adds, without one.)
+(``?``: None where the cache has no such tensor: checkpoint with a single copy, read_copy and
+read_scale without a read copy, flush_count without stochastic rounding, v_ring and beta_ring, the
+rings a GDN/KDA read copy beside a checkpoint adds, without one.)
 
 ``handle`` is the wrapper's ``_handle`` (an int given at construction; custom ops take no Python
 objects), which names the wrapper whose plan (slots, drafts, schedule, module) the op launches;
@@ -82,7 +83,7 @@ _INPUTS["kda"] = _INPUTS["gdn"]
 
 def state_args(family: str) -> tuple[str, ...]:
     """The cache tensors a run op takes (and may write), in schema order."""
-    return ("checkpoint", "read_copy", "read_scale", *_RINGS[family], *_CURSORS, *_COUNTERS)
+    return ("checkpoint", "read_copy", "read_scale", "flush_count", *_RINGS[family], *_CURSORS, *_COUNTERS)
 
 
 def run_mutates(family: str) -> tuple[str, ...]:
@@ -145,7 +146,8 @@ def mark_static(*caches: ReplayCache) -> None:
     for c in caches:
         if not isinstance(c, ReplayCache):
             raise TypeError(f"caches: expected replayssm caches, got {type(c).__name__}")
-        for t in (c.checkpoint, c.read_copy, c.read_scale, *c.rings(), *c.cursors(), c.error_flag, c.work_counter):
+        state = (c.checkpoint, c.read_copy, c.read_scale, c.flush_count)
+        for t in (*state, *c.rings(), *c.cursors(), c.error_flag, c.work_counter):
             if t is not None:
                 torch._dynamo.mark_static_address(t, guard=False)
 
@@ -175,6 +177,8 @@ def _view(w, tensors: dict, device: torch.device) -> ReplayCache:
         io_dtype=w.io_dtype,
         read_dtype=w.read_dtype,
         device=device,
+        single_copy=w.single_copy,
+        stochastic_rounding=w.stochastic_rounding,
     )
 
 
@@ -188,18 +192,20 @@ def _state_shape(w) -> tuple[int, ...]:
 def _check_state(w, cache: ReplayCache, names: tuple[str, ...]) -> None:
     """The cache tensors ``names`` an op was given match the wrapper (as its create_cache makes
     them, for any num_slots and max_draft): shapes, dtypes, device, and present exactly when the
-    wrapper's cache has them (a read copy, its scales, its extra rings). ValueError/TypeError name
-    the tensor."""
+    wrapper's cache has them (the checkpoint, a read copy, its scales, the flush counts, extra rings).
+    ValueError/TypeError name the tensor."""
     n, R, i32 = cache.num_slots, cache.capacity, torch.int32
     state = (n, *_state_shape(w))
-    layout = w.descriptor.ring_layout(dataclasses.asdict(w.dims), R, w.io_dtype, w.read_dtype)
+    layout = w.descriptor.ring_layout(dataclasses.asdict(w.dims), R, w.io_dtype, w.read_dtype, w.single_copy)
     expect: dict[str, tuple[tuple[int, ...], torch.dtype]] = {
         name: ((n, *shape), dtype) for name, (shape, dtype) in layout.items()
     }
     expect.update({name: ((n,), i32) for name in _CURSORS})
-    expect.update(
-        error_flag=((1,), i32), work_counter=((work_counter_words(n),), i32), checkpoint=(state, w.state_dtype)
-    )
+    expect.update(error_flag=((1,), i32), work_counter=((work_counter_words(n),), i32))
+    if not w.single_copy:
+        expect["checkpoint"] = (state, w.state_dtype)
+    if w.stochastic_rounding:
+        expect["flush_count"] = ((n,), i32)
     if w.read_dtype is not None:
         expect["read_copy"] = (state, getattr(torch, w.read_dtype))
     if w.read_dtype == "float8_e4m3fn":
@@ -211,7 +217,8 @@ def _check_state(w, cache: ReplayCache, names: tuple[str, ...]) -> None:
             check_tensor(f"cache.{name}", t, shape=shape, dtype=dtype, device=w.device)
         elif t is not None:
             raise ValueError(
-                f"cache.{name}: a cache of this wrapper (read_dtype={w.read_dtype}) has none, got a cache with one"
+                f"cache.{name}: a cache of this wrapper (read_dtype={w.read_dtype}, single_copy={w.single_copy}, "
+                f"stochastic_rounding={w.stochastic_rounding}) has none, got a cache with one"
             )
 
 
@@ -299,9 +306,10 @@ def _define_run(family: str):
         def run_op(
             handle: int,
             plan: str,
-            checkpoint: Tensor,
+            checkpoint: Tensor | None,
             read_copy: Tensor | None,
             read_scale: Tensor | None,
+            flush_count: Tensor | None,
             x_ring: Tensor,
             B_ring: Tensor,
             dt_ring: Tensor,
@@ -324,8 +332,8 @@ def _define_run(family: str):
             _run_impl("mamba2", dict(locals()))
 
         def run_fake(
-            handle, plan, checkpoint, read_copy, read_scale, x_ring, B_ring, dt_ring, ring_start, ring_len, ring_done,
-            ring_draft, error_flag, work_counter, out, x, dt, A, B, C, D, z, dt_bias,
+            handle, plan, checkpoint, read_copy, read_scale, flush_count, x_ring, B_ring, dt_ring, ring_start,
+            ring_len, ring_done, ring_draft, error_flag, work_counter, out, x, dt, A, B, C, D, z, dt_bias,
         ) -> None:  # fmt: skip
             _run_fake("mamba2", dict(locals()))
 
@@ -334,9 +342,10 @@ def _define_run(family: str):
         def run_op(  # type: ignore[misc]
             handle: int,
             plan: str,
-            checkpoint: Tensor,
+            checkpoint: Tensor | None,
             read_copy: Tensor | None,
             read_scale: Tensor | None,
+            flush_count: Tensor | None,
             u_ring: Tensor,
             k_ring: Tensor,
             g_ring: Tensor,
@@ -362,7 +371,7 @@ def _define_run(family: str):
             _run_impl(family, dict(locals()))
 
         def run_fake(  # type: ignore[misc]
-            handle, plan, checkpoint, read_copy, read_scale, u_ring, k_ring, g_ring, v_ring, beta_ring,
+            handle, plan, checkpoint, read_copy, read_scale, flush_count, u_ring, k_ring, g_ring, v_ring, beta_ring,
             ring_start, ring_len, ring_done, ring_draft, error_flag, work_counter, out,
             q, k, v, g, beta, A_log, a, dt_bias, b,
         ) -> None:  # fmt: skip

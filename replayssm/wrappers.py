@@ -74,6 +74,8 @@ class _DecodeWrapper:
     family = ""
     descriptor: Family  # FAMILIES[family] (replayssm.families): dims keys, checks, read copies
     read_dtype: str | None = None  # the read copy's format name (replayssm.reference.quant), or None
+    single_copy: bool = False  # the read copy is the only state (no checkpoint)
+    stochastic_rounding: bool = False  # flushes round a bf16 checkpoint or the single copy stochastically
     dims: Any  # the family's dims (ops.mamba2.Mamba2Dims / ops.gdn.GDNDims), set by the constructor
 
     def _init_common(
@@ -376,6 +378,8 @@ class _DecodeWrapper:
                 ("state_dtype", cache.state_dtype, self.state_dtype),
                 ("io_dtype", cache.io_dtype, self.io_dtype),
                 ("read_dtype", cache.read_dtype, self.read_dtype),
+                ("single_copy", cache.single_copy, self.single_copy),
+                ("stochastic_rounding", cache.stochastic_rounding, self.stochastic_rounding),
                 ("device", cache.device, self.device),
             )
             if a != b
@@ -402,9 +406,15 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     kernel, with ``w.schedule.fallback`` saying why); ``rows_per_cta``: None or an int tile of P.
     ``read_dtype``: None, or a low-precision read copy of the float32 checkpoint that non-flush
     steps read (torch.float8_e4m3fn with one fp32 scale per (h, p) row, N >= 128; or
-    torch.bfloat16); each flush reads the fp32 checkpoint, folds, and writes both. It selects the
-    binary (names end in ``_read_fp8`` / ``_read_bf16``); replay standard decode only so far (a
-    verify plan raises ValueError). ``create_cache`` allocates the copy.
+    torch.bfloat16); each flush reads the checkpoint, folds, and writes both. An fp8 copy may also
+    sit beside a bf16/fp16 checkpoint. ``single_copy=True`` (with fp8): the copy is the only state,
+    read every step and re-encoded at each flush (the single 8-bit state engines ship; no
+    checkpoint). ``stochastic_rounding=True``: flushes round what they store stochastically (a
+    bf16 checkpoint, alone or beside an fp8 copy, or the single copy), with random bits hashed from
+    the slot, its flush count and the element (reproducible; replayssm.reference.stochastic). The
+    format selects the binary (names end in ``_read_fp8``, ``_read_bf16``, ``_single``, ``_sr``);
+    replay standard decode only so far (a verify plan raises ValueError). ``create_cache``
+    allocates the copy (and the flush counts).
     ``pdl``: launch the replay step as a programmatic dependent launch (sm_90+, the tile kernel:
     ``w.schedule.pdl`` says whether the plan does), so it starts and loads its cache data while
     the kernel before it on the stream finishes. Only valid when that kernel does not write this
@@ -437,10 +447,14 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         debug: bool = False,
         read_dtype=None,
         pdl: bool = False,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ):
         dims = dict(nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
-        self.read_dtype = self.descriptor.check_read(read_dtype, algorithm, state_dtype, dims)
+        self.read_dtype, self.single_copy, self.stochastic_rounding = self.descriptor.check_format(
+            read_dtype, algorithm, state_dtype, dims, single_copy, stochastic_rounding
+        )
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.pdl = check_bool("pdl", pdl)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
@@ -475,11 +489,21 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             device=self.device,
             A=A,
             read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
         )
 
     def _load_module(self, op: str, capacity: int):
         return m2.load(
-            op, self.dims, self.state_dtype, self.io_dtype, self.window, capacity, read_dtype=self.read_dtype
+            op,
+            self.dims,
+            self.state_dtype,
+            self.io_dtype,
+            self.window,
+            capacity,
+            read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
         )
 
     def _plan_query(self, batch: int, T: int):
@@ -533,9 +557,13 @@ class GDNDecodeWrapper(_DecodeWrapper):
     steps read (torch.float8_e4m3fn with one fp32 scale per (hv, v) row, K >= 128; or
     torch.bfloat16). A non-flush step's corrections u then come from the copy; each flush reads the
     fp32 checkpoint, recomputes the window's u exactly from it (the ring also keeps v and beta),
-    folds, and writes both, so the checkpoint follows the exact recurrence. It selects the binary
-    (names end in ``_read_fp8`` / ``_read_bf16``); replay standard decode only so far (a verify plan
-    raises ValueError). ``create_cache`` allocates the copy and the extra ring arrays.
+    folds, and writes both, so the checkpoint follows the exact recurrence. An fp8 copy may also sit
+    beside a bf16/fp16 checkpoint. ``single_copy=True`` (with fp8): the copy is the only state (its
+    u are exact for it; no checkpoint, no v and beta kept). ``stochastic_rounding=True``: flushes
+    round a bf16 checkpoint (alone or beside an fp8 copy) or the single copy stochastically (see
+    Mamba2DecodeWrapper). The format selects the binary (names end in ``_read_fp8``,
+    ``_read_bf16``, ``_single``, ``_sr``); replay standard decode only so far (a verify plan raises
+    ValueError). ``create_cache`` allocates the copy and the extra ring arrays.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -563,10 +591,14 @@ class GDNDecodeWrapper(_DecodeWrapper):
         device=None,
         debug: bool = False,
         read_dtype=None,
+        single_copy: bool = False,
+        stochastic_rounding: bool = False,
     ):
         dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
-        self.read_dtype = self.descriptor.check_read(read_dtype, algorithm, state_dtype, dims)
+        self.read_dtype, self.single_copy, self.stochastic_rounding = self.descriptor.check_format(
+            read_dtype, algorithm, state_dtype, dims, single_copy, stochastic_rounding
+        )
         self.use_l2norm = check_bool("use_l2norm", use_l2norm)
         scale = check_scale(scale)
         self.scale = scale if scale is not None else head_k_dim**-0.5
@@ -599,12 +631,23 @@ class GDNDecodeWrapper(_DecodeWrapper):
             io_dtype=self.io_dtype,
             device=self.device,
             read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
         )
 
     def _load_module(self, op: str, capacity: int):
         d = self.dims
         return gdn_ops.load(
-            op, d, self.state_dtype, self.io_dtype, self.window, self.family, capacity, read_dtype=self.read_dtype
+            op,
+            d,
+            self.state_dtype,
+            self.io_dtype,
+            self.window,
+            self.family,
+            capacity,
+            read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
         )
 
     def _plan_query(self, batch: int, T: int):

@@ -16,8 +16,21 @@ DTYPE_CODES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 CTYPES = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
 #: read-copy format name (replayssm.reference.quant) -> short code used in module names
 READ_CODES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
-#: read-copy short code -> C++ policy (include/replayssm/common/read_copy.cuh)
-READ_POLICIES = {None: "replayssm::NoReadCopy", "fp8": "replayssm::ReadCopyFP8", "bf16": "replayssm::ReadCopyBF16"}
+#: read-copy short codes a Specialization may carry
+READ_POLICIES = (None, "fp8", "bf16")
+#: feature flags of the state format: the copy is the only state; the flush rounds stochastically
+FORMAT_FLAGS = ("single", "sr")
+#: (read code, single copy, stochastic rounding) -> C++ state-format policy
+#: (include/replayssm/common/read_copy.cuh); combinations not listed have no kernels
+FORMAT_POLICIES = {
+    (None, False, False): "replayssm::NoReadCopy",
+    (None, False, True): "replayssm::NoReadCopySR",
+    ("bf16", False, False): "replayssm::ReadCopyBF16",
+    ("fp8", False, False): "replayssm::ReadCopyFP8",
+    ("fp8", False, True): "replayssm::ReadCopyFP8SR",
+    ("fp8", True, False): "replayssm::SingleFP8",
+    ("fp8", True, True): "replayssm::SingleFP8SR",
+}
 
 
 def dtype_code(dtype: Any) -> str:
@@ -40,7 +53,8 @@ class Specialization:
     dims:    ordered (name, value) pairs, e.g. (('P', 64), ('N', 128))
     state_dtype, io_dtype: short dtype codes ('f32', 'bf16', 'f16')
     L:       replay window (None for ops without one); T: draft length
-    flags:   sorted feature flags that change the code
+    flags:   sorted feature flags that change the code: 'single' (the read copy is the only
+             state), 'sr' (the flush rounds stochastically); see FORMAT_POLICIES
     read:    the low-precision read copy's short code ('fp8', 'bf16') or None (READ_CODES)
     """
 
@@ -61,6 +75,18 @@ class Specialization:
                 raise ValueError(f"dtype code: expected one of {sorted(CTYPES)}, got {code!r}")
         if self.read not in READ_POLICIES:
             raise ValueError(f"read code: expected one of {sorted(READ_CODES.values())} or None, got {self.read!r}")
+        if list(self.flags) != sorted(set(self.flags)):
+            raise ValueError(f"flags: expected sorted distinct flags, got {self.flags!r}")
+        if self.format_key not in FORMAT_POLICIES:
+            raise ValueError(
+                f"state format: no kernels for read copy {self.read!r} with flags {self.flags!r} "
+                f"(known: {sorted(FORMAT_POLICIES, key=str)})"
+            )
+
+    @property
+    def format_key(self) -> tuple[str | None, bool, bool]:
+        """(read code, single copy, stochastic rounding): the key of FORMAT_POLICIES."""
+        return self.read, "single" in self.flags, "sr" in self.flags
 
     @property
     def name(self) -> str:
@@ -86,7 +112,7 @@ class Specialization:
             "L": self.L if self.L is not None else 0,
             "T": self.T,
             "flags": self.flags,
-            "read_copy": READ_POLICIES[self.read],
+            "read_copy": FORMAT_POLICIES[self.format_key],
         }
 
 

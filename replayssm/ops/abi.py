@@ -49,13 +49,17 @@ class StatePool(ctypes.Structure):
         ("read_scale", c_ptr),
         ("scale_stride_slot", i64),
         ("scale_stride_head", i64),
+        ("flushes", c_ptr),
     ]
 
 
 def pool_struct(cache) -> StatePool:
-    """The cache's checkpoint [num_slots, heads, rows, cols] and, when it keeps one, its read copy
-    (same shape) and the copy's scales [num_slots, heads, rows] as the kernels' StatePool."""
-    return StatePool(*(v for t in (cache.checkpoint, cache.read_copy, cache.read_scale) for v in _slot_array(t)))
+    """The cache's checkpoint [num_slots, heads, rows, cols] (null with a single copy) and, when it
+    keeps them, its read copy (same shape), the copy's scales [num_slots, heads, rows] and the
+    per-slot flush counts of stochastic rounding as the kernels' StatePool."""
+    arrays = (v for t in (cache.checkpoint, cache.read_copy, cache.read_scale) for v in _slot_array(t))
+    flushes = getattr(cache, "flush_count", None)
+    return StatePool(*arrays, None if flushes is None else flushes.data_ptr())
 
 
 def _slot_array(t: torch.Tensor | None) -> tuple:

@@ -49,6 +49,7 @@ def _decode_spec(
     L: int | None,
     T: int = 1,
     read: str | None = None,
+    flags: tuple[str, ...] = (),
 ) -> Specialization:
     """The part every decode generator shares: op, window and draft-capacity checks, dtype codes.
     Decode ops have T = 1; verify ops T in VERIFY_T (their draft capacity)."""
@@ -71,6 +72,7 @@ def _decode_spec(
         L=L,
         T=T,
         read=read,
+        flags=flags,
     )
 
 
@@ -97,44 +99,101 @@ def read_format_name(read_dtype) -> str | None:
     raise TypeError(f"read_dtype: expected None, a torch.dtype or its name, got {type(read_dtype).__name__}")
 
 
-def check_read_copy(family: str, op: str, read: str | None, state_dtype, cols: int) -> str | None:
-    """The read copy's short code for a module of ``family``/``op`` whose state rows have ``cols``
-    elements, or None; ValueError where the kernels have no such read copy."""
-    if read is None:
-        return None
-    if read not in READ_FORMATS[family]:
+def _flag(arg: str, v) -> bool:
+    if not isinstance(v, bool):
+        raise TypeError(f"{arg}: expected a bool, got {type(v).__name__} {v!r}")
+    return v
+
+
+def check_state_format(
+    family: str,
+    op: str,
+    read: str | None,
+    state_dtype,
+    cols: int,
+    single_copy: bool = False,
+    stochastic_rounding: bool = False,
+) -> tuple[str | None, tuple[str, ...]]:
+    """The state format of a module of ``family``/``op`` whose state rows have ``cols`` elements:
+    (the read copy's short code or None, the format flags of its name). ValueError/TypeError where
+    the kernels have no such format (docs/design.md, "State formats"):
+
+    * a read copy (``read``): fp8 or bf16 beside a float32 checkpoint, or fp8 beside a bfloat16 /
+      float16 one (a copy is narrower than its checkpoint); fp8 needs rows of >= 128 elements;
+    * ``single_copy``: the fp8 copy is the only state (read = 'float8_e4m3fn'; state_dtype names
+      the arithmetic and must be float32);
+    * ``stochastic_rounding``: the flush rounds a bfloat16 checkpoint (alone or beside an fp8
+      copy) or the single fp8 copy stochastically;
+    * each of them serves the replay decode step only (so far)."""
+    single, sr = _flag("single_copy", single_copy), _flag("stochastic_rounding", stochastic_rounding)
+    state = dtype_code(state_dtype)
+    if read is None and not single and not sr:
+        return None, ()
+    if read is not None and read not in READ_FORMATS[family]:
         raise ValueError(
             f"read_dtype: {family} kernels have read copies {list(READ_FORMATS[family]) or 'none yet'}, got {read!r}"
         )
+    what = "read_dtype" if read is not None else ("single_copy" if single else "stochastic_rounding")
     if op != "replay_decode":
         raise ValueError(
-            f"read_dtype: only the replay decode step has a read copy so far (op {op!r}: speculative verify "
-            "and the conventional algorithm read and write the checkpoint itself)"
+            f"{what}: only the replay decode step has read copies, single copies and stochastic rounding so far "
+            f"(op {op!r}: speculative verify and the conventional algorithm read and write the checkpoint itself)"
         )
-    if dtype_code(state_dtype) != "f32":
-        raise ValueError(f"read_dtype: a read copy serves a float32 checkpoint, got state_dtype {state_dtype!r}")
+    if single:
+        if read != "float8_e4m3fn":
+            raise ValueError(
+                f"single_copy: the single-copy state is fp8 (read_dtype=torch.float8_e4m3fn), got read_dtype {read!r}"
+            )
+        if state != "f32":
+            raise ValueError(
+                "single_copy: the fp8 copy is the only state (state_dtype names its arithmetic and must be "
+                f"float32), got state_dtype {state_dtype!r}"
+            )
+    elif read is not None and state != "f32" and read != "float8_e4m3fn":
+        raise ValueError(
+            f"read_dtype: a read copy is narrower than its checkpoint: float8_e4m3fn or bfloat16 beside a float32 "
+            f"checkpoint, float8_e4m3fn beside a 16-bit one; got read_dtype {read!r} with state_dtype {state_dtype!r}"
+        )
+    if sr and not single and state != "bf16":
+        raise ValueError(
+            "stochastic_rounding: the flush rounds a bfloat16 checkpoint (alone or beside an fp8 read copy) or the "
+            f"single fp8 copy stochastically; got state_dtype {state_dtype!r}"
+            + (f" with read_dtype {read!r}" if read is not None else "")
+        )
     if read == "float8_e4m3fn" and cols < 128:
         raise ValueError(f"read_dtype: the fp8 read copy needs state rows of at least 128 elements, got {cols}")
-    return READ_CODES[read]
+    flags = tuple(f for f, on in (("single", single), ("sr", sr)) if on)
+    return (READ_CODES[read] if read is not None else None), flags
 
 
 def mamba2_decode_spec(
-    op: str, P: int, N: int, state_dtype, io_dtype, L: int | None = None, T: int = 1, read_dtype=None
+    op: str,
+    P: int,
+    N: int,
+    state_dtype,
+    io_dtype,
+    L: int | None = None,
+    T: int = 1,
+    read_dtype=None,
+    single_copy: bool = False,
+    stochastic_rounding: bool = False,
 ) -> Specialization:
     """Specialization of a Mamba-2 decode or verify module.
 
     op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
     P in MAMBA2_P; N in MAMBA2_N; state_dtype, io_dtype in {float32, bfloat16, float16}; L in
     WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
-    or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, torch.bfloat16; replay
-    decode of a float32 checkpoint only).
+    or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, torch.bfloat16);
+    single_copy, stochastic_rounding: the state format (check_state_format; replay decode only).
     """
     check_choice("op", op, MODULE_OPS)
     check_choice("P (head dim)", P, MAMBA2_P)
     check_choice("N (state dim)", N, MAMBA2_N)
-    read = check_read_copy("mamba2", op, read_format_name(read_dtype), state_dtype, N)
+    read, flags = check_state_format(
+        "mamba2", op, read_format_name(read_dtype), state_dtype, N, single_copy, stochastic_rounding
+    )
     dims = (("P", P), ("N", N))
-    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, dims, state_dtype, io_dtype, L, T, read)
+    return _decode_spec("mamba2", "mamba2_decode.cu.jinja", op, dims, state_dtype, io_dtype, L, T, read, flags)
 
 
 def gdn_decode_spec(
@@ -147,6 +206,8 @@ def gdn_decode_spec(
     family: str = "gdn",
     T: int = 1,
     read_dtype=None,
+    single_copy: bool = False,
+    stochastic_rounding: bool = False,
 ) -> Specialization:
     """Specialization of a Gated DeltaNet (family 'gdn') or KDA (family 'kda', per-channel decay)
     decode module.
@@ -155,13 +216,17 @@ def gdn_decode_spec(
     K, V (key and value head dims) in GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16};
     L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
     or the low-precision read copy of the checkpoint's (hv, v) rows over K (torch.float8_e4m3fn
-    needs K >= 128, torch.bfloat16; replay decode of a float32 checkpoint only)."""
+    needs K >= 128, torch.bfloat16); single_copy, stochastic_rounding: the state format
+    (check_state_format; replay decode only)."""
     check_choice("family", family, ("gdn", "kda"))
     check_choice("op", op, MODULE_OPS)
     check_choice("K (key head dim)", K, GDN_DIMS)
     check_choice("V (value head dim)", V, GDN_DIMS)
-    read = check_read_copy(family, op, read_format_name(read_dtype), state_dtype, K)
-    return _decode_spec(family, "gdn_decode.cu.jinja", op, (("K", K), ("V", V)), state_dtype, io_dtype, L, T, read)
+    read, flags = check_state_format(
+        family, op, read_format_name(read_dtype), state_dtype, K, single_copy, stochastic_rounding
+    )
+    dims = (("K", K), ("V", V))
+    return _decode_spec(family, "gdn_decode.cu.jinja", op, dims, state_dtype, io_dtype, L, T, read, flags)
 
 
 #: Draft capacities the AOT set carries for speculative decoding (a plan of T <= 8 drafts).
@@ -191,7 +256,7 @@ def aot_specializations() -> list[Specialization]:
 
 
 def compile_check_specializations() -> list[Specialization]:
-    """Representative set CI compiles for sm_90a: every dtype, dim and read copy appears at least once."""
+    """Representative set CI compiles for sm_90a: every dtype, dim and state format appears at least once."""
     return [
         mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16),
         mamba2_decode_spec("replay_decode", 64, 256, "float32", "bfloat16", L=32, read_dtype="float8_e4m3fn"),
@@ -213,6 +278,28 @@ def compile_check_specializations() -> list[Specialization]:
         gdn_decode_spec("replay_verify", 128, 128, "float32", "bfloat16", L=16, T=4),
         gdn_decode_spec("replay_verify", 128, 128, "float32", "bfloat16", L=16, family="kda", T=8),
         gdn_decode_spec("conventional_verify", 128, 128, "float32", "bfloat16", family="kda", T=4),
+        mamba2_decode_spec(
+            "replay_decode", 64, 128, "float32", "bfloat16", L=16, read_dtype="float8_e4m3fn", single_copy=True
+        ),
+        mamba2_decode_spec(
+            "replay_decode", 80, 256, "bfloat16", "float16", L=32, read_dtype="float8_e4m3fn", stochastic_rounding=True
+        ),
+        mamba2_decode_spec("replay_decode", 128, 128, "bfloat16", "bfloat16", L=8, stochastic_rounding=True),
+        gdn_decode_spec(
+            "replay_decode",
+            128,
+            128,
+            "float32",
+            "bfloat16",
+            L=16,
+            read_dtype="float8_e4m3fn",
+            single_copy=True,
+            stochastic_rounding=True,
+        ),
+        gdn_decode_spec(
+            "replay_decode", 128, 64, "float16", "bfloat16", L=16, family="kda", read_dtype="float8_e4m3fn"
+        ),
+        gdn_decode_spec("replay_decode", 64, 128, "bfloat16", "float16", L=8, family="kda", stochastic_rounding=True),
         mamba2_decode_spec("materialize", 80, 256, "bfloat16", "float16"),
         gdn_decode_spec("materialize", 256, 64, "float32", "bfloat16", family="kda"),
     ]

@@ -241,12 +241,17 @@ def load(
     *,
     prepare: bool = True,
     read_dtype=None,
+    single_copy: bool = False,
+    stochastic_rounding: bool = False,
 ):
     """Build or load the module, check its params structs against the mirrors, and (``prepare``)
     put its kernels on the current device (outside capture). Verify modules: T is the draft
-    capacity; replay_verify's commit entry takes CommitParams. read_dtype: the read copy the
-    module is built for (replay_decode only; see generators.mamba2_decode_spec)."""
-    spec = mamba2_decode_spec(op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T, read_dtype)
+    capacity; replay_verify's commit entry takes CommitParams. read_dtype, single_copy,
+    stochastic_rounding: the state format the module is built for (replay_decode only; see
+    generators.mamba2_decode_spec)."""
+    spec = mamba2_decode_spec(
+        op, dims.head_dim, dims.state_dim, state_dtype, io_dtype, L, T, read_dtype, single_copy, stochastic_rounding
+    )
     return load_checked(spec, DecodeParams, VerifyParams, prepare=prepare)
 
 

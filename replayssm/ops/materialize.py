@@ -69,12 +69,15 @@ class GDNMaterializeParams(ctypes.Structure):
 
 def supported(group: list) -> bool:
     """Whether one launch can serve this group of like caches: CUDA caches, a ring of at most
-    MAX_RING records, the same strides in every layer, and exact ring corrections (a GDN/KDA cache
-    with a read copy keeps approximate u: its exact path is the torch one)."""
+    MAX_RING records, the same strides in every layer, exact ring corrections (a GDN/KDA cache
+    with a read copy keeps approximate u: its exact path is the torch one) and a checkpoint (not
+    a single copy)."""
     first = group[0]
     if first.device.type != "cuda" or first.capacity > MAX_RING:
         return False
     if first.descriptor.name != "mamba2" and first.read_dtype is not None:
+        return False
+    if first.single_copy:  # no checkpoint: the torch path dequantises the copy
         return False
     tensors = ("checkpoint", *first._ring_names, "ring_start", "ring_len")
     return all(getattr(c, t).stride() == getattr(first, t).stride() for c in group for t in tensors)

@@ -479,6 +479,9 @@ class DeltaReadCopyModel:
 
     read_copy(slot) -> the dequantised S_lp [HV, V, K] of a slot that flushed in this step (taken
     after the step: the kernel's own copy, or the reference quantiser applied to ``exact``).
+    held(slot) (optional) -> the state a flush stored [HV, V, K], for formats whose stored
+    checkpoint is rounded (a 16-bit S_hp, a single copy): the flushing step continues from it
+    instead of from ``exact`` (default: ``exact`` itself, an fp32 S_hp within rounding).
     """
 
     def __init__(self, S_exact: torch.Tensor, S_read: torch.Tensor, L: int, per_channel: bool):
@@ -494,7 +497,7 @@ class DeltaReadCopyModel:
         """A prefill hand-over (load_state/reset) of one slot: checkpoint S, read copy S_read, ring emptied."""
         self.exact[slot], self.read[slot], self.m[slot] = S, S_read, 0
 
-    def step(self, slots, read_copy, **inputs) -> tuple[torch.Tensor, list[bool]]:
+    def step(self, slots, read_copy, held=None, **inputs) -> tuple[torch.Tensor, list[bool]]:
         """One token for each of ``slots`` (ints, pads excluded; each at most once). inputs: as
         gdn_step / kda_step takes them: q, k [n, HK, K], v [n, HV, V], g or a, beta or b with one row
         per slot; A_log, dt_bias, use_l2norm, scale as for the layer. Returns (o [n, HV, V], whether
@@ -505,6 +508,8 @@ class DeltaReadCopyModel:
             args = {n: (t[r : r + 1] if n in per_row and t is not None else t) for n, t in inputs.items()}
             flush = self.m[s] == self.L
             if flush:
+                if held is not None:  # the checkpoint the flush stored, rounded as its format says
+                    self.exact[s] = held(s).to(self.exact.dtype)
                 o, exact, u = self._step(self.exact[s : s + 1], return_u=True, **args)
                 _, self.read[s : s + 1] = self._step(read_copy(s)[None].to(self.read.dtype), u=u, **args)
                 self.m[s] = 0

@@ -41,7 +41,7 @@ class TestReadCopyNames:
         [
             (dict(op="replay_verify", T=4), "only the replay decode step"),
             (dict(op="conventional_decode", L=None), "only the replay decode step"),
-            (dict(state_dtype=BF16), "float32 checkpoint"),
+            (dict(state_dtype=BF16, read_dtype=BF16), "narrower than its checkpoint"),
             (dict(N=64), "at least 128"),
         ],
     )
@@ -69,8 +69,9 @@ class TestReadCopySupported:
         assert supported("mamba2", **base, read_dtype="bfloat16") == (True, "ok")
         ok, why = supported("mamba2", **base, read_dtype=FP8, algorithm="conventional")
         assert not ok and "algorithm='replay'" in why
-        ok, why = supported("mamba2", **base, read_dtype=FP8, state_dtype=BF16)
-        assert not ok and "float32 checkpoint" in why
+        assert supported("mamba2", **base, read_dtype=FP8, state_dtype=BF16) == (True, "ok")  # fp8 beside bf16
+        ok, why = supported("mamba2", **base, read_dtype=BF16, state_dtype=BF16)
+        assert not ok and "narrower than its checkpoint" in why
         gdn = dict(num_v_heads=32, num_k_heads=16, head_k_dim=128, head_v_dim=128)
         assert supported("gdn", **gdn, read_dtype=FP8) == (True, "ok")
         assert supported("kda", **{**gdn, "num_k_heads": 32}, read_dtype="bfloat16") == (True, "ok")
@@ -134,7 +135,7 @@ class TestReadCopyCache:
         with pytest.raises(ValueError, match="read_dtype"):
             Mamba2Cache(2, H, P, 64, G, read_dtype=FP8, device="cpu")
         with pytest.raises(ValueError, match="read_dtype"):
-            Mamba2Cache(2, H, P, N, G, read_dtype=FP8, state_dtype=BF16, device="cpu")
+            Mamba2Cache(2, H, P, N, G, read_dtype=BF16, state_dtype=BF16, device="cpu")
         assert GDNCache(2, 4, 2, 128, 128, device="cpu").read_copy is None
 
 
@@ -163,7 +164,7 @@ class TestDeltaReadCopyHost:
         [
             (dict(op="replay_verify", T=4), "only the replay decode step"),
             (dict(op="conventional_decode", L=None), "only the replay decode step"),
-            (dict(state_dtype=BF16), "float32 checkpoint"),
+            (dict(state_dtype=BF16, read_dtype=BF16), "narrower than its checkpoint"),
             (dict(K=64), "at least 128"),
         ],
     )

@@ -371,5 +371,23 @@ def test_gdn_read_copy_hands_over_its_extra_rings():
     assert (d.pool.read, d.pool.read_scale) == (cache.read_copy.data_ptr(), cache.read_scale.data_ptr())
     plain, _, _ = make("gdn")
     plain.plan(slots())
-    with pytest.raises(Exception, match=r"cache.read_copy: a cache of this wrapper \(read_dtype=None\) has none"):
+    with pytest.raises(Exception, match=r"cache.read_copy: a cache of this wrapper \(read_dtype=None, single_copy"):
         compile_run("gdn", plain, cache, inputs("gdn", (BATCH,), torch.Generator().manual_seed(8)))
+
+
+def test_single_copy_sr_cache_hands_over_no_checkpoint_and_its_flush_counts():
+    """A single-copy cache with stochastic rounding: the op takes checkpoint=None and the flush
+    counts, and the launch sees no checkpoint, the copy and the counts."""
+    fmt = dict(read_dtype=torch.float8_e4m3fn, single_copy=True, stochastic_rounding=True)
+    w = GDNDecodeWrapper(*DIMS["gdn"], window=16, max_batch=8, device=CPU, **fmt)
+    rec = RecordingModule()
+    w._modules[("replay_decode", 1)] = rec
+    cache = w.create_cache(6)
+    assert cache.checkpoint is None and cache.flush_count is not None
+    w.plan(slots())
+    torch.compile(lambda i: call("gdn", w, cache, i), fullgraph=True, backend="inductor")(
+        inputs("gdn", (BATCH,), torch.Generator().manual_seed(9))
+    )
+    d = rec.launches[-1][2]
+    assert d.pool.state is None and d.pool.flushes == cache.flush_count.data_ptr()
+    assert d.pool.read == cache.read_copy.data_ptr() and d.ring.v is None and d.ring.beta is None

@@ -163,6 +163,25 @@ def _delta_read_copy_specs():
     return list(specs.values())
 
 
+def _state_format_specs():
+    """Replay decode in each rounded state format, every family (test_state_formats)."""
+    from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec
+
+    from .test_state_formats import DELTA, FORMATS, M2
+
+    specs = []
+    for f in FORMATS.values():
+        fmt = dict(read_dtype=f["read"], single_copy=f["single"], stochastic_rounding=f["sr"])
+        specs.append(mamba2_decode_spec("replay_decode", M2["P"], M2["N"], f["state"], DELTA["io"], M2["L"], **fmt))
+        for family in ("gdn", "kda"):
+            specs.append(
+                gdn_decode_spec(
+                    "replay_decode", DELTA["K"], DELTA["V"], f["state"], DELTA["io"], DELTA["L"], family, **fmt
+                )
+            )
+    return specs
+
+
 # Which modules each test file needs (only the collected files' modules are pre-warmed).
 _SPECS_BY_FILE = {
     "test_mamba2_decode": _mamba2_specs,
@@ -174,6 +193,7 @@ _SPECS_BY_FILE = {
     "test_duplicate_slots": _base_specs,
     "test_mamba2_read_copy": _read_copy_specs,
     "test_delta_read_copy": _delta_read_copy_specs,
+    "test_state_formats": _state_format_specs,
 }
 
 

@@ -23,6 +23,7 @@ struct UnitHeader {
   int32_t m;       // live records
   int32_t status;  // kUnitActive or why the unit is skipped
   int32_t unit;    // the unit's index, or kNoMoreUnits: the CTA's walk is over (written by the pipeline)
+  uint32_t seed;   // stochastic formats: the seed of the slot's flush (common/read_copy.cuh flush_seed)
 };
 constexpr int32_t kNoMoreUnits = -1;
 
@@ -57,16 +58,18 @@ __device__ __forceinline__ int read_unit_cursors(const SlotArg& slots, const Rin
 
 // Producer warp, every lane: lane 0 reads batch row b's slot and cursors and writes them to the
 // unit header; every lane gets them back (a broadcast). Whatever the status, `cursors` is
-// warp-uniform on return.
-template <typename RingT>
+// warp-uniform on return. `seed(slot)`: what the header's seed is for an active unit (read with
+// the cursors: stochastic formats hash the slot's flush count).
+template <typename RingT, class Seed>
 __device__ __forceinline__ void read_unit_header(const SlotArg& slots, const RingT& ring, int64_t b, int L,
-                                                 UnitHeader* header, int lane, UnitCursors& cursors) {
+                                                 UnitHeader* header, int lane, UnitCursors& cursors, Seed&& seed) {
   if (lane == 0) {
     cursors.status = read_unit_cursors(slots, ring, b, L, &cursors.slot, &cursors.start, &cursors.m);
     header->slot = cursors.slot;
     header->start = cursors.start;
     header->m = cursors.m;
     header->status = cursors.status;
+    header->seed = cursors.status == kUnitActive ? seed(cursors.slot) : 0u;
   }
   cursors.slot = __shfl_sync(0xffffffffu, cursors.slot, 0);
   cursors.start = __shfl_sync(0xffffffffu, cursors.start, 0);
@@ -82,11 +85,13 @@ struct UnitState {
   int pos = 0;       // physical index this step's record is appended at
   int arrived = 0;   // consumer thread 0: the slot's arrival count before this unit (cursors.cuh)
   bool flush = false;  // the ring is full: fold the records into the checkpoint
+  uint32_t seed = 0;   // stochastic formats: the random bits' seed of this flush
 
   // From the header the producer wrote (status kUnitActive), for a family with L-record rings of
   // `capacity` records.
   __device__ __forceinline__ void from_header(const UnitHeader& h, int L, int capacity) {
     slot = h.slot;
+    seed = h.seed;
     start = h.start;
     m = h.m;
     flush = m + 1 > L;

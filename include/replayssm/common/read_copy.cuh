@@ -1,14 +1,22 @@
-// The low-precision read copy S_lp of an fp32 checkpoint S_hp (docs/design.md, "Low-precision read
-// copy"): its formats, how a kernel decodes a row of it, and how a flush encodes one.
+// The low-precision read copy S_lp of a checkpoint S_hp and the state formats built on it
+// (docs/design.md, "Low-precision read copy" and "State formats"): the formats, how a kernel
+// decodes a row of a copy, and how a flush stores a row of the state.
 //
-// A module is built for one read format (a template parameter `RC` of its kernels):
-//   NoReadCopy     every step reads the checkpoint itself (the state dtype);
-//   ReadCopyBF16   S_lp = bf16(S_hp), round to nearest even, no scale;
-//   ReadCopyFP8    S_lp = e4m3(S_hp / s) with one fp32 scale s = amax|row| / 448 per row
-//                  (saturating, round to nearest even; a row of zeros gets s = 0).
+// A module is built for one state format (a template parameter `RC` of its kernels), a codec
+// of the copy plus two switches:
+//   codec          NoCopyCodec   no copy: every step reads the checkpoint itself (the state dtype);
+//                  BF16Codec     S_lp = bf16(S_hp), round to nearest even, no scale;
+//                  FP8Codec      S_lp = e4m3(S_hp / s) with one fp32 scale s = amax|row| / 448 per row
+//                                (saturating, round to nearest even; a row of zeros gets s = 0);
+//   kSingle        the copy is the only state (no S_hp): every step reads it, the flush folds into
+//                  its dequantised values and re-encodes it (the single 8-bit state engines use);
+//   kStochastic    the flush rounds what it stores stochastically (common/stochastic.cuh): a
+//                  16-bit checkpoint (bf16), or the single fp8 state; a read copy beside a
+//                  16-bit checkpoint is still encoded to nearest from the fp32 fold.
 // One row = the contiguous dim of the state (Mamba-2: one (h, p) over N; GDN/KDA: one (hv, v)
-// over K), as replayssm/reference/quant.py defines the formats. Non-flush steps read S_lp; a
-// flush reads S_hp, folds in fp32, writes S_hp and re-encodes S_lp from the same fp32 values.
+// over K), as replayssm/reference/quant.py defines the formats. With two copies, non-flush steps
+// read S_lp; a flush reads S_hp, folds in fp32, writes S_hp and re-encodes S_lp from the same
+// fp32 values.
 #pragma once
 
 #include <cuda_fp8.h>
@@ -18,6 +26,7 @@
 #include "math.cuh"
 #include "state_pool.cuh"
 #include "state_tile.cuh"
+#include "stochastic.cuh"
 #include "types.cuh"
 
 namespace replayssm {
@@ -40,20 +49,23 @@ __device__ __forceinline__ void unpack16<__nv_fp8_e4m3>(const uint4& raw, float 
     }
 }
 
-struct NoReadCopy {
+struct NoCopyCodec {
   static constexpr bool kEnabled = false;
   static constexpr bool kScaled = false;
   using T = float;  // unused
 };
 
-struct ReadCopyBF16 {
+struct BF16Codec {
   static constexpr bool kEnabled = true;
   static constexpr bool kScaled = false;
   using T = __nv_bfloat16;
   __device__ __forceinline__ static T encode(float v, float /*inv_divisor*/) { return __float2bfloat16_rn(v); }
+  __device__ __forceinline__ static T encode_stochastic(float v, float /*inv_divisor*/, uint32_t r16) {
+    return bf16_stochastic(v, r16);
+  }
 };
 
-struct ReadCopyFP8 {
+struct FP8Codec {
   static constexpr bool kEnabled = true;
   static constexpr bool kScaled = true;
   static constexpr float kMax = 448.f;  // largest finite e4m3 magnitude
@@ -65,7 +77,34 @@ struct ReadCopyFP8 {
   __device__ __forceinline__ static T encode(float v, float inv_divisor) {
     return T(v * inv_divisor);  // the fp8 constructor saturates finite values (__NV_SATFINITE)
   }
+  __device__ __forceinline__ static T encode_stochastic(float v, float inv_divisor, uint32_t r16) {
+    return e4m3_stochastic(v, inv_divisor, r16);
+  }
 };
+
+template <class Codec, bool kSingleCopy = false, bool kStochasticRounding = false>
+struct StateFormat : Codec {
+  static constexpr bool kSingle = kSingleCopy;
+  static constexpr bool kStochastic = kStochasticRounding;
+  static constexpr bool kTwoCopy = Codec::kEnabled && !kSingleCopy;  // an S_hp beside the copy
+  static_assert(!kSingleCopy || Codec::kEnabled, "a single copy needs a codec");
+};
+
+using NoReadCopy = StateFormat<NoCopyCodec>;
+using NoReadCopySR = StateFormat<NoCopyCodec, false, true>;  // a bf16 checkpoint, stochastic at the flush
+using ReadCopyBF16 = StateFormat<BF16Codec>;
+using ReadCopyFP8 = StateFormat<FP8Codec>;
+using ReadCopyFP8SR = StateFormat<FP8Codec, false, true>;  // bf16 S_hp stochastic, fp8 copy to nearest
+using SingleFP8 = StateFormat<FP8Codec, true>;
+using SingleFP8SR = StateFormat<FP8Codec, true, true>;
+
+// Whether a module of format RC may keep its checkpoint in TS: a read copy is narrower than its
+// S_hp (an fp32 checkpoint, or a 16-bit one beside an fp8 copy); a single copy keeps no TS at all
+// (TS names the arithmetic, fp32); stochastic rounding stores bf16 (or the single fp8 state).
+template <class RC, typename TS>
+constexpr bool kFormatFits =
+    (!RC::kTwoCopy || sizeof(typename RC::T) < sizeof(TS)) && (!RC::kSingle || std::is_same_v<TS, float>) &&
+    (!RC::kStochastic || RC::kSingle || std::is_same_v<TS, __nv_bfloat16>);
 
 // Largest magnitude over an aligned group of kLanes lanes; NaN wins (so a NaN row gets a NaN scale
 // and reads back as NaN, as the reference's does).
@@ -81,18 +120,35 @@ __device__ __forceinline__ float group_amax(float v) {
 
 // Which elements a thread holds of a row: kVpl runs of kV consecutive columns, run v starting at
 // Tile::col(lane, v) (common/state_tile.cuh); the row is spread over Tile::kLanes lanes.
-//
-// Encode this thread's part of one row of S_lp from the fp32 values it holds and store it at
-// `row` (the row's first element); the row's leader lane stores the scale at `scale` (scaled
-// formats). Every lane of the row's group must call it (the scale is a group reduction).
-template <class RC, class Tile>
+
+// 16 random bits per element of the run of kV columns starting at `col` of a row (kV even, and
+// the run starts at an even element: the pairs of common/stochastic.cuh never straddle two runs).
+template <int kV>
+__device__ __forceinline__ void sr_run_bits(const SrRow& sr, int col, uint32_t (&r16)[kV]) {
+  static_assert(kV % 2 == 0, "runs hold whole element pairs");
+  const uint32_t pair0 = (sr.elem0 + static_cast<uint32_t>(col)) >> 1;
+#pragma unroll
+  for (int i = 0; i < kV / 2; ++i) {
+    const uint32_t bits = sr_pair_bits(sr.seed, pair0 + i);
+    r16[2 * i] = bits & 0xFFFFu;
+    r16[2 * i + 1] = bits >> 16;
+  }
+}
+
+// Encode this thread's part of one row of the copy from the fp32 values it holds (`q`) and store
+// it at `row` (the row's first element); the row's leader lane stores the scale at `scale`
+// (scaled formats). Every lane of the row's group must call it (the scale is a group reduction).
+// kSR: stochastically, with the row's random bits `sr` (else to nearest; `sr` unused). `decoded`
+// receives what the copy now holds at these columns, in the state's units (codes times scale).
+template <class RC, class Tile, bool kSR = false>
 __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale,
-                                               const float (&q)[Tile::kVpl][Tile::kVec], int lane) {
+                                               const float (&q)[Tile::kVpl][Tile::kVec], int lane, const SrRow& sr,
+                                               float (&decoded)[Tile::kVpl][Tile::kVec]) {
   using T = typename RC::T;
   constexpr int kV = Tile::kVec;
   constexpr int kBytes = kV * static_cast<int>(sizeof(T));  // one run in S_lp: 4 (fp8), 8 (bf16) bytes
   static_assert(kBytes == 4 || kBytes == 8 || kBytes == 16, "a run of S_lp is one 4-, 8- or 16-byte store");
-  float inv_divisor = 1.f;
+  float inv_divisor = 1.f, s = 1.f;
   if constexpr (RC::kScaled) {
     float amax = 0.f;
 #pragma unroll
@@ -102,7 +158,7 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
         const float a = fabsf(q[v][e]);
         amax = (a > amax || a != a) ? a : amax;
       }
-    const float s = group_amax<Tile::kLanes>(amax) / RC::kMax;
+    s = group_amax<Tile::kLanes>(amax) / RC::kMax;
     if (Tile::row_leader(lane)) *scale = s;
     inv_divisor = s > 0.f ? 1.f / s : 1.f;
   }
@@ -112,8 +168,17 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
       T codes[kV];
       uint32_t words[kBytes / 4];
     } run;
+    if constexpr (kSR) {
+      uint32_t r16[kV];
+      sr_run_bits<kV>(sr, Tile::col(lane, v), r16);
 #pragma unroll
-    for (int e = 0; e < kV; ++e) run.codes[e] = RC::encode(q[v][e], inv_divisor);
+      for (int e = 0; e < kV; ++e) run.codes[e] = RC::encode_stochastic(q[v][e], inv_divisor, r16[e]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kV; ++e) run.codes[e] = RC::encode(q[v][e], inv_divisor);
+    }
+#pragma unroll
+    for (int e = 0; e < kV; ++e) decoded[v][e] = RC::kScaled ? to_float(run.codes[e]) * s : to_float(run.codes[e]);
     T* dst = row + Tile::col(lane, v);
     if constexpr (kBytes == 4) {
       *reinterpret_cast<uint32_t*>(dst) = run.words[0];
@@ -121,6 +186,108 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
       *reinterpret_cast<uint2*>(dst) = make_uint2(run.words[0], run.words[1]);
     } else {
       *reinterpret_cast<uint4*>(dst) = make_uint4(run.words[0], run.words[1], run.words[2], run.words[3]);
+    }
+  }
+}
+
+// Where a flush stores one row of a slot's state: the checkpoint row (TS; nullptr for a single
+// copy), the copy's row and its scale (nullptr without), and the row's random bits (stochastic
+// formats).
+template <class RC, typename TS>
+struct StateRowDst {
+  TS* hp;
+  typename RC::T* read;
+  float* scale;
+  SrRow sr;
+};
+
+// Whether a pool carries exactly the buffers of format RC (host: the launchers check it): a
+// checkpoint unless single, the copy (and its scales) when there is one, flush counts when
+// stochastic.
+template <class RC>
+inline bool pool_matches_format(const StatePool& pool) {
+  const bool hp = RC::kSingle ? pool.state == nullptr : pool.state != nullptr;
+  const bool copy = RC::kEnabled ? pool.read != nullptr && (pool.read_scale != nullptr) == RC::kScaled
+                                 : pool.read == nullptr && pool.read_scale == nullptr;
+  return hp && copy && (pool.flushes != nullptr) == RC::kStochastic;
+}
+
+// The destination of row `row` (of `rows` per head, `cols` elements each) of head `head` of pool
+// slot `slot`, with the random bits of the slot's flush under `seed` (stochastic formats).
+template <class RC, typename TS>
+__device__ __forceinline__ StateRowDst<RC, TS> state_row_dst(const StatePool& pool, int64_t slot, int head, int row,
+                                                             int rows, int cols, uint32_t seed) {
+  StateRowDst<RC, TS> d{nullptr, nullptr, nullptr, SrRow{seed, static_cast<uint32_t>((head * rows + row) * cols)}};
+  if constexpr (!RC::kSingle)
+    d.hp = static_cast<TS*>(pool.state) + slot * pool.stride_slot + head * pool.stride_head +
+           static_cast<int64_t>(row) * cols;
+  if constexpr (RC::kEnabled) {
+    d.read = static_cast<typename RC::T*>(pool.read) + slot * pool.read_stride_slot + head * pool.read_stride_head +
+             static_cast<int64_t>(row) * cols;
+    if constexpr (RC::kScaled)
+      d.scale = pool.read_scale + slot * pool.scale_stride_slot + head * pool.scale_stride_head + row;
+  }
+  return d;
+}
+
+// The seed of this flush of `slot` (stochastic formats; 0 otherwise): read with the cursors,
+// before the unit counts itself in, so the mover's increment (bump_flushes) comes after every
+// unit of the slot has read it.
+template <class RC>
+__device__ __forceinline__ uint32_t flush_seed(const StatePool& pool, int64_t slot) {
+  if constexpr (RC::kStochastic) {
+    return sr_slot_seed(slot, static_cast<uint32_t>(pool.flushes[slot]));
+  } else {
+    return 0u;
+  }
+}
+
+// The unit that moved a slot's cursors after a flush counts the flush (stochastic formats).
+template <class RC>
+__device__ __forceinline__ void bump_flushes(const StatePool& pool, int64_t slot, bool moved, bool flushed) {
+  if constexpr (RC::kStochastic)
+    if (moved && flushed) pool.flushes[slot] += 1;
+}
+
+// A flush stores one folded row of the state from this thread's fp32 values `sv` and returns in
+// `held` what the state now holds there (the values the step's output is computed from):
+//   no copy:     the checkpoint row in TS (bf16 stochastically with RC::kStochastic); held = its values;
+//   two copies:  the same, then the copy re-encoded from sv, to nearest;
+//   single copy: the copy (codes and the row's scale; stochastically with RC::kStochastic);
+//                held = codes times scale.
+// Every lane of the row's group must call it (a scaled copy's scale is a group reduction).
+template <class RC, typename TS, class Tile>
+__device__ __forceinline__ void store_state_row(const StateRowDst<RC, TS>& dst,
+                                                const float (&sv)[Tile::kVpl][Tile::kVec], int lane,
+                                                float (&held)[Tile::kVpl][Tile::kVec]) {
+  constexpr int kV = Tile::kVec;
+  if constexpr (RC::kSingle) {
+    store_read_row<RC, Tile, RC::kStochastic>(dst.read, dst.scale, sv, lane, dst.sr, held);
+  } else {
+    static_assert(kV == Vec16<TS>::kElems, "a checkpoint run is one 16-byte vector of TS");
+#pragma unroll
+    for (int v = 0; v < Tile::kVpl; ++v) {
+      uint4 packed;
+      if constexpr (RC::kStochastic) {
+        static_assert(std::is_same_v<TS, __nv_bfloat16>, "stochastic rounding stores a bf16 checkpoint");
+        uint32_t r16[kV];
+        sr_run_bits<kV>(dst.sr, Tile::col(lane, v), r16);
+        union {
+          __nv_bfloat16 e[kV];
+          uint4 raw;
+        } run;
+#pragma unroll
+        for (int e = 0; e < kV; ++e) run.e[e] = bf16_stochastic(sv[v][e], r16[e]);
+        packed = run.raw;
+      } else {
+        packed = pack16<TS>(sv[v]);
+      }
+      store_stream16(dst.hp + Tile::col(lane, v), packed);
+      unpack16<TS>(packed, held[v]);  // read out what was stored, so outputs match the stored checkpoint
+    }
+    if constexpr (RC::kTwoCopy) {  // re-encode the read copy from the fp32 fold
+      float unused[Tile::kVpl][kV];
+      store_read_row<RC, Tile>(dst.read, dst.scale, sv, lane, dst.sr, unused);
     }
   }
 }
@@ -143,7 +310,7 @@ struct ReadCopyTile {
   using Tile = StateTile<Elem, N, ROWS, NWARPS>;  // which rows and columns a thread holds
   static constexpr int kPasses = Tile::kPasses;
   static constexpr int kCols = Tile::kVpl * Tile::kVec;  // columns of a row one thread holds
-  static_assert(!RC::kEnabled || std::is_same_v<TS, float>, "a read copy serves an fp32 checkpoint");
+  static_assert(kFormatFits<RC, TS>, "a read copy is narrower than its checkpoint; a single copy keeps none");
 
   uint4 raw[Tile::kPasses][Tile::kVpl];  // this thread's 16-byte words of its rows
   float scale[Tile::kPasses];            // scaled formats: its rows' scales

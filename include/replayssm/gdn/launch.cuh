@@ -32,7 +32,7 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
          aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.num_v_heads);
 }
 
-// RC: the read copy the module is built for (common/read_copy.cuh; NoReadCopy: none).
+// RC: the state format the module is built for (common/read_copy.cuh; NoReadCopy: the checkpoint alone).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, class RC = NoReadCopy>
 struct ReplayDecode {
   using Params = DecodeParams;
@@ -91,12 +91,11 @@ struct ReplayDecode {
     return 0;
   }
 
-  // The pool and ring carry exactly the buffers this module's read copy needs (with one, the
+  // The pool and ring carry exactly the buffers this module's format needs (with two copies, the
   // ring keeps each record's v and beta for the flush's exact recompute).
   static bool buffers_match(const StatePool& pool, const Ring& ring) {
-    if (!RC::kEnabled) return pool.read == nullptr && pool.read_scale == nullptr;
-    return pool.read != nullptr && (pool.read_scale != nullptr) == RC::kScaled && ring.v != nullptr &&
-           ring.beta != nullptr;
+    return pool_matches_format<RC>(pool) && (ring.v != nullptr) == RC::kTwoCopy &&
+           (ring.beta != nullptr) == RC::kTwoCopy;
   }
 
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {

@@ -27,6 +27,11 @@
 // It then folds with these u_j (and the product-form decays kd_j, col), writes S_hp, re-encodes
 // S_lp from the same fp32 values, and computes the step's output from S_hp. So S_hp follows the
 // exact recurrence; the read copy's rounding reaches only the non-flush outputs.
+//
+// A single copy (RC::kSingle) is the state itself: every step reads it, the ring's u are those of
+// the recurrence on it (no v and beta kept), and a flush folds them into the dequantised tile it
+// already holds and re-encodes it. Stochastic formats round what the flush stores with the random
+// bits of common/stochastic.cuh.
 #pragma once
 
 #include "../common/align.cuh"
@@ -49,11 +54,11 @@ struct ReplayRingSmem {
   __host__ __device__ static size_t u_bytes(int R) { return align16(static_cast<size_t>(R) * ROWS * 4); }
   __host__ __device__ static size_t k_bytes(int R) { return align16(static_cast<size_t>(R) * K * 4); }
   __host__ __device__ static size_t ring_bytes(int R) { return u_bytes(R) + k_bytes(R) + align16(R * kG * 4); }
-  // Read copy: offsets after the ring.
-  static constexpr size_t kVBytes = RC::kEnabled ? align16(static_cast<size_t>(L) * ROWS * sizeof(TI)) : 0;
-  static constexpr size_t kBetaBytes = RC::kEnabled ? align16(L * 4) : 0;
-  static constexpr size_t kKxBytes = RC::kEnabled ? static_cast<size_t>(L) * K * 4 : 0;
-  static constexpr size_t kABytes = RC::kEnabled ? align16(static_cast<size_t>(L) * L * 4) : 0;
+  // Two copies: offsets after the ring.
+  static constexpr size_t kVBytes = RC::kTwoCopy ? align16(static_cast<size_t>(L) * ROWS * sizeof(TI)) : 0;
+  static constexpr size_t kBetaBytes = RC::kTwoCopy ? align16(L * 4) : 0;
+  static constexpr size_t kKxBytes = RC::kTwoCopy ? static_cast<size_t>(L) * K * 4 : 0;
+  static constexpr size_t kABytes = RC::kTwoCopy ? align16(static_cast<size_t>(L) * L * 4) : 0;
   __host__ __device__ static size_t v_offset(int R) { return ring_bytes(R); }
   __host__ __device__ static size_t beta_offset(int R) { return v_offset(R) + kVBytes; }
   __host__ __device__ static size_t kx_offset(int R) { return beta_offset(R) + kBetaBytes; }
@@ -63,16 +68,16 @@ struct ReplayRingSmem {
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
-  using Tile = StateTile<TS, K, ROWS, 4>;  // the checkpoint's tile
   using Read = ReadCopyTile<RC, TS, K, ROWS, 4>;  // what a non-flush step reads (the copy, or the checkpoint)
   using ReadTile = typename Read::Tile;
+  using Tile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, K, ROWS, 4>>;  // what a flush folds
   using Smem = ReplayRingSmem<TI, K, L, ROWS, PerChannelDecay, RC>;
   constexpr int kG = Smem::kG;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
   constexpr int kChunks = V / ROWS;
   static_assert(ReadTile::kPasses == Tile::kPasses, "both tiles give a thread the same rows");
-  static_assert(!RC::kEnabled || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
+  static_assert(!RC::kTwoCopy || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
 
   const CtaCoords c = cta_coords<V, ROWS>(p);
   int64_t slot;
@@ -80,8 +85,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int R = p.ring.capacity;
-  TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
-           static_cast<int64_t>(c.v0) * K;
+  const TS* st = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
+                 static_cast<int64_t>(c.v0) * K;
 
   // 1. One round trip: the tile a non-flush step reads (registers), whole ring (async copies),
   //    cursors, inputs.
@@ -109,6 +114,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
+  const uint32_t seed = flush_seed<RC>(p.pool, slot);
 
   __shared__ __align__(16) float q_s[K];
   __shared__ __align__(16) float k_s[K];
@@ -154,14 +160,14 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     return q >= R ? q - R : q;
   };
 
-  // Read copy, flush: the fp32 checkpoint tile (registers) and the window's v rows and betas
+  // Two copies, flush: the checkpoint tile S_hp (registers) and the window's v rows and betas
   // (logical order), requested as soon as the cursors say so.
-  uint4 hp_raw[RC::kEnabled ? Tile::kPasses : 1][Tile::kVpl];
+  uint4 hp_raw[RC::kTwoCopy ? Tile::kPasses : 1][Tile::kVpl];
   TI* vr_s = nullptr;  // [L][ROWS]
   float* br_s = nullptr;  // [L]
   float* kx_s = nullptr;  // [L][K]
   float* A_s = nullptr;  // [L][L]
-  if constexpr (RC::kEnabled) {
+  if constexpr (RC::kTwoCopy) {
     vr_s = reinterpret_cast<TI*>(ring_smem + Smem::v_offset(R));
     br_s = reinterpret_cast<float*>(ring_smem + Smem::beta_offset(R));
     kx_s = reinterpret_cast<float*>(ring_smem + Smem::kx_offset(R));
@@ -192,8 +198,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   //    Read copy, flush: the window's terms in product form instead (gdn/wy.cuh): A, kx_j, kd_j
   //    in place and col (the ring's g become a = exp(g) in place).
   const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
-  if (RC::kEnabled && flush) {
-    if constexpr (RC::kEnabled) {
+  if (RC::kTwoCopy && flush) {
+    if constexpr (RC::kTwoCopy) {
       for (int i = tid; i < m * kG; i += kThreads) {  // a_j = exp(g_j) in place
         float* gj = g_s + phys(i / kG) * kG + i % kG;
         *gj = expf(*gj);
@@ -294,7 +300,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   } else {
     // Fold the m committed records into the checkpoint tile, write it, then read it out.
     float sv[Tile::kPasses][Tile::kVpl][kV];
-    if constexpr (RC::kEnabled) {
+    if constexpr (RC::kTwoCopy) {
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
@@ -330,7 +336,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       const int r = Tile::row(warp, lane, s);
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        if constexpr (!RC::kEnabled) unpack16<TS>(rt.raw[s][v], sv[s][v]);
+        if constexpr (!RC::kTwoCopy) {  // the tile a non-flush step reads is the state (dequantised)
+          unpack16<typename Tile::Elem>(rt.raw[s][v], sv[s][v]);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = rt.dequantise(sv[s][v][e], s);
+        }
 #pragma unroll
         for (int e = 0; e < kV; ++e) sv[s][v][e] *= col_s[Tile::col(lane, v) + e];
       }
@@ -343,19 +353,18 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[s][v][e]);
       }
+      // Store the folded row (checkpoint and copy as the format says), then read the step's
+      // products out of what the state now holds.
+      float held[Tile::kVpl][kV];
+      store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, c.hv, c.v0 + r, V, K, seed), sv[s], lane, held);
       float dk = 0.f, dq = 0.f;
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[s][v]);
-        store_stream16(st + r * K + Tile::col(lane, v), packed);
-        float q[kV];  // read out what was stored, so outputs match the stored checkpoint
-        unpack16<TS>(packed, q);
+      for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
         for (int e = 0; e < kV; ++e) {
-          dk = fmaf(q[e], kt_s[Tile::col(lane, v) + e], dk);
-          dq = fmaf(q[e], qt_s[Tile::col(lane, v) + e], dq);
+          dk = fmaf(held[v][e], kt_s[Tile::col(lane, v) + e], dk);
+          dq = fmaf(held[v][e], qt_s[Tile::col(lane, v) + e], dq);
         }
-      }
       dk = group_sum<Tile::kLanes>(dk);
       dq = group_sum<Tile::kLanes>(dq);
       if (Tile::row_leader(lane)) {
@@ -363,15 +372,6 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
         sq_s[r] = dq;
         rk_s[r] = 0.f;
         rq_s[r] = 0.f;
-      }
-      if constexpr (RC::kEnabled) {  // re-encode the read copy from the fp32 values just stored
-        using TR = typename RC::T;
-        TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + c.hv * p.pool.read_stride_head +
-                 static_cast<int64_t>(c.v0) * K;
-        float* sc = RC::kScaled
-                        ? p.pool.read_scale + slot * p.pool.scale_stride_slot + c.hv * p.pool.scale_stride_head + c.v0
-                        : nullptr;
-        store_read_row<RC, Tile>(rd + r * K, RC::kScaled ? sc + r : nullptr, sv[s], lane);
       }
     }
   }
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     const float o = fmaf(u, kq_s[m], sq_s[r] + rq_s[r]);
     out_rows<TI, ROWS>(p, c)[r] = from_float<TI>(o);
     p.ring.u[slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + c.v0 + r] = u;
-    if constexpr (RC::kEnabled)  // the value as given (an exact copy of the io-dtype input)
+    if constexpr (RC::kTwoCopy)  // the value as given (an exact copy of the io-dtype input)
       static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + c.hv * p.ring.v_stride_head +
                                  static_cast<int64_t>(pos) * V + c.v0 + r] = from_float<TI>(v_s[r]);
   }
@@ -394,7 +394,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if constexpr (PerChannelDecay)
       for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
     else if (tid == 0) gout[0] = gate_s[0];
-    if constexpr (RC::kEnabled)
+    if constexpr (RC::kTwoCopy)
       if (tid == 0) p.ring.beta[slot * p.ring.beta_stride_slot + c.hv * p.ring.beta_stride_head + pos] = gate_s[1];
     if (c.hv % (p.num_v_heads / p.num_k_heads) == 0) {
       float* kout =
@@ -404,7 +404,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    const bool moved =
+        finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    bump_flushes<RC>(p.pool, slot, moved, flush);
   }
 }
 

@@ -18,6 +18,12 @@
 // (each tile applies its value head's scalar decays to the corrections as it solves), KDA the
 // decayed system A_ji of its value head, with the keys kx_j = E_j . k_j (in the gate ring's place)
 // and the product-form kd_j and col.
+//
+// A single copy (RC::kSingle) is the state: its flush units stream the same tiles as non-flush
+// ones (codes and scales) with the ring's u rows, and tile() dequantises, folds and re-encodes
+// them as it folds a checkpoint without a copy. Stochastic formats round what the flush stores
+// with the random bits of the slot's flush (common/stochastic.cuh; the seed travels in the unit
+// header).
 #pragma once
 
 #include "../common/align.cuh"
@@ -35,7 +41,7 @@ namespace gdn {
 // the size of a read tile at K = 128); without, the tile itself.
 template <class RC, int ROWS>
 constexpr int delta_flush_rows() {
-  return RC::kEnabled && ROWS > 16 ? 16 : ROWS;
+  return RC::kTwoCopy && ROWS > 16 ? 16 : ROWS;
 }
 
 template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
@@ -62,14 +68,14 @@ struct PersistentLayout {
   static constexpr SmemRegion kCol = kALogWord.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kKt = kCol.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kQt = kKt.then(kChannelWords * 4, 16);
-  static constexpr SmemRegion kPair = kQt.then(RC::kEnabled ? static_cast<size_t>(L) * L * 4 : 0, 16);
+  static constexpr SmemRegion kPair = kQt.then(RC::kTwoCopy ? static_cast<size_t>(L) * L * 4 : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kPair, 128);
 
   // Stage buffer: a tile (the checkpoint's [kFlushRows][K] in TS, one bulk copy; or the read
   // copy's [ROWS][K] and its rows' scales [ROWS], two), u ring rows [L][ROWS] fp32 (read copy,
   // flush tile: the v ring rows [L][kFlushRows] io instead), v [ROWS] io, g ring [L] fp32 (GDN),
   // beta ring [L] fp32 (read copy, flush tile), words: gate (g or a), A_log, dt_bias, beta (or b).
-  static constexpr uint32_t kTileBytes = kFlushRows * K * sizeof(TS);
+  static constexpr uint32_t kTileBytes = RC::kSingle ? 0 : kFlushRows * K * sizeof(TS);
   static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * K * sizeof(typename RC::T) : 0;
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
@@ -78,7 +84,7 @@ struct PersistentLayout {
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVRows = kURing.then(ROWS * sizeof(TI), 16);
   static constexpr SmemRegion kGRing = kVRows.then(L * 4, 16);
-  static constexpr SmemRegion kBetaRing = kGRing.then(RC::kEnabled ? L * 4 : 0, 16);
+  static constexpr SmemRegion kBetaRing = kGRing.then(RC::kTwoCopy ? L * 4 : 0, 16);
   static constexpr SmemRegion kWords = kBetaRing.then(4 * sizeof(uint32_t), 16);
   static constexpr size_t kStageBytes = buffer_bytes(kWords, 128);
 
@@ -107,11 +113,12 @@ struct PersistentReplay {
   static constexpr int kFlushRows = Layout::kFlushRows;
   using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;  // what a non-flush tile is read as
   using ReadTile = typename Read::Tile;
-  using FlushTile = StateTile<TS, K, kFlushRows, kPersistentConsumerWarps>;  // a flush unit's checkpoint tile
+  // A flush unit's tile: the checkpoint's, or a single copy's (the read tiles).
+  using FlushTile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, K, kFlushRows, kPersistentConsumerWarps>>;
   static constexpr int kCols = FlushTile::kVpl * FlushTile::kVec;  // columns of a row one thread holds
   static_assert(kSameColumnCount<FlushTile, ReadTile>, "both tiles give a thread as many columns");
-  static_assert(!RC::kEnabled || FlushTile::kPasses == 1, "a read-copy flush tile is one pass of each warp");
-  static_assert(!RC::kEnabled || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
+  static_assert(!RC::kTwoCopy || FlushTile::kPasses == 1, "a read-copy flush tile is one pass of each warp");
+  static_assert(!RC::kTwoCopy || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
   static constexpr int kIV = Vec16<TI>::kElems;
   static constexpr int kKV = K / kIV;  // 16-byte io vectors per q/k row
   static_assert(kFlushRows % kIV == 0 && kFlushRows % 4 == 0, "a v-row chunk must be whole 16-byte vectors");
@@ -166,7 +173,8 @@ struct PersistentReplay {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const int64_t b = u / units_per_row;
       const int hv0 = first_head(u), hk = key_head(hv0);
-      read_unit_header(p.slots, p.ring, b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur);
+      read_unit_header(p.slots, p.ring, b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur,
+                       [&](int64_t slot) { return flush_seed<RC>(p.pool, slot); });
       if (cur.status != kUnitActive) return 0;
       const int64_t slot = cur.slot;
       const int m = cur.m;
@@ -208,13 +216,13 @@ struct PersistentReplay {
 
     auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
       const bool flush = cur.m + 1 > L;
-      const bool exact = RC::kEnabled && flush;  // a read-copy flush tile: v rows and betas, no u rows
+      const bool exact = RC::kTwoCopy && flush;  // a read-copy flush tile: v rows and betas, no u rows
       const TileCoords tc = tile_of(u, t, flush);
       const int64_t b = tc.b, slot = cur.slot;
       const int hv = tc.hv, v0 = tc.v0, m = cur.m;
       const int rows = flush ? kFlushRows : ROWS;
       if (lane == 0) {
-        if (RC::kEnabled && !flush) {  // a non-flush unit reads the read copy
+        if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
                             hv * p.pool.read_stride_head + static_cast<int64_t>(v0) * K;
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
@@ -294,7 +302,7 @@ struct PersistentReplay {
       us.from_header(hd, L, p.ring.capacity);
       const int m = us.m;
       const bool flush = us.flush;
-      const bool exact = RC::kEnabled && flush;  // the window's corrections are recomputed (read copy)
+      const bool exact = RC::kTwoCopy && flush;  // the window's corrections are recomputed (read copy)
       if (tid == 0) us.arrived = arrive(p.ring, us.slot);  // the producer has read the cursors
       uv.buffer = U;
       unsigned char* Uw = const_cast<unsigned char*>(U);
@@ -408,7 +416,7 @@ struct PersistentReplay {
     };
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
-      if constexpr (RC::kEnabled) {
+      if constexpr (RC::kTwoCopy) {
         if (us.flush) {
           exact_flush_tile(uv, us, tile_of(u, t, true), S, release, warp, lane);
           return;
@@ -442,8 +450,9 @@ struct PersistentReplay {
     // The thread that moves a slot's cursors (counted_in) also leaves its flush hint for the next launch.
     auto counted_in = [&](int64_t) {
       const Cursors next = us.next_cursors();
-      if (finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag))
-        write_flush_hint(p.ring, *pipe.hint_parity(), us.slot, next.len >= L);
+      const bool moved = finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag);
+      if (moved) write_flush_hint(p.ring, *pipe.hint_parity(), us.slot, next.len >= L);
+      bump_flushes<RC>(p.pool, us.slot, moved, us.flush);
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
@@ -489,9 +498,9 @@ struct PersistentReplay {
   }
 
   // One tile (value head tc.hv, rows tc.v0..tc.v0+ROWS) from stage S: this warp's rows. A
-  // non-flush tile (of the read copy, or of the checkpoint without one), or, without a read copy,
-  // a flush unit's checkpoint tile (folded with the ring's u; a read copy's flush tiles are
-  // exact_flush_tile's).
+  // non-flush tile (of the read copy, or of the checkpoint without one), or, without a second
+  // copy, a flush unit's tile of the state (the checkpoint, or a single copy: folded with the
+  // ring's u; two copies' flush tiles are exact_flush_tile's).
   template <class Release>
   __device__ __forceinline__ void tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
                                        const unsigned char* S, Release&& release, int warp, int lane) const {
@@ -501,7 +510,7 @@ struct PersistentReplay {
     constexpr int kRows = ROWS;
     const int64_t b = tc.b, slot = us.slot;
     const int hv = tc.hv, v0 = tc.v0, m = us.m;
-    const bool flush = !RC::kEnabled && us.flush;
+    const bool flush = !RC::kTwoCopy && us.flush;
     const float kk_lane = uv.kk_lane, kq_lane = uv.kq_lane, kq_current = uv.kq_current;
     const unsigned char* U = uv.buffer;
     const float* Su = reinterpret_cast<const float*>(S + Layout::kURing.offset);
@@ -556,8 +565,9 @@ struct PersistentReplay {
         sk[s] = fac * rt.dequantise(d[0][s], s);
         sq[s] = fac * rt.dequantise(d[1][s], s);
       }
-    } else if constexpr (!RC::kEnabled) {
-      const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
+    } else if constexpr (!RC::kTwoCopy) {
+      using TF = typename G::Elem;  // the state's own elements: TS, or a single copy's codes
+      const TF* T = reinterpret_cast<const TF*>(S + Layout::kTile.offset);
       float col[G::kVpl][kV];
 #pragma unroll
       for (int v = 0; v < G::kVpl; ++v) {
@@ -571,13 +581,18 @@ struct PersistentReplay {
       // All of this warp's rows at once, records outermost: each decayed key is read once.
       float sv[G::kPasses][G::kVpl][kV];
 #pragma unroll
-      for (int s = 0; s < G::kPasses; ++s)
+      for (int s = 0; s < G::kPasses; ++s) {
+        const int r = G::row(warp, lane, s);
+        float f = 1.f;  // a single copy's codes carry their row's scale
+        if constexpr (RC::kSingle && RC::kScaled)
+          f = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
 #pragma unroll
         for (int v = 0; v < G::kVpl; ++v) {
-          unpack16<TS>(*reinterpret_cast<const uint4*>(T + G::row(warp, lane, s) * K + G::col(lane, v)), sv[s][v]);
+          unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * K + G::col(lane, v)), sv[s][v]);
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] *= col[v][e];
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= f * col[v][e];
         }
+      }
       for (int j = 0; j < m; ++j) {
         const float w = __shfl_sync(0xffffffffu, wj, j);
         float kj[G::kVpl][kV];
@@ -593,24 +608,21 @@ struct PersistentReplay {
         }
       }
       release();
-      TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
-               static_cast<int64_t>(v0) * K;
+      // Store the folded rows (checkpoint or single copy), then read the step's products out of
+      // what the state now holds.
 #pragma unroll
       for (int s = 0; s < G::kPasses; ++s) {
         const int r = G::row(warp, lane, s);
+        float held[G::kVpl][kV];
+        store_state_row<RC, TS, G>(state_row_dst<RC, TS>(p.pool, slot, hv, v0 + r, V, K, us.seed), sv[s], lane, held);
         float dk = 0.f, dq = 0.f;
 #pragma unroll
-        for (int v = 0; v < G::kVpl; ++v) {
-          const uint4 packed = pack16<TS>(sv[s][v]);
-          store_stream16(st + r * K + G::col(lane, v), packed);
-          float q[kV];  // read out what was stored, so outputs match the stored checkpoint
-          unpack16<TS>(packed, q);
+        for (int v = 0; v < G::kVpl; ++v)
 #pragma unroll
           for (int e = 0; e < kV; ++e) {
-            dk = fmaf(q[e], uv.w[0][v * kV + e], dk);
-            dq = fmaf(q[e], uv.w[1][v * kV + e], dq);
+            dk = fmaf(held[v][e], uv.w[0][v * kV + e], dk);
+            dq = fmaf(held[v][e], uv.w[1][v * kV + e], dq);
           }
-        }
         sk[s] = fac * group_sum<G::kLanes>(dk);
         sq[s] = fac * group_sum<G::kLanes>(dq);
       }
@@ -706,27 +718,18 @@ struct PersistentReplay {
       }
     }
 
-    // Write S_hp, re-encode S_lp from the same values, and read the step's products out.
-    TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
-             static_cast<int64_t>(v0) * K;
+    // Write S_hp, re-encode S_lp from the same fp32 values, and read the step's products out of
+    // what S_hp now holds.
+    float held[G::kVpl][kV];
+    store_state_row<RC, TS, G>(state_row_dst<RC, TS>(p.pool, slot, hv, v0 + r, V, K, us.seed), sv, lane, held);
     float dk = 0.f, dq = 0.f;
 #pragma unroll
-    for (int v = 0; v < G::kVpl; ++v) {
-      store_stream16(st + r * K + G::col(lane, v), pack16<TS>(sv[v]));
+    for (int v = 0; v < G::kVpl; ++v)
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
-        dk = fmaf(sv[v][e], uv.w[0][v * kV + e], dk);
-        dq = fmaf(sv[v][e], uv.w[1][v * kV + e], dq);
+        dk = fmaf(held[v][e], uv.w[0][v * kV + e], dk);
+        dq = fmaf(held[v][e], uv.w[1][v * kV + e], dq);
       }
-    }
-    if constexpr (RC::kEnabled) {
-      using TR = typename RC::T;
-      TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + hv * p.pool.read_stride_head +
-               static_cast<int64_t>(v0) * K;
-      float* sc = RC::kScaled ? p.pool.read_scale + slot * p.pool.scale_stride_slot + hv * p.pool.scale_stride_head + v0
-                              : nullptr;
-      store_read_row<RC, G>(rd + r * K, RC::kScaled ? sc + r : nullptr, sv, lane);
-    }
     const float sk[1] = {fac * group_sum<G::kLanes>(dk)};
     const float sq[1] = {fac * group_sum<G::kLanes>(dq)};
     const float vs[1] = {v_cur};
@@ -755,14 +758,14 @@ struct PersistentReplay {
         const float uu = beta * (vs[s] - (sk[s] + rkr));
         out[r] = from_float<TI>(fmaf(uu, kq_current, sq[s] + rqr));
         uout[r] = uu;
-        if constexpr (RC::kEnabled)  // the value as given (an exact copy of the io-dtype input)
+        if constexpr (RC::kTwoCopy)  // the value as given (an exact copy of the io-dtype input)
           static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head +
                                      static_cast<int64_t>(pos) * V + v0 + r] = from_float<TI>(vs[s]);
       }
     }
     if (v0 == 0 && warp == 0 && lane == 0) {
       if constexpr (!PerChannelDecay) p.ring.g[slot * p.ring.g_stride_slot + hv * p.ring.g_stride_head + pos] = gm;
-      if constexpr (RC::kEnabled)
+      if constexpr (RC::kTwoCopy)
         p.ring.beta[slot * p.ring.beta_stride_slot + hv * p.ring.beta_stride_head + pos] = beta;
     }
   }

@@ -34,7 +34,7 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
 }
 
 // One op = one kernel family; `plan`, `launch` and `prepare` are what the module entry exports.
-// RC: the read copy the module is built for (common/read_copy.cuh; NoReadCopy: none).
+// RC: the state format the module is built for (common/read_copy.cuh; NoReadCopy: the checkpoint alone).
 template <typename TS, typename TI, int P, int N, int L, class RC = NoReadCopy>
 struct ReplayDecode {
   using Params = DecodeParams;
@@ -110,15 +110,9 @@ struct ReplayDecode {
     return 0;
   }
 
-  // The pool carries exactly the buffers this module's read copy needs.
-  static bool pool_matches(const StatePool& pool) {
-    if (!RC::kEnabled) return pool.read == nullptr && pool.read_scale == nullptr;
-    return pool.read != nullptr && (pool.read_scale != nullptr) == RC::kScaled;
-  }
-
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
-    if (!pool_matches(p.pool)) return cudaErrorInvalidValue;
+    if (!pool_matches_format<RC>(p.pool)) return cudaErrorInvalidValue;  // the pool carries this format's buffers
     const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       const int group = p.ngroups > 0 ? p.nheads / p.ngroups : 0;

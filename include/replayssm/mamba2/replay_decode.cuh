@@ -17,8 +17,11 @@
 // the same round trip and only select which ring records count.
 //
 // With a read copy (RC, common/read_copy.cuh) the tile requested first is the read copy's (and
-// its rows' scales): a non-flush step reads only that. A flush then reads the fp32 checkpoint
-// tile (one more round trip, once per window), folds, writes it and re-encodes the read copy.
+// its rows' scales): a non-flush step reads only that. A flush then reads the checkpoint tile S_hp
+// (one more round trip, once per window), folds, writes it and re-encodes the read copy. A single
+// copy (RC::kSingle) is the state itself: the flush folds into its dequantised tile and
+// re-encodes it (no second read). Stochastic formats round what the flush stores with the random
+// bits of common/stochastic.cuh.
 #pragma once
 
 #include "../common/align.cuh"
@@ -42,10 +45,10 @@ struct ReplayRingSmem {
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
-  using Tile = StateTile<TS, N, ROWS, 4>;  // the checkpoint's tile
   // What a non-flush step reads: the read copy's tile, or the checkpoint's.
-  using ReadTile = std::conditional_t<RC::kEnabled, StateTile<typename RC::T, N, ROWS, 4>, Tile>;
-  static_assert(!RC::kEnabled || std::is_same_v<TS, float>, "a read copy serves an fp32 checkpoint");
+  using ReadTile = std::conditional_t<RC::kEnabled, StateTile<typename RC::T, N, ROWS, 4>, StateTile<TS, N, ROWS, 4>>;
+  using Tile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, N, ROWS, 4>>;  // what a flush folds
+  static_assert(kFormatFits<RC, TS>, "a read copy is narrower than its checkpoint; a single copy keeps none");
   using Smem = ReplayRingSmem<TI, N, ROWS>;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -61,8 +64,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int R = p.ring.capacity;
-  TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
-           static_cast<int64_t>(c.p0) * N;
+  const TS* st = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
+                 static_cast<int64_t>(c.p0) * N;
 
   // 1. One round trip for everything that depends on the slot: the tile a non-flush step reads
   //    (registers), whole ring (async copies into shared memory), cursors.
@@ -100,6 +103,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
+  const uint32_t seed = flush_seed<RC>(p.pool, slot);
 
   // Under a programmatic dependent launch, the kernel before may still be producing this step's
   // inputs: wait for it here, with this step's cache loads in flight, then let the next kernel
@@ -233,25 +237,36 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
       for (int e = 0; e < kV; ++e) Cv[v][e] = C_s[Tile::col(lane, v) + e];
-    uint4 hp_raw[Tile::kPasses][Tile::kVpl];
-    if constexpr (RC::kEnabled) {
-      Tile::load(hp_raw, st, warp, lane);
-    } else {
+    const float ck = ck_s;
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+    if constexpr (RC::kSingle) {  // the state is the copy already in registers: dequantise it
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) hp_raw[s][v] = raw[s][v];
-    }
-    const float ck = ck_s;
-    float sv[Tile::kPasses][Tile::kVpl][kV];
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          unpack16<typename Tile::Elem>(raw[s][v], sv[s][v]);
 #pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck * (RC::kScaled ? row_scale[s] : 1.f);
+        }
+    } else {
+      uint4 hp_raw[Tile::kPasses][Tile::kVpl];
+      if constexpr (RC::kTwoCopy) {
+        Tile::load(hp_raw, st, warp, lane);
+      } else {
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<TS>(hp_raw[s][v], sv[s][v]);
+        for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-        for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
+          for (int v = 0; v < Tile::kVpl; ++v) hp_raw[s][v] = raw[s][v];
       }
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          unpack16<TS>(hp_raw[s][v], sv[s][v]);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck;
+        }
+    }
     for (int j = 0; j < m; ++j) {
       const TI* Bj_s = Bring_s + phys(j) * N;
       const TI* xj_s = xring_s + phys(j) * ROWS;
@@ -270,34 +285,20 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
           for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
       }
     }
+    // Store the folded rows (checkpoint and copy as the format says) and read the output out of
+    // what the state now holds.
     const float decay_cur = expf(A * dcur_s);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
+      float held[Tile::kVpl][kV];
+      store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, c.h, c.p0 + r, P, N, seed), sv[s], lane, held);
       float dot = 0.f;
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[s][v]);
-        store_stream16(st + r * N + Tile::col(lane, v), packed);
-        float q[kV];  // read out what was stored, so outputs match the stored checkpoint
-        unpack16<TS>(packed, q);
+      for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
-        for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v][e], dot);
-      }
+        for (int e = 0; e < kV; ++e) dot = fmaf(held[v][e], Cv[v][e], dot);
       ypre[s] = decay_cur * group_sum<Tile::kLanes>(dot);
-    }
-    if constexpr (RC::kEnabled) {  // re-encode the read copy from the fp32 values just stored
-      using TR = typename RC::T;
-      TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + c.h * p.pool.read_stride_head +
-               static_cast<int64_t>(c.p0) * N;
-      float* sc = RC::kScaled
-                      ? p.pool.read_scale + slot * p.pool.scale_stride_slot + c.h * p.pool.scale_stride_head + c.p0
-                      : nullptr;
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        const int r = Tile::row(warp, lane, s);
-        store_read_row<RC, Tile>(rd + r * N, RC::kScaled ? sc + r : nullptr, sv[s], lane);
-      }
     }
   }
   __syncthreads();
@@ -334,7 +335,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    const bool moved =
+        finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    bump_flushes<RC>(p.pool, slot, moved, flush);
   }
 }
 

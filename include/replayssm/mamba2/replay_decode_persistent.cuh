@@ -20,7 +20,11 @@
 // (ROWS x N codes and the rows' scales); a flush unit's tiles are the fp32 checkpoint's, split
 // into kFlushSplit tiles of kFlushRows rows so that a stage holds either kind at about the read
 // tile's size (many stages in flight while non-flush steps read a quarter of the bytes), and the
-// consumers fold, write and re-encode the read copy from each.
+// consumers fold, write and re-encode the read copy from each. A single copy (RC::kSingle) is
+// the state: its flush units stream the same tiles as non-flush ones (codes and scales), which
+// the consumers dequantise, fold and re-encode. Stochastic formats round what the flush stores
+// with the random bits of the slot's flush (common/stochastic.cuh; the seed travels in the unit
+// header).
 #pragma once
 
 #include "../common/align.cuh"
@@ -43,7 +47,7 @@ constexpr int kReadCopyUnitHeads = 8;
 // is about the read tile's size, in tiles of a multiple of 16 rows (a warp's rows per pass).
 template <typename TS, class RC, int ROWS>
 constexpr int flush_split() {
-  if constexpr (!RC::kEnabled) {
+  if constexpr (!RC::kTwoCopy) {
     return 1;
   } else {
     int split = static_cast<int>(sizeof(TS) / sizeof(typename RC::T));
@@ -91,7 +95,7 @@ struct PersistentLayout {
   // Stage buffer: a tile (the checkpoint's [kFlushRows][N] in TS, or the read copy's [ROWS][N] and
   // its rows' scales [ROWS]; one or two bulk copies), x ring [L][ROWS], x [ROWS], z [ROWS] (io
   // dtype; a flush tile uses the first kFlushRows rows of each).
-  static constexpr uint32_t kTileBytes = kFlushRows * N * sizeof(TS);
+  static constexpr uint32_t kTileBytes = RC::kSingle ? 0 : kFlushRows * N * sizeof(TS);
   static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * N * sizeof(typename RC::T) : 0;
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
@@ -130,10 +134,11 @@ struct PersistentReplay {
   static constexpr int kFlushSplit = Layout::kFlushSplit;
   static constexpr int kFlushRows = Layout::kFlushRows;
   using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;  // a non-flush tile without a read copy
-  using FlushTile = StateTile<TS, N, kFlushRows, kPersistentConsumerWarps>;
   // What a non-flush unit reads: the read copy's tile, or the checkpoint's.
   using ReadTile = std::conditional_t<RC::kEnabled, StateTile<typename RC::T, N, ROWS, kPersistentConsumerWarps>, Tile>;
-  static_assert(!RC::kEnabled || std::is_same_v<TS, float>, "a read copy serves an fp32 checkpoint");
+  // What a flush unit folds: the checkpoint's tiles, or a single copy's (the read tiles).
+  using FlushTile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, N, kFlushRows, kPersistentConsumerWarps>>;
+  static_assert(kFormatFits<RC, TS>, "a read copy is narrower than its checkpoint; a single copy keeps none");
   static_assert(kSameColumnCount<FlushTile, ReadTile>, "both tiles give a thread the same columns");
   static constexpr int kCols = FlushTile::kVpl * FlushTile::kVec;  // columns of a row one thread holds
   static constexpr int kChunks = P / ROWS;
@@ -210,7 +215,8 @@ struct PersistentReplay {
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
-      read_unit_header(p.slots, p.ring, c.b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur);
+      read_unit_header(p.slots, p.ring, c.b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur,
+                       [&](int64_t slot) { return flush_seed<RC>(p.pool, slot); });
       if (cur.status != kUnitActive) return 0;
       const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
@@ -254,7 +260,7 @@ struct PersistentReplay {
       const int h = tc.h, p0 = tc.p0, m = cur.m;
       const int rows = flush ? kFlushRows : ROWS;
       if (lane == 0) {
-        if (RC::kEnabled && !flush) {  // a non-flush unit reads the read copy
+        if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename RC::T*>(p.pool.read) + slot * p.pool.read_stride_slot +
                             h * p.pool.read_stride_head + static_cast<int64_t>(p0) * N;
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
@@ -372,8 +378,9 @@ struct PersistentReplay {
     // The thread that moves a slot's cursors (counted_in) also leaves its flush hint for the next launch.
     auto counted_in = [&](int64_t) {
       const Cursors next = us.next_cursors();
-      if (finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag))
-        write_flush_hint(p.ring, *pipe.hint_parity(), us.slot, next.len >= L);
+      const bool moved = finish_unit(p.ring, us.slot, units_per_row, us.arrived, next, p.error_flag);
+      if (moved) write_flush_hint(p.ring, *pipe.hint_parity(), us.slot, next.len >= L);
+      bump_flushes<RC>(p.pool, us.slot, moved, us.flush);
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
@@ -499,18 +506,23 @@ struct PersistentReplay {
     } else {
       // Fold the m records into this warp's rows of the tile, write them, read the output out.
       constexpr int kV = FlushTile::kVec;
-      const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
       const TI* UR = reinterpret_cast<const TI*>(uv.buffer + Layout::kBRing.offset);
       float sv[FlushTile::kPasses][FlushTile::kVpl][kV];
 #pragma unroll
-      for (int s = 0; s < FlushTile::kPasses; ++s)
+      for (int s = 0; s < FlushTile::kPasses; ++s) {
+        const int r = FlushTile::row(warp, lane, s);
+        float f = hv.ck;  // a single copy's codes carry their row's scale
+        if constexpr (RC::kSingle && RC::kScaled)
+          f *= reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
+        using TF = typename FlushTile::Elem;
+        const TF* T = reinterpret_cast<const TF*>(S + Layout::kTile.offset);
 #pragma unroll
         for (int v = 0; v < FlushTile::kVpl; ++v) {
-          unpack16<TS>(*reinterpret_cast<const uint4*>(T + FlushTile::row(warp, lane, s) * N + FlushTile::col(lane, v)),
-                       sv[s][v]);
+          unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * N + FlushTile::col(lane, v)), sv[s][v]);
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] *= hv.ck;
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= f;
         }
+      }
       for (int j = 0; j < m; ++j) {
         const float w = coef[j];
         float Bj[FlushTile::kVpl][kV];
@@ -528,33 +540,20 @@ struct PersistentReplay {
       release();
       if constexpr (kMmaDots)
         FlushTile::load_columns(c_tile, reinterpret_cast<const TI*>(uv.buffer + Layout::kC.offset), lane);
-      TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
-               static_cast<int64_t>(p0) * N;
+      // Store the folded rows (checkpoint and copy as the format says) and read the output out of
+      // what the state now holds.
 #pragma unroll
       for (int s = 0; s < FlushTile::kPasses; ++s) {
         const int r = FlushTile::row(warp, lane, s);
+        float held[FlushTile::kVpl][kV];
+        store_state_row<RC, TS, FlushTile>(state_row_dst<RC, TS>(p.pool, slot, h, p0 + r, P, N, us.seed), sv[s], lane,
+                                           held);
         float dot = 0.f;
 #pragma unroll
-        for (int v = 0; v < FlushTile::kVpl; ++v) {
-          const uint4 packed = pack16<TS>(sv[s][v]);
-          store_stream16(st + r * N + FlushTile::col(lane, v), packed);
-          float q[kV];  // read out what was stored, so outputs match the stored checkpoint
-          unpack16<TS>(packed, q);
+        for (int v = 0; v < FlushTile::kVpl; ++v)
 #pragma unroll
-          for (int e = 0; e < kV; ++e) dot = fmaf(q[e], Cv[v * kV + e], dot);
-        }
+          for (int e = 0; e < kV; ++e) dot = fmaf(held[v][e], Cv[v * kV + e], dot);
         ypre[s] = hv.decay_cur * group_sum<FlushTile::kLanes>(dot);
-      }
-      if constexpr (RC::kEnabled) {  // re-encode the read copy from the fp32 values just stored
-        using TR = typename RC::T;
-        TR* rd = static_cast<TR*>(p.pool.read) + slot * p.pool.read_stride_slot + h * p.pool.read_stride_head +
-                 static_cast<int64_t>(p0) * N;
-        float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + p0;
-#pragma unroll
-        for (int s = 0; s < FlushTile::kPasses; ++s) {
-          const int r = FlushTile::row(warp, lane, s);
-          store_read_row<RC, FlushTile>(rd + r * N, RC::kScaled ? sc + r : nullptr, sv[s], lane);
-        }
       }
     }
 
