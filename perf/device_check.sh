@@ -4,7 +4,6 @@
 #   (bench: perf/bench_decode.py; spec: perf/bench_spec.py; sanitize: perf/sanitize_driver.py under
 #    compute-sanitizer memcheck, racecheck and synccheck; all: tests + bench)
 #   TESTS="tests/gpu/test_mamba2_verify.py" bash perf/device_check.sh tests   (a subset of the suite)
-#   XDIST=4 bash perf/device_check.sh tests   (the suite in 4 pytest-xdist workers sharing the GPU)
 set -uo pipefail
 what=${1:-all}; shift || true
 OUT=${OUT:-/tmp/replayssm_out}
@@ -22,7 +21,7 @@ if compgen -G ".whl/*.whl" > /dev/null; then
 fi
 rc=0
 if [[ $what == tests || $what == all ]]; then
-  python3 -m pytest -m gpu ${TESTS:-tests/gpu} ${XDIST:+-n $XDIST} -q -rs --durations=15 -o faulthandler_timeout=60 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
+  python3 -m pytest -m gpu ${TESTS:-tests/gpu} -q -rs --durations=15 -o faulthandler_timeout=60 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
   rc=${PIPESTATUS[0]}
 fi
 if [[ $what == bench || $what == all ]]; then

@@ -49,6 +49,15 @@ def seeded_generator() -> torch.Generator:
     return generator(seed_for(test) + k)
 
 
+def active_rows(out: torch.Tensor, slots: torch.Tensor, what: str) -> torch.Tensor:
+    """After a step whose ``out`` was poisoned with NaN: every output written and finite, the pad
+    rows (slot < 0) zero. Returns the indices of the other rows (int64 [n])."""
+    pad = slots < 0
+    assert torch.isfinite(out).all(), f"{what}: unwritten or non-finite outputs"
+    assert (out[pad] == 0).all(), f"{what}: pad rows must be zero"
+    return torch.nonzero(~pad).flatten()
+
+
 def rel_err(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-300))

@@ -35,7 +35,7 @@ import torch
 
 from replayssm.reference.delta import DeltaReadCopyModel
 
-from .common import rel_err, seeded_generator
+from .common import active_rows, rel_err, seeded_generator
 from .test_gdn_decode import STEP, layer_weights, step_inputs
 from .test_mamba2_read_copy import check_read_copy_encodes, dequantized
 
@@ -104,10 +104,7 @@ def run_steps(w, cache, model, cfg, plan, gen, A_log, dt_bias, what) -> float:
         w.plan(slots)
         w.run(cache, q, k, v, A_log=A_log, dt_bias=dt_bias, out=out, **gate)
         torch.cuda.synchronize()
-        pad = slots < 0
-        assert torch.isfinite(out).all(), f"{what} step {step}: unwritten or non-finite outputs"
-        assert (out[pad] == 0).all(), f"{what} step {step}: pad rows must be zero"
-        rows = torch.nonzero(~pad).flatten()
+        rows = active_rows(out, slots, f"{what} step {step}")
         sl = [int(slots[r]) for r in rows.tolist()]
         for s in sl:
             if model.m[s] == L:  # this step flushed: S_hp is the exact state before this token
