@@ -17,7 +17,7 @@ from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
 from .ops.generators import read_format_name
 from .ops.validate import check_tensor, per_head_stride
-from .reference.quant import quantize_fp8_e4m3_rows
+from .reference.quant import dequantize_fp8_e4m3_rows, quantize_fp8_e4m3_rows
 
 if TYPE_CHECKING:
     from .swap import HostReplayState
@@ -282,11 +282,14 @@ class ReplayCache:
     def checkpoint_values(self, slots) -> torch.Tensor:
         """The checkpoint of ``slots`` as float32 [len(slots), heads, rows, cols]: the checkpoint
         itself, or with a single copy its dequantised codes (codes times row scales)."""
-        s = _as_slots("slots", slots, self.num_slots, self.device)
+        return self._checkpoint_values(_as_slots("slots", slots, self.num_slots, self.device))
+
+    def _checkpoint_values(self, s: torch.Tensor) -> torch.Tensor:
+        """checkpoint_values for slot ids ``s`` already checked (int64 [n] on the device)."""
         if self.checkpoint is not None:
             return self.checkpoint[s].float()
         assert self.read_copy is not None and self.read_scale is not None
-        return self.read_copy[s].float() * self.read_scale[s][..., None]
+        return dequantize_fp8_e4m3_rows(self.read_copy[s], self.read_scale[s][..., None])
 
     def _encode_read_copy(self, s: torch.Tensor, S: torch.Tensor) -> None:
         """Encode the read copy of slots ``s`` from float32 values ``S`` [len(s), *state_shape]."""
@@ -453,7 +456,7 @@ class Mamba2Cache(ReplayCache):
         if A is not None:
             A = self._per_head_A(A, self.dims.nheads).to(device=self.device, dtype=torch.float32)
         count = self._prefix_counts(s, upto)
-        S = self.checkpoint_values(s)
+        S = self._checkpoint_values(s)
         if not (s.numel() and int(count.max())):
             return S
         A = self._A if A is None else A
@@ -553,7 +556,7 @@ class GDNCache(ReplayCache):
         is the checkpoint), each at most the slot's ``ring_len`` (see replayssm.prefix)."""
         s = _as_slots("slots", slots, self.num_slots, self.device)
         count = self._prefix_counts(s, upto)
-        S = self.checkpoint_values(s)
+        S = self._checkpoint_values(s)
         if not (s.numel() and int(count.max())):
             return S
         recs, valid = self._records(s, count)

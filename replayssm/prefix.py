@@ -172,10 +172,8 @@ def _materialize_group(group: list, index: list[int], slots, upto, A_group) -> t
             )
 
     def checkpoints() -> torch.Tensor:
-        """[L, n, *state] fp32: the checkpoints (a single copy's dequantised codes)."""
-        if first.single_copy:
-            return torch.stack([c.checkpoint_values(s) for c in group])
-        return stacked(lambda c: c.checkpoint).float()
+        """[L, n, *state] fp32: every layer's checkpoint values (cache.checkpoint_values)."""
+        return torch.stack([c._checkpoint_values(s) for c in group])
 
     if not (n and int(count.max())):
         return checkpoints()  # the checkpoints themselves

@@ -16,10 +16,6 @@ DTYPE_CODES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 CTYPES = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
 #: read-copy format name (replayssm.reference.quant) -> short code used in module names
 READ_CODES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
-#: read-copy short codes a Specialization may carry
-READ_POLICIES = (None, "fp8", "bf16")
-#: feature flags of the state format: the copy is the only state; the flush rounds stochastically
-FORMAT_FLAGS = ("single", "sr")
 #: (read code, single copy, stochastic rounding) -> C++ state-format policy
 #: (include/replayssm/common/read_copy.cuh); combinations not listed have no kernels
 FORMAT_POLICIES = {
@@ -73,7 +69,7 @@ class Specialization:
         for code in (self.state_dtype, self.io_dtype):
             if code not in CTYPES:
                 raise ValueError(f"dtype code: expected one of {sorted(CTYPES)}, got {code!r}")
-        if self.read not in READ_POLICIES:
+        if self.read not in (None, *READ_CODES.values()):
             raise ValueError(f"read code: expected one of {sorted(READ_CODES.values())} or None, got {self.read!r}")
         if list(self.flags) != sorted(set(self.flags)):
             raise ValueError(f"flags: expected sorted distinct flags, got {self.flags!r}")

@@ -58,8 +58,7 @@ def pool_struct(cache) -> StatePool:
     keeps them, its read copy (same shape), the copy's scales [num_slots, heads, rows] and the
     per-slot flush counts of stochastic rounding as the kernels' StatePool."""
     arrays = (v for t in (cache.checkpoint, cache.read_copy, cache.read_scale) for v in _slot_array(t))
-    flushes = getattr(cache, "flush_count", None)
-    return StatePool(*arrays, None if flushes is None else flushes.data_ptr())
+    return StatePool(*arrays, None if cache.flush_count is None else cache.flush_count.data_ptr())
 
 
 def _slot_array(t: torch.Tensor | None) -> tuple:

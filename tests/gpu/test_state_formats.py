@@ -46,7 +46,7 @@ from . import test_gdn_decode as gdn_inputs
 from .common import active_rows, rel_err, seeded_generator
 from .mamba2_inputs import layer_weights, step_inputs
 from .test_delta_read_copy import model_inputs
-from .test_mamba2_read_copy import Oracle
+from .test_mamba2_read_copy import Oracle, dequantized
 
 pytestmark = pytest.mark.gpu
 
@@ -104,10 +104,7 @@ def held(cache, s: int) -> torch.Tensor:
 
 def read(cache, s: int) -> torch.Tensor:
     """float64 [heads, rows, cols]: what a non-flush step reads (the dequantised copy, or S_hp)."""
-    if cache.read_copy is None:
-        return held(cache, s)
-    codes = cache.read_copy[s].double()
-    return codes if cache.read_scale is None else codes * cache.read_scale[s].double()[..., None]
+    return held(cache, s) if cache.read_copy is None else dequantized(cache, [s])[0]
 
 
 def assert_codes_close(got: torch.Tensor, want: torch.Tensor, what: str) -> None:

@@ -60,9 +60,6 @@ struct BF16Codec {
   static constexpr bool kScaled = false;
   using T = __nv_bfloat16;
   __device__ __forceinline__ static T encode(float v, float /*inv_divisor*/) { return __float2bfloat16_rn(v); }
-  __device__ __forceinline__ static T encode_stochastic(float v, float /*inv_divisor*/, uint32_t r16) {
-    return bf16_stochastic(v, r16);
-  }
 };
 
 struct FP8Codec {
@@ -138,7 +135,8 @@ __device__ __forceinline__ void sr_run_bits(const SrRow& sr, int col, uint32_t (
 // Encode this thread's part of one row of the copy from the fp32 values it holds (`q`) and store
 // it at `row` (the row's first element); the row's leader lane stores the scale at `scale`
 // (scaled formats). Every lane of the row's group must call it (the scale is a group reduction).
-// kSR: stochastically, with the row's random bits `sr` (else to nearest; `sr` unused). `decoded`
+// kSR: stochastically (RC::encode_stochastic: the fp8 codec, for the single copy), with the row's
+// random bits `sr` (else to nearest; `sr` unused). `decoded`
 // receives what the copy now holds at these columns, in the state's units (codes times scale).
 template <class RC, class Tile, bool kSR = false>
 __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale,

@@ -1,4 +1,4 @@
-// Stochastic rounding at the flush (docs/design.md, "Low-precision state formats"): the random
+// Stochastic rounding at the flush (docs/design.md §1.6, the state formats): the random
 // numbers, and the two roundings that take them.
 //
 // A flush that rounds stochastically draws, for every element it stores, 16 random bits from a
@@ -48,18 +48,12 @@ __host__ __device__ __forceinline__ uint32_t sr_pair_bits(uint32_t seed, uint32_
 }
 
 // Where the random bits of one state row come from: the seed of the slot's flush and the index
-// of the row's first element within the slot ((head * rows + row) * cols). `enabled` false: none.
+// of the row's first element within the slot ((head * rows + row) * cols); read_copy.cuh's
+// sr_run_bits draws a run's bits from it.
 struct SrRow {
   uint32_t seed;
   uint32_t elem0;
 };
-
-// 16 random bits of element `col` of the row (col even: the pair's low half).
-__device__ __forceinline__ uint32_t sr_bits16(const SrRow& r, int col) {
-  const uint32_t e = r.elem0 + static_cast<uint32_t>(col);
-  const uint32_t bits = sr_pair_bits(r.seed, e >> 1);
-  return (e & 1u) ? bits >> 16 : bits & 0xFFFFu;
-}
 
 // fp32 -> bf16, stochastically: the 16 bits bf16 drops plus r16, cut off (a carry rounds away
 // from zero). NaN and infinities round to nearest (they pass through).
