@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_decode import FAMILIES, SHAPES  # noqa: E402
+from bench_decode import FAMILIES, FORMATS, SHAPES  # noqa: E402
 from bench_spec import DEFAULT_SHAPES, draft_inputs, draft_out  # noqa: E402
 
 ap = argparse.ArgumentParser()
@@ -27,18 +27,18 @@ ap.add_argument("--rows", type=int, default=None)
 ap.add_argument("--draft-len", type=int, default=None, help="verify T drafts per round (default: decode steps)")
 ap.add_argument("--steps", type=int, default=48)
 ap.add_argument("--window", type=int, default=16)
-ap.add_argument("--read-dtype", default=None, choices=["float8_e4m3fn", "bfloat16"], help="replay decode: a read copy")
+ap.add_argument("--format", default="fp32", choices=list(FORMATS), help="replay decode: the state format")
 a = ap.parse_args()
-a.state_dtype, a.io_dtype = torch.float32, torch.bfloat16
+fmt = FORMATS[a.format]
+a.state_dtype, a.io_dtype = fmt.state_dtype, torch.bfloat16
 gen = torch.Generator(device="cuda")
 gen.manual_seed(0)
 fam = FAMILIES[a.family](SHAPES[a.family][DEFAULT_SHAPES[a.family]], a, gen)
-w = fam.wrapper(a.batch, a.algorithm, a.rows, None, a.read_dtype)
+w = fam.wrapper(a.batch, a.algorithm, a.rows, None, fmt)
 T = a.draft_len
 cache = w.create_cache(2 * a.batch, max_draft=T or 1)
-cache.checkpoint.normal_(generator=gen)
-if a.read_dtype is not None:
-    cache.load_state(list(range(cache.num_slots)), cache.checkpoint.clone())  # encodes the read copy
+state = torch.randn(cache.num_slots, *cache.state_shape, device="cuda", generator=gen)
+cache.load_state(list(range(cache.num_slots)), state)  # writes every copy the format keeps
 w.plan(torch.randperm(2 * a.batch, device="cuda", generator=gen)[: a.batch].to(torch.int32), draft_len=T)
 inp = draft_inputs(fam, a.batch, T) if T else fam.inputs(a.batch)
 out = draft_out(fam, a.batch, T) if T else fam.out(a.batch)

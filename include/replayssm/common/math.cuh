@@ -8,7 +8,9 @@ namespace replayssm {
 // softplus with the usual threshold: x > 20 returns x.
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
-__device__ __forceinline__ float silu_gate(float z) { return z / (1.f + expf(-z)); }
+// The fast intrinsics (2 ulp) are far below a 16-bit output's rounding; for z < -88 the
+// denominator is inf and the gate 0 (x * rcp(inf)), as the exact function rounds there.
+__device__ __forceinline__ float silu_gate(float z) { return __fdividef(z, 1.f + __expf(-z)); }
 
 // Sum over an aligned group of `kLanes` consecutive lanes (power of two <= 32); every lane
 // of the group gets the total.

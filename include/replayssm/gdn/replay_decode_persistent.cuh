@@ -242,9 +242,18 @@ struct PersistentReplay {
       if (!exact) {
         const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + v0;
         float* Su = reinterpret_cast<float*>(S + Layout::kURing.offset);
-        for (int i = lane; i < m * (rows / 4); i += 32) {
-          const int j = i / (rows / 4), q = i % (rows / 4);
-          cp_async16(Su + j * rows + q * 4, ur + static_cast<int64_t>(cur.phys(j, R)) * V + q * 4);
+        // The tile's row count is a constant of each branch: record and chunk are shifts.
+        auto copy_u_ring = [&](auto rows_c) {
+          constexpr int kRowsC = decltype(rows_c)::value, kUv = kRowsC / 4;
+          for (int i = lane; i < m * kUv; i += 32) {
+            const int j = i / kUv, q = i % kUv;
+            cp_async16(Su + j * kRowsC + q * 4, ur + static_cast<int64_t>(cur.phys(j, R)) * V + q * 4);
+          }
+        };
+        if (flush) {
+          copy_u_ring(std::integral_constant<int, kFlushRows>{});
+        } else {
+          copy_u_ring(std::integral_constant<int, ROWS>{});
         }
       } else {
         const TI* vr = static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head + v0;

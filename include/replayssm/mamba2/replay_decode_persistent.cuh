@@ -280,9 +280,19 @@ struct PersistentReplay {
       const int xv = rows / kBVec;  // 16-byte vectors per x-row chunk of this tile
       const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
       TI* Sx = reinterpret_cast<TI*>(S + Layout::kXRing.offset);
-      for (int i = lane; i < m * xv; i += 32) {
-        const int j = i / xv, q = i % xv;
-        cp_async16(Sx + j * rows + q * kBVec, xr + static_cast<int64_t>(cur.phys(j, R)) * P + q * kBVec);
+      // The live records' x rows; the tile's row count is a constant of each branch, so the
+      // record and chunk of vector i are shifts, not a division.
+      auto copy_x_ring = [&](auto rows_c) {
+        constexpr int kRowsC = decltype(rows_c)::value, kXv = kRowsC / kBVec;
+        for (int i = lane; i < m * kXv; i += 32) {
+          const int j = i / kXv, q = i % kXv;
+          cp_async16(Sx + j * kRowsC + q * kBVec, xr + static_cast<int64_t>(cur.phys(j, R)) * P + q * kBVec);
+        }
+      };
+      if (flush) {
+        copy_x_ring(std::integral_constant<int, kFlushRows>{});
+      } else {
+        copy_x_ring(std::integral_constant<int, ROWS>{});
       }
       const TI* xp = static_cast<const TI*>(p.in.x) + b * p.in.x_stride_batch + h * p.in.x_stride_head + p0;
       TI* Sxc = reinterpret_cast<TI*>(S + Layout::kXCurrent.offset);
@@ -447,9 +457,15 @@ struct PersistentReplay {
     const float xr_cur = to_float(Sxc[rl]);
     float rs;
     if constexpr (!kFlush) {
+      // A fixed count of records per lane group (L / kRecordGroups, unrolled): records from m on
+      // are not in the stage and count as zero, so the loop has no branch per record.
       const int group = kRecordGroups > 1 ? lane / kRowsPerWarp : 0;
       float acc = 0.f;
-      for (int j = group; j < m; j += kRecordGroups) acc = fmaf(coef[j], to_float(Sx[j * kRows + rl]), acc);
+#pragma unroll
+      for (int k = 0; k < (L + kRecordGroups - 1) / kRecordGroups; ++k) {
+        const int j = group + k * kRecordGroups;
+        if (j < m) acc = fmaf(coef[j], to_float(Sx[j * kRows + rl]), acc);
+      }
 #pragma unroll
       for (int off = kRowsPerWarp; kRecordGroups > 1 && off < 32; off *= 2)
         acc += __shfl_xor_sync(0xffffffffu, acc, off);

@@ -1,0 +1,24 @@
+#!/usr/bin/env bash
+# One device call that profiles instead of testing: the bandwidth ceilings (perf/bandwidth_probe.cu)
+# and Nsight Compute on one non-flush step and one flush step of a replay decode configuration.
+#   bash perf/profile_device.sh [profile_step.py args, e.g. --family mamba2 --batch 256 --format fp32+fp8]
+# Writes under $OUT: bandwidth.txt, ncu_<family>_<format>.txt (details, stall reasons and SASS source counters of four launches); BANDWIDTH=0 skips the probe.
+set -uo pipefail
+OUT=${OUT:-/tmp/replayssm_out}
+mkdir -p "$OUT"
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+export REPLAYSSM_CACHE_DIR=${REPLAYSSM_CACHE_DIR:-/tmp/replayssm_cache}
+if [[ ${BANDWIDTH:-1} == 1 ]]; then
+  nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/bandwidth_probe perf/bandwidth_probe.cu && /tmp/bandwidth_probe | tee "$OUT/bandwidth.txt"
+fi
+tag=$(echo "$*" | sed 's/--[a-z-]* //g; s/[^A-Za-z0-9]/_/g')  # e.g. mamba2_256_fp32_fp8
+python3 perf/profile_step.py --steps 2 "$@" > /dev/null  # JIT-compiles outside the profiler
+# From empty rings, steps 17, 32, 47 (counting from 1) flush: launches 45 to 48 are three (LAUNCHES=1: the first)
+# non-flush steps and a flush.
+ncu --clock-control none -k regex:replay_decode --launch-skip 44 --launch-count ${LAUNCHES:-4} --set full \
+  -o "$OUT/ncu_$tag" python3 perf/profile_step.py "$@" > "$OUT/ncu_${tag}_run.log" 2>&1
+ncu --import "$OUT/ncu_$tag.ncu-rep" --page details > "$OUT/ncu_${tag}.txt" 2>&1
+ncu --import "$OUT/ncu_$tag.ncu-rep" --page raw | grep -E "issue_stalled.*per_warp_active|warps_issue_stalled_[a-z_]*_per_issue_active|inst_executed.sum |dram__bytes_(read|write).sum " > "$OUT/ncu_${tag}_stalls.txt" 2>&1
+ncu --import "$OUT/ncu_$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${tag}_sass.csv" 2>&1
+tail -3 "$OUT/ncu_${tag}_run.log"
+grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${tag}.txt"
