@@ -11,8 +11,8 @@ Every time is a CUDA-graph replay timed with CUDA events (median over many repla
 Pools hold random slot permutations and are larger than L2; inputs follow the model init ranges.
 
 --formats fp32 fp32+fp8 bf16 bf16sr+fp8 fp8_single ... runs the replay kernel once per state format
-in the same call (every family; names as perf/mode_bytes.py and the accuracy study spell them:
-FORMATS below), so the formats are measured side by side; --read-dtypes none float8_e4m3fn
+in the same call (every family; the names of perf/mode_bytes.py's table of formats, which the
+accuracy study uses too), so the formats are measured side by side; --read-dtypes none float8_e4m3fn
 bfloat16 is the older spelling (read copies of the --state-dtype checkpoint). Floors count what
 each must move per step over a window (perf/mode_bytes.py): the read copy (and its scales) on
 L - 1 steps, the checkpoint read, checkpoint write and read-copy write once; a single copy on
@@ -25,10 +25,10 @@ flushing on the same step (lockstep).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import statistics
 import sys
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -112,12 +112,7 @@ class Mamba2Family:
     def step_bytes(self, kind, batch, fmt=None):
         """Fewest bytes one step must move (mean over a window for replay): perf/mode_bytes.py."""
         fmt = fmt or plain_format(self.args)
-        mode = mode_bytes.Mode(
-            "bench",
-            conventional=kind == "conventional",
-            hp_itemsize=0 if fmt.single_copy else fmt.state_dtype.itemsize,
-            read=fmt.read_dtype,
-        )
+        mode = dataclasses.replace(fmt, name="bench", conventional=kind == "conventional")
         return mode_bytes.step_bytes(
             self.family_name, self.s, mode, batch, self.args.window, self.args.io_dtype.itemsize
         )
@@ -190,49 +185,16 @@ class KDAFamily(GDNFamily):
 
 READ_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}
 
-
-@dataclass(frozen=True)
-class StateFormat:
-    """One state format of the replay kernels: the checkpoint dtype, the read copy, single copy
-    (the copy is the only state), stochastic rounding at the flush."""
-
-    name: str
-    state_dtype: torch.dtype
-    read_dtype: str | None = None
-    single_copy: bool = False
-    stochastic_rounding: bool = False
-
-    def wrapper_kwargs(self) -> dict:
-        return dict(
-            state_dtype=self.state_dtype,
-            read_dtype=self.read_dtype,
-            single_copy=self.single_copy,
-            stochastic_rounding=self.stochastic_rounding,
-        )
-
-
-F32, BF16 = torch.float32, torch.bfloat16
-FP8 = "float8_e4m3fn"
-#: --formats names (perf/mode_bytes.py's and the accuracy study's) -> format
-FORMATS = {
-    f.name: f
-    for f in (
-        StateFormat("fp32", F32),
-        StateFormat("fp32+fp8", F32, FP8),
-        StateFormat("fp32+bf16", F32, "bfloat16"),
-        StateFormat("bf16", BF16),
-        StateFormat("bf16sr", BF16, stochastic_rounding=True),
-        StateFormat("bf16+fp8", BF16, FP8),
-        StateFormat("bf16sr+fp8", BF16, FP8, stochastic_rounding=True),
-        StateFormat("fp8_single", F32, FP8, single_copy=True),
-        StateFormat("fp8_single_sr", F32, FP8, single_copy=True, stochastic_rounding=True),
-    )
-}
+#: one state format of the replay kernels (perf/mode_bytes.py's table, where every perf script
+#: takes its formats from)
+StateFormat = mode_bytes.Mode
+#: --formats names -> format: the built ReplaySSM formats of that table
+FORMATS = {name: m for name, m in mode_bytes.MODES.items() if m.built and not m.conventional}
 
 
 def plain_format(args, read_dtype=None) -> StateFormat:
     """The --state-dtype checkpoint, with ``read_dtype`` (the --read-dtypes spelling)."""
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", FP8: "fp8"}
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
     name = short[str(args.state_dtype).removeprefix("torch.")] + (f"+{short[read_dtype]}" if read_dtype else "")
     return StateFormat(name, args.state_dtype, read_dtype)
 

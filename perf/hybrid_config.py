@@ -287,7 +287,9 @@ def ssm_bytes_per_slot(cfg: HybridConfig, tp: int, read_dtype: str | None, max_d
 
     d = wrapper_dims(ssm_shard(cfg, tp, 0))
     short = {mode_bytes.SHORT[k]: v for k, v in d.items()}
-    sizes = mode_bytes.slot_bytes(cfg.family, short, mode_bytes.Mode("hybrid", read=read_dtype), WINDOW, 2, max_draft)
+    sizes = mode_bytes.slot_bytes(
+        cfg.family, short, mode_bytes.Mode("hybrid", read_dtype=read_dtype), WINDOW, 2, max_draft
+    )
     return int(sizes["total"]) + 16
 
 

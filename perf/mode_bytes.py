@@ -3,14 +3,17 @@ report and the table of what each mode costs in memory.
 
     python perf/mode_bytes.py [--batch 256] [--bandwidth 4.4] [--out perf/results/mode_bytes_table.json]
 
-Modes (the names of the accuracy study, perf/accuracy):
+Modes: the one table of state formats (``MODES``) that bench_decode.py --formats and the accuracy
+study (perf/accuracy) name too:
   conventional_fp32  the state read and written every step (fp32);
   fp32               ReplaySSM, fp32 checkpoint;
   fp32+bf16 / fp32+fp8 / fp32+nvfp4
                      fp32 checkpoint S_hp and a read copy S_lp that non-flush steps read;
-  bf16               ReplaySSM, a plain bf16 checkpoint;
-  bf16sr+fp8         bf16 S_hp (stochastic rounding at the flush) and an fp8 read copy;
-  fp8_single         one fp8 state with row scales, read every step and rewritten at the flush.
+  bf16, bf16sr       ReplaySSM, a plain bf16 checkpoint (sr: stochastic rounding at the flush);
+  bf16+fp8, bf16sr+fp8
+                     bf16 S_hp (to nearest, or stochastically rounded) and an fp8 read copy;
+  fp8_single(_sr)    one fp8 state with row scales, read every step and rewritten at the flush.
+Stochastic rounding moves no bytes of its own: those rows equal their to-nearest twins.
 
 Read formats, per row (Mamba-2 (h, p) over N; GDN/KDA (hv, v) over K): bf16 2 bytes per element;
 fp8 e4m3 1 byte plus an fp32 row scale; NVFP4 half a byte (e2m1 codes two per byte) plus an e4m3
@@ -35,7 +38,7 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -50,24 +53,67 @@ READ_FORMATS = {"bfloat16": (2.0, 0.0, 0), "float8_e4m3fn": (1.0, 0.0, 4), "nvfp
 
 @dataclass(frozen=True)
 class Mode:
+    """One state format: the checkpoint S_hp's dtype, the read copy (a single copy: the state's
+    own format, no S_hp), stochastic rounding at the flush, the conventional kernel instead of
+    ReplaySSM, and whether the kernels exist."""
+
     name: str
+    state_dtype: torch.dtype = torch.float32
+    read_dtype: str | None = None  # "float8_e4m3fn" | "bfloat16" | "nvfp4" (READ_FORMATS)
+    single_copy: bool = False
+    stochastic_rounding: bool = False
     conventional: bool = False
-    hp_itemsize: int = 4  # S_hp bytes per element (0: single copy, no S_hp)
-    read: str | None = None  # the read copy's format (the single copy's own format)
     built: bool = True  # the kernels exist (False: planned, issue 12)
 
+    @property
+    def hp_itemsize(self) -> int:
+        """S_hp bytes per element (0: a single copy keeps no S_hp)."""
+        return 0 if self.single_copy else self.state_dtype.itemsize
 
+    @property
+    def state_bytes_per_element(self) -> float:
+        """S_hp and the read copy's codes per element (scales and rings not counted)."""
+        v = self.hp_itemsize + (READ_FORMATS[self.read_dtype][0] if self.read_dtype else 0.0)
+        return int(v) if v == int(v) else v
+
+    def wrapper_kwargs(self) -> dict:
+        """The decode wrappers' format keywords (the algorithm apart; read_dtype by name)."""
+        return dict(
+            state_dtype=self.state_dtype,
+            read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
+        )
+
+    def spec(self) -> dict:
+        """JSON-ready fields (result rows' ``mode_spec``)."""
+        return dict(
+            name=self.name,
+            state_dtype=str(self.state_dtype).removeprefix("torch."),
+            read_dtype=self.read_dtype,
+            single_copy=self.single_copy,
+            stochastic_rounding=self.stochastic_rounding,
+            conventional=self.conventional,
+            built=self.built,
+            hp_itemsize=self.hp_itemsize,
+        )
+
+
+_F32, _BF16, _FP8 = torch.float32, torch.bfloat16, "float8_e4m3fn"
 MODES = {
     m.name: m
     for m in (
         Mode("conventional_fp32", conventional=True),
         Mode("fp32"),
-        Mode("fp32+bf16", read="bfloat16"),
-        Mode("fp32+fp8", read="float8_e4m3fn"),
-        Mode("fp32+nvfp4", read="nvfp4", built=False),
-        Mode("bf16", hp_itemsize=2),
-        Mode("bf16sr+fp8", hp_itemsize=2, read="float8_e4m3fn"),
-        Mode("fp8_single", hp_itemsize=0, read="float8_e4m3fn"),
+        Mode("fp32+bf16", read_dtype="bfloat16"),
+        Mode("fp32+fp8", read_dtype=_FP8),
+        Mode("fp32+nvfp4", read_dtype="nvfp4", built=False),
+        Mode("bf16", _BF16),
+        Mode("bf16sr", _BF16, stochastic_rounding=True),
+        Mode("bf16+fp8", _BF16, _FP8),
+        Mode("bf16sr+fp8", _BF16, _FP8, stochastic_rounding=True),
+        Mode("fp8_single", _F32, _FP8, single_copy=True),
+        Mode("fp8_single_sr", _F32, _FP8, single_copy=True, stochastic_rounding=True),
     )
 }
 
@@ -127,7 +173,7 @@ def ring_record_bytes(family: str, s: dict, io_itemsize: int, read: str | None =
 def _ring_read(mode: Mode) -> str | None:
     """What the ring layout is built for: a read copy beside an S_hp (GDN/KDA keep v and beta, the
     flush recomputes the corrections); a single copy folds the stored corrections, like no copy."""
-    return mode.read if mode.hp_itemsize > 0 else None
+    return mode.read_dtype if mode.hp_itemsize > 0 else None
 
 
 def io_bytes(family: str, s: dict, batch: int, io_itemsize: int) -> float:
@@ -148,14 +194,14 @@ def step_bytes(family: str, s: dict, mode: Mode, batch: int, L: int, io_itemsize
     if mode.conventional:
         return 2 * hp + io
     r = ring_record_bytes(family, s, io_itemsize, _ring_read(mode))
-    lp = batch * read_copy_bytes(family, s, mode.read)
+    lp = batch * read_copy_bytes(family, s, mode.read_dtype)
     vb = r.pop("v_ring", 0.0) + r.pop("beta_ring", 0.0)  # kept for the flush's exact recompute
     rec = sum(r.values())  # what a step reads of each live record
     if vb:  # live reads, the append with v and beta, the flush's k, g, v, beta
         ring = batch * (rec * (L - 1) / 2 + (rec + vb) + (rec - r["u_ring"] + vb))
     else:
         ring = batch * rec * ((L - 1) / 2 + 1)
-    if mode.read is None:
+    if mode.read_dtype is None:
         return hp + hp / L + ring + io
     if mode.hp_itemsize == 0:  # single copy: read every step, rewritten at the flush
         return lp + lp / L + ring + io
@@ -166,7 +212,7 @@ def slot_bytes(family: str, s: dict, mode: Mode, L: int, io_itemsize: int, max_d
     """Bytes per slot: the state (S_hp, or the conventional state), the read copy with its scales,
     the ring of L + max_draft records (none for the conventional kernel), and the total."""
     hp = state_bytes(family, s, mode.hp_itemsize)
-    lp = read_copy_bytes(family, s, mode.read)
+    lp = read_copy_bytes(family, s, mode.read_dtype)
     ring = (
         0.0
         if mode.conventional
@@ -198,7 +244,7 @@ def table(batch: int, L: int, io_itemsize: int, bandwidth_TBps: float) -> list[d
                     slot_vs_fp32=sb["total"] / base,
                     bytes_per_step=nbytes,
                     floor_us=nbytes / (bandwidth_TBps * 1e6),
-                    mode_spec=asdict(mode),
+                    mode_spec=mode.spec(),
                 )
             )
     return rows

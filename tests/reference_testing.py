@@ -261,7 +261,7 @@ class SkipStep:
     """One step of a window seen by the skip oracle (replayssm.reference.skip), float64: the
     cumulative log decay ``c`` [b, H] (KDA [b, H, K]); the bounds on the output and, for GDN/KDA,
     on the correction u [b, H]; the checkpoint's exact part of the output and of u [b, H, P|V]
-    (the run from S_c minus the run from zero) and ``rest``, the output of the zero run."""
+    (the run from S_c minus the run from zero) and ``rest`` / ``rest_u``, the zero run's."""
 
     c: torch.Tensor
     bound: torch.Tensor
@@ -269,6 +269,7 @@ class SkipStep:
     rest: torch.Tensor
     bound_u: torch.Tensor | None = None
     contrib_u: torch.Tensor | None = None
+    rest_u: torch.Tensor | None = None
 
 
 def skip_window(
@@ -306,5 +307,5 @@ def skip_window(
         b_o, b_u = skip.delta_checkpoint_bounds(c, qh, kh, torch.sigmoid(tok["b"]), R)
         o, S, u = step(S, **tok, **layer, return_u=True)
         rest, Z, u0 = step(Z, **tok, **layer, return_u=True)
-        yield SkipStep(c, b_o, o - rest, rest, b_u, u - u0)
+        yield SkipStep(c, b_o, o - rest, rest, b_u, u - u0, u0)
     return S

@@ -26,41 +26,41 @@ from __future__ import annotations
 
 import torch
 
-#: The modes of issue 14 as wrapper keywords. The last four are spelled as issue 12 plans them
-#: (``read_dtype='nvfp4'``, ``single_copy=True``) or, where it names no keyword, as
-#: ``stochastic_rounding=True``; ``replayssm.supported`` refuses them until the library has them.
-MODES: dict[str, dict] = {
-    "fp32": dict(algorithm="replay", state_dtype=torch.float32),
-    "conventional_fp32": dict(algorithm="conventional", state_dtype=torch.float32),
-    "fp32+fp8": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.float8_e4m3fn),
-    "fp32+bf16": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.bfloat16),
-    "fp32+nvfp4": dict(algorithm="replay", state_dtype=torch.float32, read_dtype="nvfp4"),
-    "bf16sr+fp8": dict(
-        algorithm="replay", state_dtype=torch.bfloat16, read_dtype=torch.float8_e4m3fn, stochastic_rounding=True
-    ),
-    "fp8_single": dict(algorithm="replay", state_dtype=torch.float32, read_dtype=torch.float8_e4m3fn, single_copy=True),
-    "fp8_single_sr": dict(
-        algorithm="replay",
-        state_dtype=torch.float32,
-        read_dtype=torch.float8_e4m3fn,
-        single_copy=True,
-        stochastic_rounding=True,
-    ),
-    "bf16": dict(algorithm="replay", state_dtype=torch.bfloat16),
-}
+from perf.mode_bytes import MODES as _TABLE
+
+#: The modes of issue 14, by the names of perf/mode_bytes.py's one table of state formats.
+STUDY_MODES = (
+    "fp32",
+    "conventional_fp32",
+    "fp32+fp8",
+    "fp32+bf16",
+    "fp32+nvfp4",
+    "bf16sr+fp8",
+    "fp8_single",
+    "fp8_single_sr",
+    "bf16",
+)
+
+
+def _wrapper_keywords(m) -> dict:
+    """A table entry as the decode wrappers' keywords: the algorithm, the checkpoint dtype, the
+    read copy as a torch dtype (``"nvfp4"``, which torch has no dtype for, by name), and the
+    switches that are on. ``replayssm.supported`` refuses what the library cannot build yet."""
+    kw: dict = dict(algorithm="conventional" if m.conventional else "replay", state_dtype=m.state_dtype)
+    if m.read_dtype is not None:
+        kw["read_dtype"] = getattr(torch, m.read_dtype) if hasattr(torch, m.read_dtype) else m.read_dtype
+    if m.single_copy:
+        kw["single_copy"] = True
+    if m.stochastic_rounding:
+        kw["stochastic_rounding"] = True
+    return kw
+
+
+#: mode -> wrapper keywords
+MODES: dict[str, dict] = {name: _wrapper_keywords(_TABLE[name]) for name in STUDY_MODES}
 
 #: Bytes of state per element each mode keeps (checkpoint + read copy; scales and rings not counted).
-STATE_BYTES = {
-    "fp32": 4,
-    "conventional_fp32": 4,
-    "fp32+fp8": 5,
-    "fp32+bf16": 6,
-    "fp32+nvfp4": 4.5,
-    "bf16sr+fp8": 3,
-    "fp8_single": 1,
-    "fp8_single_sr": 1,
-    "bf16": 2,
-}
+STATE_BYTES = {name: _TABLE[name].state_bytes_per_element for name in STUDY_MODES}
 
 
 class UnsupportedMode(Exception):

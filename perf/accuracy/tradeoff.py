@@ -23,8 +23,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from perf.mode_bytes import MODES, slot_bytes, step_bytes  # noqa: E402
 
-#: accuracy-study modes whose bytes are another mode's (stochastic rounding moves no extra bytes)
-SAME_BYTES = {"fp8_single_sr": "fp8_single"}
 ACCURACY_KEYS = ("kl_mean_0_1k", "kl_mean_8k_16k", "ppl", "top1_agree", "tokens_to_divergence", "state_rel_err")
 
 
@@ -44,7 +42,7 @@ def rows_for(result: dict, L: int = 16, io_itemsize: int = 2) -> list[dict]:
     layers = int(meta["config"]["n_layers"])
 
     def cost(name: str) -> tuple[float, float]:
-        mode = MODES[SAME_BYTES.get(name, name)]
+        mode = MODES[name]  # the study's modes are names of mode_bytes' table
         return step_bytes(family, dims, mode, 1, L, io_itemsize), slot_bytes(family, dims, mode, L, io_itemsize)[
             "total"
         ]

@@ -15,7 +15,10 @@ from replayssm.reference._math import group_index
 from ..reference_testing import delta_layer, generator, mamba2_layer, new_seed, skip_window
 
 F64 = torch.float64
-ROUND = 1e-14  # float64 rounding of y - rest, relative to |y|
+# float64 rounding of y - rest relative to |y|: the two runs' states round differently over the
+# window and their outputs can cancel (seen: 1.1e-16 on |y| = 1.4e-3, 8e-14 relative); 1e-12 is
+# still far below the half fp32 ulp (3e-8) that the skip decisions work at.
+ROUND = 1e-12
 
 
 def within(contrib, bound, y):
@@ -53,7 +56,9 @@ def test_delta_bounds_hold(gen, family):
     S = torch.randn(batch, HV, V, K, generator=gen, dtype=F64)
     for st in skip_window(gen, family, S, layer, 16, HK=HK):
         assert within(st.contrib, st.bound, st.contrib + st.rest)
-        assert within(st.contrib_u, st.bound_u, st.contrib_u)
+        # u's part is also a difference of two runs: the slack is relative to u itself (a head
+        # that decayed to ~1e-17 of its bound still carries u - u0's float64 rounding)
+        assert within(st.contrib_u, st.bound_u, st.contrib_u + st.rest_u)
 
 
 def test_mamba2_bound_is_reached_by_aligned_rows(gen):
@@ -84,7 +89,14 @@ def test_tolerance_zero_is_exact_underflow():
 @pytest.mark.parametrize("tol", [skip.DEFAULT, 1e-3, 1e-1])
 def test_decisions_keep_their_promise(gen, tol):
     skipped = 0
-    for st in _mamba2_window(gen, batch=4, H=8, L=16, scale=1e-2):
+
+    def windows():  # fresh windows until one decides something (a random window may not), at most 5
+        for _ in range(5):
+            yield from _mamba2_window(gen, batch=4, H=8, L=16, scale=1e-2)
+            if skipped:
+                return
+
+    for st in windows():
         c, bound, contrib, rest = st.c, st.bound, st.contrib, st.rest
         s = skip.skip_heads(c, bound, rest, tol)
         skipped += int(s.sum())

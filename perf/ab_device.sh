@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# A/B on the device: the replay decode of a base revision and of the working tree, side by side in
+# one call (same machine, same clocks, one after the other), written as ONE result file so that
+# the call's file limit never drops a variant.
+#
+# Here (no GPU), once per base:   bash perf/ab_device.sh prepare d7fcbf2     # -> .gl/base (ignored)
+# On the device (carry .gl/base): bash perf/ab_device.sh run mamba2:fp32+fp8,fp8_single gdn:bf16 \
+#                                      -- --batches 256 --phases lockstep staggered
+# Writes $OUT/ab.json (every row tagged `variant` = base | new, `variant_commit`) and $OUT/ab.log.
+# Each tree's modules are built in parallel first (perf/profile_step.py, a few steps at B = 8, in
+# its own JIT cache), then each family's benchmark runs for base, then for new.
+set -uo pipefail
+root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+cmd=${1:-}; shift || true
+if [[ $cmd == prepare ]]; then
+  rev=${1:?"prepare REV: the base revision"}
+  rm -rf "$root/.gl/base" && mkdir -p "$root/.gl/base"
+  git -C "$root" archive "$rev" | tar -x -C "$root/.gl/base"
+  git -C "$root" rev-parse --short=12 "$rev" > "$root/.gl/base/COMMIT"
+  echo "base $(cat "$root/.gl/base/COMMIT") in .gl/base: name it in the run's carry"
+  exit 0
+fi
+[[ $cmd == run ]] || { echo "usage: ab_device.sh prepare REV | run FAMILY:FORMAT[,FORMAT] ... [-- bench args]" >&2; exit 2; }
+[[ -d $root/.gl/base ]] || { echo "no .gl/base: run 'prepare REV' here and carry .gl/base" >&2; exit 2; }
+specs=()
+while [[ $# -gt 0 && $1 != -- ]]; do specs+=("$1"); shift; done
+[[ ${1:-} == -- ]] && shift
+OUT=${OUT:-/tmp/replayssm_out}
+mkdir -p "$OUT" /tmp/ab
+base_commit=$(cat "$root/.gl/base/COMMIT" 2>/dev/null || echo unknown)
+new_commit=${REPLAYSSM_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo worktree)}
+declare -A dirs=([base]=$root/.gl/base [new]=$root)
+for v in base new; do
+  for spec in "${specs[@]}"; do
+    fam=${spec%%:*}
+    for f in $(echo "${spec#*:}" | tr , ' '); do
+      (cd "${dirs[$v]}" && PYTHONPATH=${dirs[$v]} REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v \
+        python3 perf/profile_step.py --family "$fam" --batch 8 --format "$f" --steps 1 > /dev/null 2>&1 \
+        || echo "build of $v $fam $f failed (the benchmark will build it, or report it)") &
+    done
+  done
+done
+wait
+: > "$OUT/ab.log"
+for spec in "${specs[@]}"; do
+  fam=${spec%%:*}
+  formats=$(echo "${spec#*:}" | tr , ' ')
+  for v in base new; do
+    d=${dirs[$v]}
+    commit=$([[ $v == base ]] && echo "$base_commit" || echo "$new_commit")
+    (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_COMMIT=$commit \
+      python3 perf/bench_decode.py --family "$fam" --formats $formats --no-peers "$@" \
+        --name "ab_${fam}_$v" --out /tmp/ab) 2>&1 | sed "s/^/$v /" | tee -a "$OUT/ab.log" | grep -E "B=|rror"
+  done
+done
+python3 - "$OUT/ab.json" "$base_commit" "$new_commit" "$*" "${specs[@]}" <<'EOF'
+import json, pathlib, sys
+out, base, new, args, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+rows, metas = [], {}
+for f in sorted(pathlib.Path("/tmp/ab").glob("ab_*.json")):
+    d = json.loads(f.read_text())
+    variant = f.stem.rsplit("_", 1)[1]
+    for r in d["rows"]:
+        r["variant"], r["variant_commit"] = variant, base if variant == "base" else new
+    rows += d["rows"]
+    metas[f.stem] = d["meta"]
+meta = dict(commit=new, base_commit=base, command=f"perf/ab_device.sh run {' '.join(specs)} -- {args}", runs=metas)
+if metas:
+    first = next(iter(metas.values()))
+    meta.update(gpu=first.get("gpu"), date=first.get("date"))
+pathlib.Path(out).write_text(json.dumps(dict(meta=meta, rows=rows), indent=1))
+print(f"wrote {out}: {len(rows)} rows")
+EOF
