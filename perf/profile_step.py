@@ -4,8 +4,9 @@ to profile the last launches, e.g.
     ncu --clock-control none -k regex:replay_verify --launch-skip 20 --launch-count 1 \
         python perf/profile_step.py --family mamba2 --batch 256 --draft-len 4
 
-Decode steps start from empty rings, so (L = 16) steps 16, 31, 46, ... are the flushes:
-``--launch-skip 45 --launch-count 2`` profiles a non-flush step and then a flush.
+Decode steps start from empty rings. A flush leaves one record (its own step's) in the ring, so
+with L = 16 the flushes are launches 16, 32, 48, ... counting from 0 (steps 17, 33, 49):
+``--launch-skip 31 --launch-count 2`` profiles a non-flush step and then a flush.
 """
 
 import argparse
