@@ -183,13 +183,13 @@ class KDAFamily(GDNFamily):
     family_name = "kda"
 
 
-READ_ITEMSIZE = {"float8_e4m3fn": 1, "bfloat16": 2}
-
 #: one state format of the replay kernels (perf/mode_bytes.py's table, where every perf script
 #: takes its formats from)
 StateFormat = mode_bytes.Mode
 #: --formats names -> format: the built ReplaySSM formats of that table
 FORMATS = {name: m for name, m in mode_bytes.MODES.items() if m.built and not m.conventional}
+#: --read-dtypes choices: the read copies those formats have
+READ_DTYPES = sorted({m.read_dtype for m in FORMATS.values() if m.read_dtype is not None})
 
 
 def plain_format(args, read_dtype=None) -> StateFormat:
@@ -471,7 +471,7 @@ def main():
         "--read-dtypes",
         nargs="+",
         default=None,
-        choices=["none", *READ_ITEMSIZE],
+        choices=["none", *READ_DTYPES],
         help="replay: read copies of the --state-dtype checkpoint, side by side (none: the checkpoint itself)",
     )
     ap.add_argument(

@@ -12,12 +12,6 @@ from collections import defaultdict
 from pathlib import Path
 
 
-def is_format(name) -> bool:
-    """Whether a line's name is a bench_decode --formats name (fp32, fp32+fp8, fp8_single, ...)
-    rather than an older file's read dtype (float8_e4m3fn, bfloat16)."""
-    return isinstance(name, str) and (name.startswith(("fp", "bf")) and name not in ("bfloat16",))
-
-
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("result", nargs="+")
@@ -30,7 +24,7 @@ def main():
     import matplotlib.pyplot as plt
 
     files = [json.loads(Path(f).read_text()) for f in args.result]
-    series = defaultdict(list)  # (shape, kernel, persistent, rows, read, phases) -> [(batch, us, frac)]
+    series = defaultdict(list)  # (shape, kernel, persistent, rows, state, phases) -> [(batch, us, frac)]
     keep = args.variant
     rows_in = [r for d in files for r in d["rows"] if keep is None or r.get("variant", keep) == keep]
     for r in rows_in:
@@ -38,24 +32,25 @@ def main():
         rows = None if r.get("rows_per_cta") is None else r.get("rows_used")
         # a read copy and the window phases make their own lines (the kernel choice follows the batch)
         read = r.get("read_dtype") if r.get("single_copy") is False else None
-        if r["kernel"] == "replayssm" and "format" in r:
-            read = r["format"]  # the state format names the line (fp32, fp32+fp8, fp8_single, ...)
+        # the line's state: the format's name where the row has one (fp32+fp8, fp8_single, ...),
+        # else an older file's read copy
+        state = r["format"] if r["kernel"] == "replayssm" and "format" in r else (f"+ {read} copy" if read else "")
         persistent = bool(r.get("persistent")) if read is None and "phases" not in r else None
-        key = (r.get("shape", "?"), r["kernel"], persistent, rows, read, r.get("phases"))
+        key = (r.get("shape", "?"), r["kernel"], persistent, rows, state, r.get("phases"))
         series[key].append((r["batch"], r["us_per_step"], r["fraction_of_floor"]))
     shapes = sorted({k[0] for k in series})
     fig, axes = plt.subplots(2, len(shapes), figsize=(4.2 * len(shapes), 7), squeeze=False)
     for ax in axes.flat:
         ax.set_prop_cycle(color=plt.cm.tab20.colors)  # many formats x phases: no colour twice
     for col, shape in enumerate(shapes):
-        for (s, kernel, persistent, rows, read, phases), pts in sorted(series.items(), key=lambda kv: str(kv[0])):
+        for (s, kernel, persistent, rows, state, phases), pts in sorted(series.items(), key=lambda kv: str(kv[0])):
             if s != shape:
                 continue
             pts.sort()
             b = [p[0] for p in pts]
             label = (
                 f"{kernel}"
-                + (f" {read}" if is_format(read) else (f" + {read} copy" if read else ""))
+                + (f" {state}" if state else "")
                 + (" persistent" if persistent else "")
                 + (f" ({rows} rows)" if rows else "")
                 + (f", {phases}" if phases and kernel != "conventional" else "")
