@@ -2,11 +2,18 @@
 // its header) on the skeleton of common/persistent.cuh.
 //
 // Work unit: GDN, one (batch row, key head) with its HV/HK value heads; KDA (per-channel decay),
-// one (batch row, value head). The unit buffer holds the key head's normalised q^, k^ inputs and
+// one (batch row, value head) (delta_value_head_units). The unit buffer holds the key head's normalised q^, k^ inputs and
 // its live key ring; the consumers compute once per unit what every tile of the unit needs:
 //   GDN: k_j . k^ and k_j . q^ (the per-head scalar decays are applied per tile: a warp scan);
 //   KDA: the decayed keys kd_j, the per-channel factors col, kt, qt and kd_j . k^, kd_j . q^.
-// A stage holds one checkpoint tile (ROWS rows of V by K), its live u ring rows, v and gates.
+// A stage holds one checkpoint tile (ROWS rows of V by K), its live u ring rows (one bulk copy
+// per record), v and gates.
+//
+// Per tile, a consumer warp forms its rows' checkpoint parts (GDN non-flush tiles of 16 rows per
+// warp with bf16 q, k: on tensor cores, common/mma_row_dots.cuh; else on CUDA cores through the
+// shared read-tile loader), their ring parts (records split over the lanes that share a row) and
+// the epilogue, one lane per row (coalesced stores of o, u and v). What a value head's tiles
+// share (beta, the decay scan's weights) is computed at its first tile and kept (HeadScalars).
 //
 // With a read copy (RC, common/read_copy.cuh) a non-flush unit's tiles are the read copy's
 // (ROWS x K codes and the rows' scales: ReadCopyTile). A flush unit's tiles are the fp32
@@ -27,6 +34,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/mma_row_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
 #include "../common/read_copy.cuh"
@@ -42,6 +50,13 @@ namespace gdn {
 template <class RC, int ROWS>
 constexpr int delta_flush_rows() {
   return RC::kTwoCopy && ROWS > 16 ? 16 : ROWS;
+}
+
+// Whether a work unit is one value head (KDA) rather than a key head with its HV / HK value heads
+// (GDN: they share q, k and the key ring).
+template <bool PerChannelDecay, class RC>
+constexpr bool delta_value_head_units() {
+  return PerChannelDecay;
 }
 
 template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
@@ -70,6 +85,21 @@ struct PersistentLayout {
   static constexpr SmemRegion kQt = kKt.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kPair = kQt.then(RC::kTwoCopy ? static_cast<size_t>(L) * L * 4 : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kPair, 128);
+
+  // GDN non-flush dot products on tensor cores (common/mma_row_dots.cuh), bf16 q and k: 16-bit
+  // and 8-bit read tiles of 16 rows per warp. The fragments of k and q are laid out per
+  // non-flush unit in the key ring's place, once the unit's k_j . k^ and k_j . q^ are formed (a
+  // non-flush tile reads no key). KDA's vectors carry per-channel decays (fp32): CUDA cores.
+  using ReadElem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
+  static constexpr bool mma_dots_fit() {
+    if constexpr (!PerChannelDecay && std::is_same_v<TI, __nv_bfloat16> && ROWS / kPersistentConsumerWarps == 16 &&
+                  kMmaRowDotsFit<ReadElem, K>) {
+      return MmaRowDots<ReadElem, K, 2>::kFragmentBytes <= kKeyRing.bytes;
+    } else {
+      return false;
+    }
+  }
+  static constexpr bool kMmaDots = mma_dots_fit();
 
   // Stage buffer: a tile (the checkpoint's [kFlushRows][K] in TS, one bulk copy; or the read
   // copy's [ROWS][K] and its rows' scales [ROWS], two), u ring rows [L][ROWS] fp32 (read copy,
@@ -112,6 +142,7 @@ struct PersistentReplay {
   using Layout = PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>;
   static constexpr int kFlushRows = Layout::kFlushRows;
   using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;  // what a non-flush tile is read as
+  using ReadElem = typename Layout::ReadElem;
   using ReadTile = typename Read::Tile;
   // A flush unit's tile: the checkpoint's, or a single copy's (the read tiles).
   using FlushTile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, K, kFlushRows, kPersistentConsumerWarps>>;
@@ -125,6 +156,8 @@ struct PersistentReplay {
   static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
 
+  static constexpr bool kValueHeadUnits = delta_value_head_units<PerChannelDecay, RC>();
+
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
   int heads_per_unit;  // value heads per unit
@@ -134,9 +167,9 @@ struct PersistentReplay {
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
       : p(params),
         pipe(smem),
-        heads_per_unit(PerChannelDecay ? 1 : params.num_v_heads / params.num_k_heads),
-        units_per_row(PerChannelDecay ? params.num_v_heads : params.num_k_heads),
-        units(static_cast<int64_t>(params.batch) * (PerChannelDecay ? params.num_v_heads : params.num_k_heads)) {}
+        heads_per_unit(kValueHeadUnits ? 1 : params.num_v_heads / params.num_k_heads),
+        units_per_row(kValueHeadUnits ? params.num_v_heads : params.num_k_heads),
+        units(static_cast<int64_t>(params.batch) * units_per_row) {}
 
   __device__ int first_head(int64_t u) const { return static_cast<int>(u % units_per_row) * heads_per_unit; }
   __device__ int key_head(int hv) const { return hv / (p.num_v_heads / p.num_k_heads); }
@@ -159,10 +192,18 @@ struct PersistentReplay {
   // What the consumers compute once per unit for every tile of it (besides the UnitState).
   struct UnitValues {
     const unsigned char* buffer = nullptr;  // the unit buffer
-    float w[2][kCols];                      // k^ and q^ (KDA: kt and qt) at this thread's columns
-    float kk_lane = 0.f;                    // lane j: k_j . k^
-    float kq_lane = 0.f;                    // lane j: k_j . q^
-    float kq_current = 0.f;                 // k^ . q^
+    float w[2][kCols];  // k^ and q^ (KDA: kt and qt) at this thread's columns
+    float kk_lane = 0.f;  // lane j: k_j . k^
+    float kq_lane = 0.f;  // lane j: k_j . q^
+    float kq_current = 0.f;  // k^ . q^
+    float ks = 1.f, qs = 1.f;  // the norms' factors of k and q (k^ = ks k, q^ = qs q)
+  };
+
+  // What every tile of one value head shares (tile() computes it at the head's first tile):
+  // beta, the per-record weights (lane j: record j) and the factors on the checkpoint.
+  struct HeadScalars {
+    int hv = -1;  // the value head these are of (-1: none yet in this unit)
+    float beta = 0.f, wj = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
   };
 
   // ---- producer (one warp) ----
@@ -221,11 +262,14 @@ struct PersistentReplay {
       const int64_t b = tc.b, slot = cur.slot;
       const int hv = tc.hv, v0 = tc.v0, m = cur.m;
       const int rows = flush ? kFlushRows : ROWS;
+      // A tile's u ring rows are one bulk copy per live record (lane j: record j's rows of the
+      // tile, `rows` fp32 contiguous in the ring), completing on the stage's barrier with the tile.
+      const uint32_t ring_bytes = exact ? 0u : static_cast<uint32_t>(m) * rows * 4u;
       if (lane == 0) {
         if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
                             hv * p.pool.read_stride_head + static_cast<int64_t>(v0) * K;
-          mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
+          mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes + ring_bytes);  // the "+ 1" arrival
           bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kReadTileBytes, bar);
           if (RC::kScaled) {
             const float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + hv * p.pool.scale_stride_head + v0;
@@ -235,25 +279,16 @@ struct PersistentReplay {
           const uint32_t bytes = static_cast<uint32_t>(rows) * K * sizeof(TS);
           const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
                           static_cast<int64_t>(v0) * K;
-          mbar_arrive_expect_tx(bar, bytes);  // the "+ 1" arrival of the stage's full barrier
+          mbar_arrive_expect_tx(bar, bytes + ring_bytes);  // the "+ 1" arrival of the stage's full barrier
           bulk_copy_g2s(S + Layout::kTile.offset, src, bytes, bar);
         }
       }
+      __syncwarp();  // the bytes are announced before any lane's copy can land
       if (!exact) {
-        const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + v0;
-        float* Su = reinterpret_cast<float*>(S + Layout::kURing.offset);
-        // The tile's row count is a constant of each branch: record and chunk are shifts.
-        auto copy_u_ring = [&](auto rows_c) {
-          constexpr int kRowsC = decltype(rows_c)::value, kUv = kRowsC / 4;
-          for (int i = lane; i < m * kUv; i += 32) {
-            const int j = i / kUv, q = i % kUv;
-            cp_async16(Su + j * kRowsC + q * 4, ur + static_cast<int64_t>(cur.phys(j, R)) * V + q * 4);
-          }
-        };
-        if (flush) {
-          copy_u_ring(std::integral_constant<int, kFlushRows>{});
-        } else {
-          copy_u_ring(std::integral_constant<int, ROWS>{});
+        if (lane < m) {
+          const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head +
+                            static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
+          bulk_copy_g2s(S + Layout::kURing.offset + static_cast<uint32_t>(lane) * rows * 4u, ur, rows * 4u, bar);
         }
       } else {
         const TI* vr = static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head + v0;
@@ -296,6 +331,7 @@ struct PersistentReplay {
     const int warp = tid / 32, lane = tid % 32;
     UnitState us;
     UnitValues uv;
+    HeadScalars hs;
 
     auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
       const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
@@ -309,6 +345,7 @@ struct PersistentReplay {
         return 0;
       }
       us.from_header(hd, L, p.ring.capacity);
+      hs.hv = -1;  // the unit's heads are new
       const int m = us.m;
       const bool flush = us.flush;
       const bool exact = RC::kTwoCopy && flush;  // the window's corrections are recomputed (read copy)
@@ -322,12 +359,17 @@ struct PersistentReplay {
       float* Ukq = reinterpret_cast<float*>(Uw + Layout::kKDotQ.offset);
       float* Upair = reinterpret_cast<float*>(Uw + Layout::kPair.offset);
 
-      // Norms of q and k (every warp computes both: no barrier).
+      // Norms of q and k (every warp computes both: no barrier); lane keeps columns lane + 32 i.
+      constexpr int kCpl = (K + 31) / 32;
+      float qr[kCpl], kr[kCpl];
       float sq = 0.f, sk = 0.f;
-      for (int c = lane; c < K; c += 32) {
-        const float qc = to_float(Uq[c]), kc = to_float(Uk[c]);
-        sq = fmaf(qc, qc, sq);
-        sk = fmaf(kc, kc, sk);
+#pragma unroll
+      for (int i = 0; i < kCpl; ++i) {
+        const int c = lane + 32 * i;
+        qr[i] = c < K ? to_float(Uq[c]) : 0.f;
+        kr[i] = c < K ? to_float(Uk[c]) : 0.f;
+        sq = fmaf(qr[i], qr[i], sq);
+        sk = fmaf(kr[i], kr[i], sk);
       }
       sq = group_sum<32>(sq);
       sk = group_sum<32>(sk);
@@ -397,13 +439,21 @@ struct PersistentReplay {
             m, [&](int j) { return Ur + j * K; }, [](int, int) { return 1.f; }, Upair, warp, lane);
       }
       // k_j . k^ and k_j . q^ (KDA: decayed keys), one warp per record; j = m: k^ . q^.
+#pragma unroll
+      for (int i = 0; i < kCpl; ++i) {
+        kr[i] *= ks;
+        qr[i] *= qs;
+      }
       for (int j = warp; j <= m; j += kPersistentConsumerWarps) {
         float a = 0.f, c2 = 0.f;
-        for (int c = lane; c < K; c += 32) {
-          const float kc = to_float(Uk[c]) * ks, qc = to_float(Uq[c]) * qs;
-          const float kj = j == m ? kc : Ur[j * K + c];
-          a = fmaf(kj, kc, a);
-          c2 = fmaf(kj, qc, c2);
+#pragma unroll
+        for (int i = 0; i < kCpl; ++i) {
+          const int c = lane + 32 * i;
+          if (c < K) {
+            const float kj = j == m ? kr[i] : Ur[j * K + c];
+            a = fmaf(kj, kr[i], a);
+            c2 = fmaf(kj, qr[i], c2);
+          }
         }
         a = group_sum<32>(a);
         c2 = group_sum<32>(c2);
@@ -414,13 +464,23 @@ struct PersistentReplay {
       }
       if (std::is_same_v<FlushTile, ReadTile> || flush) {  // one geometry without a read copy
         load_unit_columns<FlushTile>(uv, U, ks, qs, lane);
-      } else {
+      } else if (!Layout::kMmaDots) {  // (tensor-core tiles read the fragments instead)
         load_unit_columns<ReadTile>(uv, U, ks, qs, lane);
       }
       Layout::Pipeline::consumer_sync();
       uv.kk_lane = lane < m ? Ukk[lane] : 0.f;
       uv.kq_lane = lane < m ? Ukq[lane] : 0.f;
       uv.kq_current = Ukq[m];
+      uv.ks = ks;
+      uv.qs = qs;
+      if constexpr (Layout::kMmaDots) {
+        if (!flush) {  // every warp has read the keys (the barrier above): their place takes the fragments
+          if (warp < 2)
+            MmaRowDots<ReadElem, K, 2>::set_vector(Uw + Layout::kKeyRing.offset, warp,
+                                                   reinterpret_cast<const __nv_bfloat16*>(warp == 0 ? Uk : Uq), lane);
+          Layout::Pipeline::consumer_sync();
+        }
+      }
       return tiles_per_unit(flush);
     };
 
@@ -431,7 +491,7 @@ struct PersistentReplay {
           return;
         }
       }
-      tile(uv, us, tile_of(u, t, us.flush), S, release, warp, lane);
+      tile(uv, hs, us, tile_of(u, t, us.flush), S, release, warp, lane);
     };
 
     auto end_unit = [&](int64_t u, const unsigned char* U) {
@@ -439,7 +499,7 @@ struct PersistentReplay {
       // value head is the first of its key head) and, for KDA, the value head's decays.
       const int hv0 = first_head(u), hk = key_head(hv0);
       const TI* Uk = reinterpret_cast<const TI*>(U + Layout::kK.offset);
-      if (!PerChannelDecay || hv0 % (p.num_v_heads / p.num_k_heads) == 0) {
+      if (!kValueHeadUnits || hv0 % (p.num_v_heads / p.num_k_heads) == 0) {
         float ksq = 0.f;
         for (int c = lane; c < K; c += 32) ksq = fmaf(to_float(Uk[c]), to_float(Uk[c]), ksq);
         ksq = group_sum<32>(ksq);
@@ -511,7 +571,7 @@ struct PersistentReplay {
   // copy, a flush unit's tile of the state (the checkpoint, or a single copy: folded with the
   // ring's u; two copies' flush tiles are exact_flush_tile's).
   template <class Release>
-  __device__ __forceinline__ void tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
+  __device__ __forceinline__ void tile(const UnitValues& uv, HeadScalars& hs, const UnitState& us, const TileCoords& tc,
                                        const unsigned char* S, Release&& release, int warp, int lane) const {
     using G = ReadTile;  // the tile's geometry (without a read copy: the checkpoint's, flush or not)
     constexpr int kV = G::kVec;
@@ -527,32 +587,70 @@ struct PersistentReplay {
     const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Layout::kWords.offset);
     const float* Ur = reinterpret_cast<const float*>(U + Layout::kKeyRing.offset);  // KDA: decayed keys
 
-    const float beta = stage_beta(W, b, hv);
-
-    // Per-record weights (lane j) and the factors on the checkpoint. GDN: from a warp scan of the
-    // head's scalar log decays; KDA: already folded into the unit's vectors.
-    float wj = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
-    if constexpr (!PerChannelDecay) {
-      const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
-      gm = stage_log_decay(W, b, hv);
-      const int last = flush ? m - 1 : m;
-      const float gj = lane > last ? 0.f : (lane == m ? gm : Sg[lane]);
-      float incl, excl;
-      warp_suffix_sums(gj, lane, &incl, &excl);
-      wj = expf(excl);
-      ck = expf(__shfl_sync(0xffffffffu, incl, 0));
-      fac = flush ? expf(gm) : ck;
+    // Per-record weights (lane j) and the factors on the checkpoint, once per value head (its
+    // tiles follow one another): GDN from a warp scan of the head's scalar log decays; KDA's are
+    // already folded into the unit's vectors.
+    if (hs.hv != hv) {
+      hs.hv = hv;
+      hs.beta = stage_beta(W, b, hv);
+      hs.wj = 1.f;
+      hs.ck = 1.f;
+      hs.fac = 1.f;
+      hs.gm = 0.f;
+      if constexpr (!PerChannelDecay) {
+        const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
+        hs.gm = stage_log_decay(W, b, hv);
+        const int last = flush ? m - 1 : m;
+        const float gj = lane > last ? 0.f : (lane == m ? hs.gm : Sg[lane]);
+        float incl, excl;
+        warp_suffix_sums(gj, lane, &incl, &excl);
+        hs.wj = expf(excl);
+        hs.ck = expf(__shfl_sync(0xffffffffu, incl, 0));
+        hs.fac = flush ? expf(hs.gm) : hs.ck;
+      }
     }
+    const float beta = hs.beta, wj = hs.wj, ck = hs.ck, fac = hs.fac, gm = hs.gm;
 
-    // Ring parts of S~ k^ and S~ q^ for row `lane` of this warp (non-flush).
-    const int rl = warp * kRowsPerWarp + (lane < kRowsPerWarp ? lane : kRowsPerWarp - 1);
+    // Ring parts of S~ k^ and S~ q^ of this warp's row lane % kRowsPerWarp (non-flush): the
+    // records are split over the kSplit lanes that share a row, then summed over them.
+    constexpr int kSplit = 32 % kRowsPerWarp == 0 ? 32 / kRowsPerWarp : 1;
+    const int rl = warp * kRowsPerWarp + (kSplit > 1 ? lane % kRowsPerWarp : min(lane, kRowsPerWarp - 1));
+    const int j0 = kSplit > 1 ? lane / kRowsPerWarp : 0;
     float rk = 0.f, rq = 0.f;
     if (!flush) {
       const float ckk = wj * kk_lane, ckq = wj * kq_lane;
-      for (int j = 0; j < m; ++j) {
-        const float uj = Su[j * kRows + rl];
-        rk = fmaf(__shfl_sync(0xffffffffu, ckk, j), uj, rk);
-        rq = fmaf(__shfl_sync(0xffffffffu, ckq, j), uj, rq);
+      for (int jj = 0; jj < m; jj += kSplit) {
+        const int j = jj + j0;
+        const float ck_j = __shfl_sync(0xffffffffu, ckk, j & 31), cq_j = __shfl_sync(0xffffffffu, ckq, j & 31);
+        if (j < m) {
+          const float uj = Su[j * kRows + rl];
+          rk = fmaf(ck_j, uj, rk);
+          rq = fmaf(cq_j, uj, rq);
+        }
+      }
+#pragma unroll
+      for (int off = kRowsPerWarp; kSplit > 1 && off < 32; off *= 2) {
+        rk += __shfl_xor_sync(0xffffffffu, rk, off);
+        rq += __shfl_xor_sync(0xffffffffu, rq, off);
+      }
+    }
+
+    if constexpr (Layout::kMmaDots) {
+      if (!flush) {  // the warp's 16 rows on tensor cores: row lane % 16 lands in lane
+        const int rw = warp * kRowsPerWarp + lane % kRowsPerWarp;
+        float dot[2];
+        MmaRowDots<ReadElem, K, 2>::dots(
+            S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
+            U + Layout::kKeyRing.offset, lane, dot);
+        float row_scale = 1.f;
+        if constexpr (RC::kScaled)
+          row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
+        const float vl = to_float(Sv[rw]);
+        release();
+        const float f = fac * row_scale;
+        epilogue_rows<kRowsPerWarp>(us, tc, vl, f * (uv.ks * dot[0]), f * (uv.qs * dot[1]), rk, rq, beta, gm,
+                                    kq_current, warp, lane);
+        return;
       }
     }
 
@@ -745,32 +843,52 @@ struct PersistentReplay {
     epilogue<G>(us, tc, 0.f, 0.f, vs, sk, sq, beta, gm, uv.kq_current, warp, lane);
   }
 
-  // Epilogue of a tile of geometry G: u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^); each row's
-  // leader writes o and the appended u (and, with a read copy, v); the head's first tile appends
-  // its scalars. rk, rq: the ring parts of row `lane` of this warp's rows (see tile()).
+  // Epilogue of a tile of geometry G: row l of a warp's rows (l < kRowsPerWarp) gathered into
+  // lane l from its pass and lane group, then epilogue_rows. rk, rq: the ring parts of row
+  // lane % kRowsPerWarp of this warp's rows (see tile()); vs, sk, sq per pass, as every lane of
+  // the pass's row group holds them.
   template <class G>
   __device__ __forceinline__ void epilogue(const UnitState& us, const TileCoords& tc, float rk, float rq,
                                            const float (&vs)[G::kPasses], const float (&sk)[G::kPasses],
                                            const float (&sq)[G::kPasses], float beta, float gm, float kq_current,
                                            int warp, int lane) const {
-    const int64_t b = tc.b, slot = us.slot;
-    const int hv = tc.hv, v0 = tc.v0, pos = us.pos;
-    TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + hv * p.in.out_stride_head + v0;
-    float* uout =
-        p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + v0;
+    const int l = lane % G::kRowsPerWarp;
+    const int src = (l % G::kRowsPerPass) * G::kLanes;  // a lane of row l's group in its pass
+    float vl = 0.f, skl = 0.f, sql = 0.f;
 #pragma unroll
     for (int s = 0; s < G::kPasses; ++s) {
-      const int r = G::row(warp, lane, s);
-      const float rkr = __shfl_sync(0xffffffffu, rk, r - warp * G::kRowsPerWarp);
-      const float rqr = __shfl_sync(0xffffffffu, rq, r - warp * G::kRowsPerWarp);
-      if (G::row_leader(lane)) {
-        const float uu = beta * (vs[s] - (sk[s] + rkr));
-        out[r] = from_float<TI>(fmaf(uu, kq_current, sq[s] + rqr));
-        uout[r] = uu;
-        if constexpr (RC::kTwoCopy)  // the value as given (an exact copy of the io-dtype input)
-          static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head +
-                                     static_cast<int64_t>(pos) * V + v0 + r] = from_float<TI>(vs[s]);
+      const float x = __shfl_sync(0xffffffffu, vs[s], src);
+      const float y = __shfl_sync(0xffffffffu, sk[s], src);
+      const float z = __shfl_sync(0xffffffffu, sq[s], src);
+      if (l / G::kRowsPerPass == s) {
+        vl = x;
+        skl = y;
+        sql = z;
       }
+    }
+    epilogue_rows<G::kRowsPerWarp>(us, tc, vl, skl, sql, rk, rq, beta, gm, kq_current, warp, lane);
+  }
+
+  // u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^) of row l = lane of this warp's kRowsPerWarp
+  // rows (lanes l < kRowsPerWarp: its v, checkpoint parts S k^, S q^ and ring parts): one
+  // coalesced store of o, of the appended u (and, with a read copy, of v) per warp. The head's
+  // first tile appends its scalars.
+  template <int kRowsPerWarp>
+  __device__ __forceinline__ void epilogue_rows(const UnitState& us, const TileCoords& tc, float vl, float skl,
+                                                float sql, float rk, float rq, float beta, float gm, float kq_current,
+                                                int warp, int lane) const {
+    const int64_t b = tc.b, slot = us.slot;
+    const int hv = tc.hv, v0 = tc.v0, pos = us.pos;
+    if (lane < kRowsPerWarp) {
+      const int r = v0 + warp * kRowsPerWarp + lane;
+      const float uu = beta * (vl - (skl + rk));
+      TI* out = static_cast<TI*>(p.in.out) + b * p.in.out_stride_batch + hv * p.in.out_stride_head;
+      out[r] = from_float<TI>(fmaf(uu, kq_current, sql + rq));
+      p.ring.u[slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head + static_cast<int64_t>(pos) * V + r] = uu;
+      if constexpr (RC::kTwoCopy)  // the value as given (an exact copy of the io-dtype input)
+        static_cast<TI*>(
+            p.ring.v)[slot * p.ring.v_stride_slot + hv * p.ring.v_stride_head + static_cast<int64_t>(pos) * V + r] =
+            from_float<TI>(vl);
     }
     if (v0 == 0 && warp == 0 && lane == 0) {
       if constexpr (!PerChannelDecay) p.ring.g[slot * p.ring.g_stride_slot + hv * p.ring.g_stride_head + pos] = gm;
