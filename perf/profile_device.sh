@@ -2,7 +2,8 @@
 # One device call that profiles instead of testing: the bandwidth ceilings (perf/bandwidth_probe.cu)
 # and Nsight Compute on one non-flush step and one flush step of a replay decode configuration.
 #   bash perf/profile_device.sh [profile_step.py args, e.g. --family mamba2 --batch 256 --format fp32+fp8]
-# Writes under $OUT: bandwidth.txt, ncu_<family>_<format>.txt (details, stall reasons and SASS source counters of four launches); BANDWIDTH=0 skips the probe.
+# Writes under $OUT: bandwidth.txt, ncu_<family>_<format>.txt (details, stall reasons and SASS source counters of four launches)
+# and ncu_<tag>_breakdown.txt (perf/sass_breakdown.py of the first kernel: per opcode, execution count and block); BANDWIDTH=0 skips the probe.
 set -uo pipefail
 OUT=${OUT:-/tmp/replayssm_out}
 mkdir -p "$OUT"
@@ -20,5 +21,6 @@ ncu --clock-control none -k regex:replay_decode --launch-skip 29 --launch-count 
 ncu --import "$OUT/ncu_$tag.ncu-rep" --page details > "$OUT/ncu_${tag}.txt" 2>&1
 ncu --import "$OUT/ncu_$tag.ncu-rep" --page raw | grep -E "issue_stalled.*per_warp_active|warps_issue_stalled_[a-z_]*_per_issue_active|inst_executed.sum |dram__bytes_(read|write).sum " > "$OUT/ncu_${tag}_stalls.txt" 2>&1
 ncu --import "$OUT/ncu_$tag.ncu-rep" --page source --print-source sass --csv > "$OUT/ncu_${tag}_sass.csv" 2>&1
+python3 perf/sass_breakdown.py "$OUT/ncu_${tag}_sass.csv" > "$OUT/ncu_${tag}_breakdown.txt" 2>&1  # per opcode, count, block
 tail -3 "$OUT/ncu_${tag}_run.log"
 grep -E "Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Issue Slots Busy|No Eligible|Warp Cycles Per Issued" "$OUT/ncu_${tag}.txt"
