@@ -27,15 +27,22 @@
     }                                                                                 \
   } while (0)
 
+// The grid-stride walk of both kernels: thread i starts at its global index and takes U vectors
+// a grid apart per step; vector u of the step at i.
+__device__ __forceinline__ size_t first_vector() { return static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x; }
+__device__ __forceinline__ size_t vector_at(size_t i, int u) {
+  return i + static_cast<size_t>(u) * gridDim.x * blockDim.x;
+}
+
 template <int U>
 __global__ void read_kernel(const uint4* __restrict__ a, size_t n, unsigned* sink) {
   unsigned acc = 0;
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
-  for (size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x); i < n; i += stride) {
+  for (size_t i = first_vector(); i < n; i += stride) {
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const size_t k = i + static_cast<size_t>(u) * gridDim.x * blockDim.x;
+      const size_t k = vector_at(i, u);
       v[u] = k < n ? a[k] : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
@@ -48,16 +55,16 @@ __global__ void read_kernel(const uint4* __restrict__ a, size_t n, unsigned* sin
 template <int U, bool kCopy, bool kThird>
 __global__ void rw_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, unsigned* __restrict__ c, size_t n) {
   const size_t stride = static_cast<size_t>(gridDim.x) * blockDim.x * U;
-  for (size_t i = (static_cast<size_t>(blockIdx.x) * blockDim.x + threadIdx.x); i < n; i += stride) {
+  for (size_t i = first_vector(); i < n; i += stride) {
     uint4 v[U];
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const size_t k = i + static_cast<size_t>(u) * gridDim.x * blockDim.x;
+      const size_t k = vector_at(i, u);
       v[u] = kCopy && k < n ? a[k] : make_uint4(static_cast<unsigned>(k), 1, 2, 3);
     }
 #pragma unroll
     for (int u = 0; u < U; ++u) {
-      const size_t k = i + static_cast<size_t>(u) * gridDim.x * blockDim.x;
+      const size_t k = vector_at(i, u);
       if (k < n) {
         b[k] = v[u];
         if (kThird) c[k] = v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;

@@ -42,22 +42,12 @@ STUDY_MODES = (
 )
 
 
-def _wrapper_keywords(m) -> dict:
-    """A table entry as the decode wrappers' keywords: the algorithm, the checkpoint dtype, the
-    read copy as a torch dtype (``"nvfp4"``, which torch has no dtype for, by name), and the
-    switches that are on. ``replayssm.supported`` refuses what the library cannot build yet."""
-    kw: dict = dict(algorithm="conventional" if m.conventional else "replay", state_dtype=m.state_dtype)
-    if m.read_dtype is not None:
-        kw["read_dtype"] = getattr(torch, m.read_dtype) if hasattr(torch, m.read_dtype) else m.read_dtype
-    if m.single_copy:
-        kw["single_copy"] = True
-    if m.stochastic_rounding:
-        kw["stochastic_rounding"] = True
-    return kw
-
-
-#: mode -> wrapper keywords
-MODES: dict[str, dict] = {name: _wrapper_keywords(_TABLE[name]) for name in STUDY_MODES}
+#: mode -> the decode wrappers' keywords (the library takes the read copy by name; it refuses
+#: what it cannot build yet, e.g. "nvfp4", with the reason replayssm.supported gives)
+MODES: dict[str, dict] = {
+    name: dict(algorithm="conventional" if _TABLE[name].conventional else "replay", **_TABLE[name].wrapper_kwargs())
+    for name in STUDY_MODES
+}
 
 #: Bytes of state per element each mode keeps (checkpoint + read copy; scales and rings not counted).
 STATE_BYTES = {name: _TABLE[name].state_bytes_per_element for name in STUDY_MODES}

@@ -46,10 +46,9 @@ struct ReplayDecode {
   static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32;
 
   // Work units of the persistent kernel: a row's key head with its HV / HK value heads (GDN), or
-  // one value head (KDA: delta_value_head_units).
-  static constexpr bool kValueHeadUnits = delta_value_head_units<PerChannelDecay, RC>();
+  // one value head (KDA).
   static int64_t units(int64_t batch, int num_v_heads, int num_k_heads) {
-    return batch * (kValueHeadUnits ? num_v_heads : num_k_heads);
+    return batch * (PerChannelDecay ? num_v_heads : num_k_heads);
   }
 
   static int plan(PlanQuery q, Schedule* s) {
@@ -86,7 +85,7 @@ struct ReplayDecode {
     int32_t ctas = 0;
     s->fallback = persistent_fallback(q.limits, f, &ctas);
     if (s->fallback == kFallbackNone) {
-      s->main = persistent_launch(rows, kValueHeadUnits ? 1 : q.heads / q.groups, n_units, q.limits, f, ctas);
+      s->main = persistent_launch(rows, PerChannelDecay ? 1 : q.heads / q.groups, n_units, q.limits, f, ctas);
       if (s->main.units < 0) return kPlanBadQuery;
     }
     return 0;

@@ -2,7 +2,7 @@
 // its header) on the skeleton of common/persistent.cuh.
 //
 // Work unit: GDN, one (batch row, key head) with its HV/HK value heads; KDA (per-channel decay),
-// one (batch row, value head) (delta_value_head_units). The unit buffer holds the key head's normalised q^, k^ inputs and
+// one (batch row, value head). The unit buffer holds the key head's normalised q^, k^ inputs and
 // its live key ring; the consumers compute once per unit what every tile of the unit needs:
 //   GDN: k_j . k^ and k_j . q^ (the per-head scalar decays are applied per tile: a warp scan);
 //   KDA: the decayed keys kd_j, the per-channel factors col, kt, qt and kd_j . k^, kd_j . q^.
@@ -50,13 +50,6 @@ namespace gdn {
 template <class RC, int ROWS>
 constexpr int delta_flush_rows() {
   return RC::kTwoCopy && ROWS > 16 ? 16 : ROWS;
-}
-
-// Whether a work unit is one value head (KDA) rather than a key head with its HV / HK value heads
-// (GDN: they share q, k and the key ring).
-template <bool PerChannelDecay, class RC>
-constexpr bool delta_value_head_units() {
-  return PerChannelDecay;
 }
 
 template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
@@ -156,8 +149,6 @@ struct PersistentReplay {
   static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
 
-  static constexpr bool kValueHeadUnits = delta_value_head_units<PerChannelDecay, RC>();
-
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
   int heads_per_unit;  // value heads per unit
@@ -167,8 +158,8 @@ struct PersistentReplay {
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
       : p(params),
         pipe(smem),
-        heads_per_unit(kValueHeadUnits ? 1 : params.num_v_heads / params.num_k_heads),
-        units_per_row(kValueHeadUnits ? params.num_v_heads : params.num_k_heads),
+        heads_per_unit(PerChannelDecay ? 1 : params.num_v_heads / params.num_k_heads),
+        units_per_row(PerChannelDecay ? params.num_v_heads : params.num_k_heads),
         units(static_cast<int64_t>(params.batch) * units_per_row) {}
 
   __device__ int first_head(int64_t u) const { return static_cast<int>(u % units_per_row) * heads_per_unit; }
@@ -499,7 +490,7 @@ struct PersistentReplay {
       // value head is the first of its key head) and, for KDA, the value head's decays.
       const int hv0 = first_head(u), hk = key_head(hv0);
       const TI* Uk = reinterpret_cast<const TI*>(U + Layout::kK.offset);
-      if (!kValueHeadUnits || hv0 % (p.num_v_heads / p.num_k_heads) == 0) {
+      if (!PerChannelDecay || hv0 % (p.num_v_heads / p.num_k_heads) == 0) {
         float ksq = 0.f;
         for (int c = lane; c < K; c += 32) ksq = fmaf(to_float(Uk[c]), to_float(Uk[c]), ksq);
         ksq = group_sum<32>(ksq);
@@ -591,12 +582,7 @@ struct PersistentReplay {
     // tiles follow one another): GDN from a warp scan of the head's scalar log decays; KDA's are
     // already folded into the unit's vectors.
     if (hs.hv != hv) {
-      hs.hv = hv;
-      hs.beta = stage_beta(W, b, hv);
-      hs.wj = 1.f;
-      hs.ck = 1.f;
-      hs.fac = 1.f;
-      hs.gm = 0.f;
+      hs = HeadScalars{hv, stage_beta(W, b, hv)};  // KDA: weights and factors 1
       if constexpr (!PerChannelDecay) {
         const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
         hs.gm = stage_log_decay(W, b, hv);
