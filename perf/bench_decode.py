@@ -194,7 +194,7 @@ READ_DTYPES = sorted({m.read_dtype for m in FORMATS.values() if m.read_dtype is 
 
 def plain_format(args, read_dtype=None) -> StateFormat:
     """The --state-dtype checkpoint, with ``read_dtype`` (the --read-dtypes spelling)."""
-    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8"}
+    short = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16", "float8_e4m3fn": "fp8", "nvfp4": "nvfp4"}
     name = short[str(args.state_dtype).removeprefix("torch.")] + (f"+{short[read_dtype]}" if read_dtype else "")
     return StateFormat(name, args.state_dtype, read_dtype)
 

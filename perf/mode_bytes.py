@@ -17,7 +17,8 @@ Stochastic rounding moves no bytes of its own: those rows equal their to-nearest
 
 Read formats, per row (Mamba-2 (h, p) over N; GDN/KDA (hv, v) over K): bf16 2 bytes per element;
 fp8 e4m3 1 byte plus an fp32 row scale; NVFP4 half a byte (e2m1 codes two per byte) plus an e4m3
-scale per 16 elements and an fp32 row scale (replayssm/reference/quant.py).
+scale per 16 elements and an fp32 row scale: a packed row of N * 9 / 16 bytes beside its scale, as
+the cache keeps it (replayssm.cache.read_copy_layout, replayssm/reference/quant.py).
 
 Bytes per step are the fewest a step must move, as a mean over a window of L steps:
 * conventional: the state twice (read, write) plus the step's inputs and outputs;
@@ -107,7 +108,7 @@ MODES = {
         Mode("fp32"),
         Mode("fp32+bf16", read_dtype="bfloat16"),
         Mode("fp32+fp8", read_dtype=_FP8),
-        Mode("fp32+nvfp4", read_dtype="nvfp4", built=False),
+        Mode("fp32+nvfp4", read_dtype="nvfp4"),
         Mode("bf16", _BF16),
         Mode("bf16sr", _BF16, stochastic_rounding=True),
         Mode("bf16+fp8", _BF16, _FP8),

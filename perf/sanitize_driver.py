@@ -1,7 +1,7 @@
 """A small workload for compute-sanitizer: every kernel kind of every family, once or twice each.
 
 Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also
-with an fp8 and a bf16 read copy), with one row five steps ahead of the others so that some
+with an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the others so that some
 steps flush a part of the batch, a conventional step, a replay verify with a chain
 commit and a tree verify with a path commit (the flush fused into the verify included), and a
 conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in seconds.
@@ -77,8 +77,8 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
     configs += [
         (f"{kind} read {fmt}", "replay", {"persistent": kind == "persistent", "read_dtype": fmt})
         for kind in ("tile", "persistent")
-        for fmt in ("float8_e4m3fn", "bfloat16")
-    ]  # the read copies: both kernels, both formats
+        for fmt in ("float8_e4m3fn", "bfloat16", "nvfp4")
+    ]  # the read copies: both kernels, every format
     for label, algorithm, kw in configs:
         w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
         cache = w.create_cache(num_slots, max_draft=T)

@@ -17,7 +17,13 @@ from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2_ops
 from .ops.generators import read_format_name
 from .ops.validate import check_tensor, per_head_stride
-from .reference.quant import dequantize_fp8_e4m3_rows, quantize_fp8_e4m3_rows
+from .reference.quant import (
+    dequantize_fp8_e4m3_rows,
+    nvfp4_row_bytes,
+    pack_nvfp4_rows,
+    quantize_fp8_e4m3_rows,
+    unpack_nvfp4_rows,
+)
 
 if TYPE_CHECKING:
     from .swap import HostReplayState
@@ -37,6 +43,30 @@ assert set(ERROR_BITS) == set(_BITS.values()), "describe every kErr* bit of cons
 _CURSOR_NAMES = ("ring_start", "ring_len", "ring_done", "ring_draft")  # per-slot int32 (ReplayCache.cursors)
 _STATE_NAMES = ("checkpoint", "read_copy", "read_scale", "flush_count")  # per-slot state buffers (None: absent)
 _COUNTER_NAMES = ("error_flag", "work_counter")  # per-cache int32
+
+
+def read_copy_layout(read_dtype, state_shape: tuple[int, ...]) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """The read copy's buffers for a state of ``state_shape`` ([heads, rows, cols] after the slot
+    dim): {'read_copy': (shape, dtype), 'read_scale': (shape, dtype)}, the scales only for the
+    formats that have them; {} without a read copy (read_dtype None).
+
+        bfloat16       read_copy  [heads, rows, cols]            bfloat16  bf16(row)
+        float8_e4m3fn  read_copy  [heads, rows, cols]            float8_e4m3fn  e4m3(row / s)
+                       read_scale [heads, rows]                  float32   s = amax|row| / 448
+        nvfp4          read_copy  [heads, rows, cols * 9 // 16]  uint8     per row: cols / 2 bytes
+                                  of e2m1 codes (two per byte, element 2i in the low nibble) and
+                                  cols / 16 e4m3 block scales (replayssm.reference.quant.pack_nvfp4_rows)
+                       read_scale [heads, rows]                  float32   r = amax|row| / (448 * 6)
+    """
+    read = read_format_name(read_dtype)
+    *rows, cols = state_shape
+    if read is None:
+        return {}
+    if read == "bfloat16":
+        return {"read_copy": (tuple(state_shape), torch.bfloat16)}
+    if read == "float8_e4m3fn":
+        return {"read_copy": (tuple(state_shape), torch.float8_e4m3fn), "read_scale": (tuple(rows), torch.float32)}
+    return {"read_copy": ((*rows, nvfp4_row_bytes(cols)), torch.uint8), "read_scale": (tuple(rows), torch.float32)}
 
 
 def work_counter_words(num_slots: int) -> int:
@@ -94,8 +124,10 @@ class ReplayCache:
                                         two arrays of per-slot flush hints that order the next
                                         launch's units (include/replayssm/common/row_order.cuh)
         read_copy   [num_slots, heads, rows, cols]  read dtype  low-precision copy S_lp of the
-                                        checkpoint that non-flush steps read (None without one)
-        read_scale  [num_slots, heads, rows]  float32  S_lp's per-row scales (fp8; else None)
+                                        checkpoint that non-flush steps read (None without one);
+                                        nvfp4: [num_slots, heads, rows, cols * 9 // 16] uint8, the
+                                        packed codes and block scales of each row (read_copy_layout)
+        read_scale  [num_slots, heads, rows]  float32  S_lp's per-row scales (fp8, nvfp4; else None)
         flush_count [num_slots] int32   flushes of each slot since its load/reset (stochastic
                                         rounding only, else None): what the flush's random bits hash
     Rings hold R = window + max_draft records per slot. The kernels advance the cursors, so a
@@ -105,8 +137,10 @@ class ReplayCache:
     else raises at construction, after the other arguments are checked (see replayssm.devices).
     num_slots: positive int; max_draft: int in [1, 16]. read_dtype: None, or the read copy's
     format ('float8_e4m3fn': codes = e4m3(row / s) with s = amax|row| / 448 per row; 'bfloat16':
-    codes = bf16(row)), as replayssm.reference.quant defines them; the kernels keep it equal to
-    the format applied to the checkpoint (each flush re-encodes it), and so do reset and load_state.
+    codes = bf16(row); 'nvfp4': e2m1 codes with an e4m3 scale per block of 16 and an fp32 scale
+    per row, packed (read_copy_layout)), as replayssm.reference.quant defines them; the kernels
+    keep it equal to the format applied to the checkpoint (each flush re-encodes it), and so do
+    reset and load_state. ``read_copy_values`` gives its dequantised values.
     single_copy: the fp8 read copy is the only state (no checkpoint; every step reads it and a flush
     folds into it and re-encodes it). stochastic_rounding: flushes round what they store (a bf16
     checkpoint, or the single fp8 copy) stochastically, with random bits hashed from (slot, the
@@ -152,10 +186,8 @@ class ReplayCache:
         self.work_counter = torch.zeros(work_counter_words(num_slots), dtype=torch.int32, device=dev)
         self.read_copy: torch.Tensor | None = None
         self.read_scale: torch.Tensor | None = None
-        if self.read_dtype is not None:
-            self.read_copy = torch.zeros((num_slots, *state_shape), dtype=getattr(torch, self.read_dtype), device=dev)
-            if self.read_dtype == "float8_e4m3fn":
-                self.read_scale = torch.zeros((num_slots, *state_shape[:-1]), dtype=torch.float32, device=dev)
+        for name, (shape, dtype) in read_copy_layout(self.read_dtype, state_shape).items():
+            setattr(self, name, torch.zeros((num_slots, *shape), dtype=dtype, device=dev))
         self.flush_count: torch.Tensor | None = None
         if stochastic_rounding:
             self.flush_count = torch.zeros(num_slots, dtype=torch.int32, device=dev)
@@ -288,14 +320,37 @@ class ReplayCache:
         """checkpoint_values for slot ids ``s`` already checked (int64 [n] on the device)."""
         if self.checkpoint is not None:
             return self.checkpoint[s].float()
-        assert self.read_copy is not None and self.read_scale is not None
-        return dequantize_fp8_e4m3_rows(self.read_copy[s], self.read_scale[s][..., None])
+        return self._read_copy_values(s)
+
+    def read_copy_values(self, slots) -> torch.Tensor:
+        """What non-flush steps read of ``slots``: the read copy's dequantised values as float32
+        [len(slots), heads, rows, cols], in any read format (fp8: codes times row scales; bf16:
+        the copy itself; nvfp4: the unpacked codes times block and row scales). Nothing is
+        modified. ValueError when the cache keeps no read copy (read_dtype None)."""
+        if self.read_copy is None:
+            raise ValueError("read_copy_values(): the cache keeps no read copy (read_dtype=None)")
+        return self._read_copy_values(_as_slots("slots", slots, self.num_slots, self.device))
+
+    def _read_copy_values(self, s: torch.Tensor) -> torch.Tensor:
+        """read_copy_values for slot ids ``s`` already checked (int64 [n] on the device)."""
+        assert self.read_copy is not None
+        if self.read_dtype == "nvfp4":
+            assert self.read_scale is not None
+            return unpack_nvfp4_rows(self.read_copy[s], self.read_scale[s])
+        if self.read_dtype == "float8_e4m3fn":
+            assert self.read_scale is not None
+            return dequantize_fp8_e4m3_rows(self.read_copy[s], self.read_scale[s][..., None])
+        return self.read_copy[s].float()
 
     def _encode_read_copy(self, s: torch.Tensor, S: torch.Tensor) -> None:
         """Encode the read copy of slots ``s`` from float32 values ``S`` [len(s), *state_shape]."""
         if self.read_copy is None:
             return
-        if self.read_scale is not None:
+        if self.read_dtype == "nvfp4":
+            assert self.read_scale is not None
+            self.read_copy[s], self.read_scale[s] = pack_nvfp4_rows(S)
+        elif self.read_dtype == "float8_e4m3fn":
+            assert self.read_scale is not None
             codes, scale = quantize_fp8_e4m3_rows(S)
             self.read_copy[s] = codes
             self.read_scale[s] = scale.squeeze(-1)
@@ -362,14 +417,16 @@ class Mamba2Cache(ReplayCache):
         dt_ring     [num_slots, H, R]     float32    processed dt (after bias and softplus)
         A           [H]                   float32    the layer's A, or None (see below)
         read_copy   [num_slots, H, P, N]  read_dtype  (read_dtype given) S_lp, one row = (h, p)
-        read_scale  [num_slots, H, P]     float32    (read_dtype float8_e4m3fn) S_lp's row scales
+                                      (nvfp4: [num_slots, H, P, N * 9 // 16] uint8, packed rows)
+        read_scale  [num_slots, H, P]     float32    (read_dtype float8_e4m3fn or nvfp4) S_lp's row scales
 
-    read_dtype: None, torch.float8_e4m3fn (N >= 128) or torch.bfloat16 (or their names): a
-    low-precision read copy of the checkpoint that non-flush replay steps read (see ReplayCache):
-    fp8 or bf16 beside a float32 checkpoint, fp8 beside a 16-bit one. single_copy (with fp8): the
-    copy is the only state (``checkpoint`` is None). stochastic_rounding: flushes round a bf16
-    checkpoint or the single copy stochastically (``flush_count`` kept). Only the replay decode
-    step serves such caches so far.
+    read_dtype: None, torch.float8_e4m3fn (N >= 128), 'nvfp4' (N % 128 == 0) or torch.bfloat16
+    (or their names): a low-precision read copy of the checkpoint that non-flush replay steps read
+    (see ReplayCache): fp8, nvfp4 or bf16 beside a float32 checkpoint, fp8 or nvfp4 beside a
+    16-bit one. single_copy (with fp8): the copy is the only state (``checkpoint`` is None).
+    stochastic_rounding: flushes round a bf16 checkpoint (alone or beside an fp8 or nvfp4 copy)
+    or the single copy stochastically (``flush_count`` kept). Only the replay decode step serves
+    such caches so far.
 
     The ring keeps dt, not dt * A, so folding pending records (``materialize``) needs the layer's
     A. The cache keeps it explicitly: pass ``A=`` here (or to the wrapper's ``create_cache``) or
@@ -491,20 +548,22 @@ class GDNCache(ReplayCache):
         k_ring      [num_slots, HK, R, K]  float32   normalised keys (shared by a key head's value heads)
         g_ring      [num_slots, HV, R]     float32   log decays
         read_copy   [num_slots, HV, V, K]  read_dtype  (read_dtype given) S_lp, one row = (hv, v) over K
-        read_scale  [num_slots, HV, V]     float32    (read_dtype float8_e4m3fn) S_lp's row scales
+                                       (nvfp4: [num_slots, HV, V, K * 9 // 16] uint8, packed rows)
+        read_scale  [num_slots, HV, V]     float32    (read_dtype float8_e4m3fn or nvfp4) S_lp's row scales
         v_ring      [num_slots, HV, R, V]  io_dtype   (read_dtype given, two copies) values v as given
         beta_ring   [num_slots, HV, R]     float32    (read_dtype given, two copies) gates beta
     The ring is fp32 so that replay reproduces the fp32 recurrence: u depends on the state, and a
     16-bit u or k^ would add a rounding error the conventional kernel does not make.
 
-    read_dtype: None, torch.float8_e4m3fn (K >= 128) or torch.bfloat16 (or their names): a
-    low-precision read copy of the float32 checkpoint that non-flush replay steps read (see
-    ReplayCache). Their u, computed from the copy, are approximate; each flush recomputes the
-    window's u exactly from the checkpoint and the ring's v and beta before folding, and so does
-    ``materialize``. fp8 may also sit beside a 16-bit checkpoint. single_copy (with fp8): the copy
-    is the only state (``checkpoint`` is None; the ring's u are exact for it, no v and beta).
-    stochastic_rounding: flushes round a bf16 checkpoint or the single copy stochastically
-    (``flush_count`` kept). Only the replay decode step serves such caches so far.
+    read_dtype: None, torch.float8_e4m3fn (K >= 128), 'nvfp4' (K % 128 == 0) or torch.bfloat16
+    (or their names): a low-precision read copy of the float32 checkpoint that non-flush replay
+    steps read (see ReplayCache). Their u, computed from the copy, are approximate; each flush
+    recomputes the window's u exactly from the checkpoint and the ring's v and beta before
+    folding, and so does ``materialize``. fp8 and nvfp4 may also sit beside a 16-bit checkpoint.
+    single_copy (with fp8): the copy is the only state (``checkpoint`` is None; the ring's u are
+    exact for it, no v and beta). stochastic_rounding: flushes round a bf16 checkpoint (alone or
+    beside an fp8 or nvfp4 copy) or the single copy stochastically (``flush_count`` kept). Only
+    the replay decode step serves such caches so far.
     """
 
     descriptor = FAMILIES["gdn"]

@@ -105,10 +105,11 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), dt_softplus; gdn and kda keys:
     num_v_heads, num_k_heads, head_k_dim, head_v_dim (required), use_l2norm, scale; all families:
     window (16), state_dtype (float32), io_dtype (bfloat16) (dtypes as torch.dtype or name),
-    read_dtype (None; torch.float8_e4m3fn or torch.bfloat16, a read copy of a float32 checkpoint
-    for the replay algorithm, or fp8 beside a 16-bit one), single_copy (False; with fp8: the copy
-    is the only state), stochastic_rounding (False; flushes round a bfloat16 checkpoint or the
-    single copy stochastically),
+    read_dtype (None; torch.float8_e4m3fn, 'nvfp4' or torch.bfloat16, a read copy of a float32
+    checkpoint for the replay algorithm, or fp8 or nvfp4 beside a 16-bit one; nvfp4 needs state
+    rows of a multiple of 128), single_copy (False; with fp8: the copy is the only state),
+    stochastic_rounding (False; flushes round a bfloat16 checkpoint, alone or beside an fp8 or
+    nvfp4 copy, or the single copy stochastically),
     max_batch, algorithm, pad_slot_id, rows_per_cta, persistent, debug, device (checked only when
     given: a visible CUDA device of compute capability 8.0 or newer), arch (checked only when
     given: the arch to plan for, e.g. '8.0', '8.9', '9.0a', '10.0a'; sm_80 or newer, where every

@@ -27,8 +27,9 @@ rings a GDN/KDA read copy beside a checkpoint adds, without one.)
 objects), which names the wrapper whose plan (slots, drafts, schedule, module) the op launches;
 ``plan`` is that plan's key (``w._plan_key``: batch, draft count, tree, per-row counts), which the
 op checks is still the wrapper's (a constant of the graph, so dynamo retraces when it changes). The
-cache travels as its tensors (shapes and dtypes as in ``replayssm.cache``), so the op writes the
-tensors it is given even where torch.compile hands it copies. The output is allocated in the
+cache travels as its tensors (shapes and dtypes as in ``replayssm.cache``; an nvfp4 read copy as
+its packed uint8 rows, ``replayssm.cache.read_copy_layout``), so the op writes the tensors it is
+given even where torch.compile hands it copies. The output is allocated in the
 traced graph when ``out`` is None and always reaches the op as the mutated ``out``.
 
 The fake (meta) implementations check at trace time what eager ``run``/``commit`` check: the plan
@@ -57,7 +58,7 @@ from collections.abc import Callable, Iterator
 import torch
 from torch import Tensor
 
-from .cache import ReplayCache, work_counter_words
+from .cache import ReplayCache, read_copy_layout, work_counter_words
 from .ops.abi import SlotArg
 from .ops.validate import check_tensor
 from .wrappers import wrapper_for
@@ -206,10 +207,9 @@ def _check_state(w, cache: ReplayCache, names: tuple[str, ...]) -> None:
         expect["checkpoint"] = (state, w.state_dtype)
     if w.stochastic_rounding:
         expect["flush_count"] = ((n,), i32)
-    if w.read_dtype is not None:
-        expect["read_copy"] = (state, getattr(torch, w.read_dtype))
-    if w.read_dtype == "float8_e4m3fn":
-        expect["read_scale"] = (state[:-1], torch.float32)
+    expect.update(
+        {name: ((n, *shape), dtype) for name, (shape, dtype) in read_copy_layout(w.read_dtype, state[1:]).items()}
+    )
     for name in names:
         t = getattr(cache, name, None)
         if name in expect:

@@ -405,16 +405,18 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     forces it (a specialization whose persistent buffers do not fit the device runs the tile
     kernel, with ``w.schedule.fallback`` saying why); ``rows_per_cta``: None or an int tile of P.
     ``read_dtype``: None, or a low-precision read copy of the float32 checkpoint that non-flush
-    steps read (torch.float8_e4m3fn with one fp32 scale per (h, p) row, N >= 128; or
-    torch.bfloat16); each flush reads the checkpoint, folds, and writes both. An fp8 copy may also
-    sit beside a bf16/fp16 checkpoint. ``single_copy=True`` (with fp8): the copy is the only state,
-    read every step and re-encoded at each flush (the single 8-bit state engines ship; no
-    checkpoint). ``stochastic_rounding=True``: flushes round what they store stochastically (a
-    bf16 checkpoint, alone or beside an fp8 copy, or the single copy), with random bits hashed from
-    the slot, its flush count and the element (reproducible; replayssm.reference.stochastic). The
-    format selects the binary (names end in ``_read_fp8``, ``_read_bf16``, ``_single``, ``_sr``);
-    replay standard decode only so far (a verify plan raises ValueError). ``create_cache``
-    allocates the copy (and the flush counts).
+    steps read (torch.float8_e4m3fn with one fp32 scale per (h, p) row, N >= 128; the string
+    'nvfp4': e2m1 codes packed two per byte with an e4m3 scale per 16 values and an fp32 scale
+    per row, N % 128 == 0 (replayssm.cache.read_copy_layout); or torch.bfloat16); each flush reads
+    the checkpoint, folds, and writes both. An fp8 or nvfp4 copy may also sit beside a bf16/fp16
+    checkpoint. ``single_copy=True`` (with fp8): the copy is the only state, read every step and
+    re-encoded at each flush (the single 8-bit state engines ship; no checkpoint).
+    ``stochastic_rounding=True``: flushes round what they store stochastically (a bf16
+    checkpoint, alone or beside an fp8 or nvfp4 copy, or the single copy), with random bits hashed
+    from the slot, its flush count and the element (reproducible; replayssm.reference.stochastic).
+    The format selects the binary (names end in ``_read_fp8``, ``_read_nvfp4``, ``_read_bf16``,
+    ``_single``, ``_sr``); replay standard decode only so far (a verify plan raises ValueError).
+    ``create_cache`` allocates the copy (and the flush counts).
     ``pdl``: launch the replay step as a programmatic dependent launch (sm_90+, the tile kernel:
     ``w.schedule.pdl`` says whether the plan does), so it starts and loads its cache data while
     the kernel before it on the stream finishes. Only valid when that kernel does not write this
@@ -554,16 +556,18 @@ class GDNDecodeWrapper(_DecodeWrapper):
     GDN, batch x HV for KDA), True/False forces it (``w.schedule.fallback`` reports a persistent
     request the device cannot serve); ``rows_per_cta``: None or an int tile of V.
     ``read_dtype``: None, or a low-precision read copy of the float32 checkpoint that non-flush
-    steps read (torch.float8_e4m3fn with one fp32 scale per (hv, v) row, K >= 128; or
-    torch.bfloat16). A non-flush step's corrections u then come from the copy; each flush reads the
-    fp32 checkpoint, recomputes the window's u exactly from it (the ring also keeps v and beta),
-    folds, and writes both, so the checkpoint follows the exact recurrence. An fp8 copy may also sit
-    beside a bf16/fp16 checkpoint. ``single_copy=True`` (with fp8): the copy is the only state (its
-    u are exact for it; no checkpoint, no v and beta kept). ``stochastic_rounding=True``: flushes
-    round a bf16 checkpoint (alone or beside an fp8 copy) or the single copy stochastically (see
+    steps read (torch.float8_e4m3fn with one fp32 scale per (hv, v) row, K >= 128; the string
+    'nvfp4': packed e2m1 codes with an e4m3 scale per 16 values and an fp32 scale per row,
+    K % 128 == 0 (replayssm.cache.read_copy_layout); or torch.bfloat16). A non-flush step's
+    corrections u then come from the copy; each flush reads the fp32 checkpoint, recomputes the
+    window's u exactly from it (the ring also keeps v and beta), folds, and writes both, so the
+    checkpoint follows the exact recurrence. An fp8 or nvfp4 copy may also sit beside a bf16/fp16
+    checkpoint. ``single_copy=True`` (with fp8): the copy is the only state (its u are exact for
+    it; no checkpoint, no v and beta kept). ``stochastic_rounding=True``: flushes round a bf16
+    checkpoint (alone or beside an fp8 or nvfp4 copy) or the single copy stochastically (see
     Mamba2DecodeWrapper). The format selects the binary (names end in ``_read_fp8``,
-    ``_read_bf16``, ``_single``, ``_sr``); replay standard decode only so far (a verify plan raises
-    ValueError). ``create_cache`` allocates the copy and the extra ring arrays.
+    ``_read_nvfp4``, ``_read_bf16``, ``_single``, ``_sr``); replay standard decode only so far (a
+    verify plan raises ValueError). ``create_cache`` allocates the copy and the extra ring arrays.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 

@@ -42,8 +42,8 @@ STUDY_MODES = (
 )
 
 
-#: mode -> the decode wrappers' keywords (the library takes the read copy by name; it refuses
-#: what it cannot build yet, e.g. "nvfp4", with the reason replayssm.supported gives)
+#: mode -> the decode wrappers' keywords (the library takes the read copy by name, "nvfp4"
+#: included; it refuses what it cannot build, with the reason replayssm.supported gives)
 MODES: dict[str, dict] = {
     name: dict(algorithm="conventional" if _TABLE[name].conventional else "replay", **_TABLE[name].wrapper_kwargs())
     for name in STUDY_MODES
@@ -239,8 +239,10 @@ class StackedBackend:
         return torch.cat([be.mamba2(layer, *p, A, D, dt_bias) for be, p in zip(self.backends, parts)])
 
 
-#: Modes the library lacks, emulated on kernels it has (EmulatedBackend): the mode whose kernels
-#: run, and what is done to the cache's buffers at each load and after each flush.
+#: Modes the library lacked, emulated on kernels it has (EmulatedBackend; evaluate.py uses an
+#: emulation only where replayssm.supported says no, so those the library has gained run on their
+#: own kernels): the mode whose kernels run, and what is done to the cache's buffers at each load
+#: and after each flush.
 EMULATIONS: dict[str, tuple[str, str]] = {
     "fp8_single": ("fp32", "checkpoint := fp8 rows (round to nearest)"),
     "fp8_single_sr": ("fp32", "checkpoint := fp8 rows (stochastic rounding)"),

@@ -15,7 +15,7 @@ DTYPE_CODES = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 #: short code -> C++ type
 CTYPES = {"f32": "float", "bf16": "__nv_bfloat16", "f16": "__half"}
 #: read-copy format name (replayssm.reference.quant) -> short code used in module names
-READ_CODES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16"}
+READ_CODES = {"float8_e4m3fn": "fp8", "bfloat16": "bf16", "nvfp4": "nvfp4"}
 #: (read code, single copy, stochastic rounding) -> C++ state-format policy
 #: (include/replayssm/common/read_copy.cuh); combinations not listed have no kernels
 FORMAT_POLICIES = {
@@ -26,6 +26,8 @@ FORMAT_POLICIES = {
     ("fp8", False, True): "replayssm::ReadCopyFP8SR",
     ("fp8", True, False): "replayssm::SingleFP8",
     ("fp8", True, True): "replayssm::SingleFP8SR",
+    ("nvfp4", False, False): "replayssm::ReadCopyNVFP4",
+    ("nvfp4", False, True): "replayssm::ReadCopyNVFP4SR",
 }
 
 
@@ -51,7 +53,7 @@ class Specialization:
     L:       replay window (None for ops without one); T: draft length
     flags:   sorted feature flags that change the code: 'single' (the read copy is the only
              state), 'sr' (the flush rounds stochastically); see FORMAT_POLICIES
-    read:    the low-precision read copy's short code ('fp8', 'bf16') or None (READ_CODES)
+    read:    the low-precision read copy's short code ('fp8', 'bf16', 'nvfp4') or None (READ_CODES)
     """
 
     family: str

@@ -55,8 +55,9 @@ class StatePool(ctypes.Structure):
 
 def pool_struct(cache) -> StatePool:
     """The cache's checkpoint [num_slots, heads, rows, cols] (null with a single copy) and, when it
-    keeps them, its read copy (same shape), the copy's scales [num_slots, heads, rows] and the
-    per-slot flush counts of stochastic rounding as the kernels' StatePool."""
+    keeps them, its read copy (same shape; nvfp4: [num_slots, heads, rows, cols * 9 // 16] uint8,
+    so its element strides are bytes), the copy's scales [num_slots, heads, rows] and the
+    per-slot flush counts of stochastic rounding as the kernels' StatePool (strides in elements)."""
     arrays = (v for t in (cache.checkpoint, cache.read_copy, cache.read_scale) for v in _slot_array(t))
     return StatePool(*arrays, None if cache.flush_count is None else cache.flush_count.data_ptr())
 

@@ -78,15 +78,21 @@ def _decode_spec(
 
 #: Read-copy formats the kernels have (replayssm.reference.quant names), per family.
 READ_FORMATS = {
-    "mamba2": ("float8_e4m3fn", "bfloat16"),
-    "gdn": ("float8_e4m3fn", "bfloat16"),
-    "kda": ("float8_e4m3fn", "bfloat16"),
+    "mamba2": ("float8_e4m3fn", "bfloat16", "nvfp4"),
+    "gdn": ("float8_e4m3fn", "bfloat16", "nvfp4"),
+    "kda": ("float8_e4m3fn", "bfloat16", "nvfp4"),
 }
+#: The state rows (cols) the scaled read copies need: fp8 rows of at least FP8_MIN_COLS elements;
+#: NVFP4 rows of a multiple of NVFP4_COLS_MULTIPLE (blocks of 16 values; whole 128-value groups
+#: keep every packed row, cols * 9 / 16 bytes, 8-byte aligned).
+FP8_MIN_COLS = 128
+NVFP4_COLS_MULTIPLE = 128
 
 
 def read_format_name(read_dtype) -> str | None:
-    """A read_dtype argument (None, torch.float8_e4m3fn, torch.bfloat16 or their names) -> the
-    format name ('float8_e4m3fn', 'bfloat16') or None. Raises TypeError/ValueError otherwise."""
+    """A read_dtype argument (None, torch.float8_e4m3fn, torch.bfloat16 or their names, or the
+    string 'nvfp4', which has no torch dtype) -> the format name ('float8_e4m3fn', 'bfloat16',
+    'nvfp4') or None. Raises TypeError/ValueError otherwise."""
     if read_dtype is None:
         return None
     text = str(read_dtype).removeprefix("torch.") if not isinstance(read_dtype, bool) else None
@@ -94,9 +100,10 @@ def read_format_name(read_dtype) -> str | None:
         return text
     if isinstance(read_dtype, str) or hasattr(read_dtype, "is_floating_point"):
         raise ValueError(
-            f"read_dtype: expected None, torch.float8_e4m3fn or torch.bfloat16 (or their names), got {read_dtype!r}"
+            "read_dtype: expected None, torch.float8_e4m3fn or torch.bfloat16 (or their names) or 'nvfp4', "
+            f"got {read_dtype!r}"
         )
-    raise TypeError(f"read_dtype: expected None, a torch.dtype or its name, got {type(read_dtype).__name__}")
+    raise TypeError(f"read_dtype: expected None, a torch.dtype, its name or 'nvfp4', got {type(read_dtype).__name__}")
 
 
 def _flag(arg: str, v) -> bool:
@@ -118,12 +125,13 @@ def check_state_format(
     (the read copy's short code or None, the format flags of its name). ValueError/TypeError where
     the kernels have no such format (docs/design.md, "State formats"):
 
-    * a read copy (``read``): fp8 or bf16 beside a float32 checkpoint, or fp8 beside a bfloat16 /
-      float16 one (a copy is narrower than its checkpoint); fp8 needs rows of >= 128 elements;
+    * a read copy (``read``): fp8, NVFP4 or bf16 beside a float32 checkpoint, or fp8 or NVFP4
+      beside a bfloat16 / float16 one (a copy is narrower than its checkpoint); fp8 needs rows of
+      >= 128 elements, NVFP4 rows of a multiple of 128;
     * ``single_copy``: the fp8 copy is the only state (read = 'float8_e4m3fn'; state_dtype names
-      the arithmetic and must be float32);
-    * ``stochastic_rounding``: the flush rounds a bfloat16 checkpoint (alone or beside an fp8
-      copy) or the single fp8 copy stochastically;
+      the arithmetic and must be float32); an NVFP4 copy always sits beside a checkpoint;
+    * ``stochastic_rounding``: the flush rounds a bfloat16 checkpoint (alone or beside an fp8 or
+      NVFP4 copy, which is encoded to nearest) or the single fp8 copy stochastically;
     * each of them serves the replay decode step only (so far)."""
     single, sr = _flag("single_copy", single_copy), _flag("stochastic_rounding", stochastic_rounding)
     state = dtype_code(state_dtype)
@@ -140,6 +148,11 @@ def check_state_format(
             f"(op {op!r}: speculative verify and the conventional algorithm read and write the checkpoint itself)"
         )
     if single:
+        if read == "nvfp4":
+            raise ValueError(
+                "single_copy: the single-copy state is fp8 (read_dtype=torch.float8_e4m3fn); an nvfp4 read copy "
+                "needs a checkpoint beside it (single_copy=False), got read_dtype 'nvfp4'"
+            )
         if read != "float8_e4m3fn":
             raise ValueError(
                 f"single_copy: the single-copy state is fp8 (read_dtype=torch.float8_e4m3fn), got read_dtype {read!r}"
@@ -149,19 +162,27 @@ def check_state_format(
                 "single_copy: the fp8 copy is the only state (state_dtype names its arithmetic and must be "
                 f"float32), got state_dtype {state_dtype!r}"
             )
-    elif read is not None and state != "f32" and read != "float8_e4m3fn":
+    elif read is not None and state != "f32" and read not in ("float8_e4m3fn", "nvfp4"):
         raise ValueError(
-            f"read_dtype: a read copy is narrower than its checkpoint: float8_e4m3fn or bfloat16 beside a float32 "
-            f"checkpoint, float8_e4m3fn beside a 16-bit one; got read_dtype {read!r} with state_dtype {state_dtype!r}"
+            "read_dtype: a read copy is narrower than its checkpoint: float8_e4m3fn, nvfp4 or bfloat16 beside a "
+            "float32 checkpoint, float8_e4m3fn or nvfp4 beside a 16-bit one; got read_dtype "
+            f"{read!r} with state_dtype {state_dtype!r}"
         )
     if sr and not single and state != "bf16":
         raise ValueError(
-            "stochastic_rounding: the flush rounds a bfloat16 checkpoint (alone or beside an fp8 read copy) or the "
-            f"single fp8 copy stochastically; got state_dtype {state_dtype!r}"
+            "stochastic_rounding: the flush rounds a bfloat16 checkpoint (alone or beside an fp8 or nvfp4 read copy) "
+            f"or the single fp8 copy stochastically; got state_dtype {state_dtype!r}"
             + (f" with read_dtype {read!r}" if read is not None else "")
         )
-    if read == "float8_e4m3fn" and cols < 128:
-        raise ValueError(f"read_dtype: the fp8 read copy needs state rows of at least 128 elements, got {cols}")
+    if read == "float8_e4m3fn" and cols < FP8_MIN_COLS:
+        raise ValueError(
+            f"read_dtype: the fp8 read copy needs state rows of at least {FP8_MIN_COLS} elements, got {cols}"
+        )
+    if read == "nvfp4" and cols % NVFP4_COLS_MULTIPLE:
+        raise ValueError(
+            f"read_dtype: the nvfp4 read copy needs state rows whose length is a multiple of {NVFP4_COLS_MULTIPLE} "
+            f"elements, got {cols}"
+        )
     flags = tuple(f for f, on in (("single", single), ("sr", sr)) if on)
     return (READ_CODES[read] if read is not None else None), flags
 
@@ -183,8 +204,9 @@ def mamba2_decode_spec(
     op: 'replay_decode', 'replay_verify' (need L), 'conventional_decode' or 'conventional_verify';
     P in MAMBA2_P; N in MAMBA2_N; state_dtype, io_dtype in {float32, bfloat16, float16}; L in
     WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
-    or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, torch.bfloat16);
-    single_copy, stochastic_rounding: the state format (check_state_format; replay decode only).
+    or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, 'nvfp4' N % 128 == 0,
+    torch.bfloat16); single_copy, stochastic_rounding: the state format (check_state_format;
+    replay decode only).
     """
     check_choice("op", op, MODULE_OPS)
     check_choice("P (head dim)", P, MAMBA2_P)
@@ -216,8 +238,8 @@ def gdn_decode_spec(
     K, V (key and value head dims) in GDN_DIMS; state_dtype, io_dtype in {float32, bfloat16, float16};
     L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
     or the low-precision read copy of the checkpoint's (hv, v) rows over K (torch.float8_e4m3fn
-    needs K >= 128, torch.bfloat16); single_copy, stochastic_rounding: the state format
-    (check_state_format; replay decode only)."""
+    needs K >= 128, 'nvfp4' K % 128 == 0, torch.bfloat16); single_copy, stochastic_rounding: the
+    state format (check_state_format; replay decode only)."""
     check_choice("family", family, ("gdn", "kda"))
     check_choice("op", op, MODULE_OPS)
     check_choice("K (key head dim)", K, GDN_DIMS)
@@ -300,6 +322,11 @@ def compile_check_specializations() -> list[Specialization]:
             "replay_decode", 128, 64, "float16", "bfloat16", L=16, family="kda", read_dtype="float8_e4m3fn"
         ),
         gdn_decode_spec("replay_decode", 64, 128, "bfloat16", "float16", L=8, family="kda", stochastic_rounding=True),
+        mamba2_decode_spec("replay_decode", 128, 256, "float32", "bfloat16", L=16, read_dtype="nvfp4"),
+        gdn_decode_spec(
+            "replay_decode", 128, 64, "bfloat16", "bfloat16", L=16, read_dtype="nvfp4", stochastic_rounding=True
+        ),
+        gdn_decode_spec("replay_decode", 256, 128, "float16", "bfloat16", L=8, family="kda", read_dtype="nvfp4"),
         mamba2_decode_spec("materialize", 80, 256, "bfloat16", "float16"),
         gdn_decode_spec("materialize", 256, 64, "float32", "bfloat16", family="kda"),
     ]

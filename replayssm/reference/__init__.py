@@ -21,11 +21,14 @@ from .quant import (
     fake_quant,
     fake_quant_fp8_e4m3,
     fake_quant_nvfp4,
+    nvfp4_row_bytes,
+    pack_nvfp4_rows,
     quantize_fp8_e4m3_rows,
     quantize_nvfp4,
     round_to_e2m1,
     stochastic_round_bf16,
     stochastic_round_fp8_e4m3_rows,
+    unpack_nvfp4_rows,
 )
 
 __all__ = [
@@ -47,6 +50,9 @@ __all__ = [
     "dequantize_fp8_e4m3_rows",
     "quantize_nvfp4",
     "dequantize_nvfp4",
+    "pack_nvfp4_rows",
+    "unpack_nvfp4_rows",
+    "nvfp4_row_bytes",
     "stochastic_round_fp8_e4m3_rows",
     "stochastic_round_bf16",
     "round_to_e2m1",

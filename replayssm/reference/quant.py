@@ -19,6 +19,17 @@ row independent, which is what a kernel that owns a row block needs):
   ``{0, 0.5, 1, 1.5, 2, 3, 4, 6}`` (round to nearest, ties to even mantissa, saturate at 6),
 * ``deq = code * (block_scale * row_scale)``.
 
+Its storage (the kernels' read copy, :func:`pack_nvfp4_rows` / :func:`unpack_nvfp4_rows`): per
+row of ``D`` values, ``D * 9 // 16`` bytes (:func:`nvfp4_row_bytes`), and the fp32 row scale
+beside them:
+
+* bytes ``[0, D/2)``: the e2m1 codes, two per byte: element ``2i`` in the low nibble of byte
+  ``i``, element ``2i+1`` in the high nibble. A nibble is ``sign << 3 | idx``: ``idx`` (0..7) the
+  index of the magnitude in :data:`E2M1_VALUES`, ``sign`` 1 only for a negative nonzero code (a
+  zero code is always nibble 0);
+* bytes ``[D/2, D/2 + D/16)``: the e4m3 block scales (byte ``b`` scales elements
+  ``16b .. 16b + 15``), the raw bits of ``torch.float8_e4m3fn``.
+
 All arithmetic of the quantisers is fp32 (as a kernel reading an fp32 ``S_hp`` would do); the
 fake-quant helpers return the dequantised tensor in the dtype and shape of their input.
 
@@ -177,6 +188,76 @@ def dequantize_nvfp4(
 def fake_quant_nvfp4(x: torch.Tensor) -> torch.Tensor:
     """Quantise→dequantise ``x`` [..., D] (D % 16 == 0) with NVFP4; same shape and dtype."""
     return dequantize_nvfp4(*quantize_nvfp4(x), dtype=x.dtype)
+
+
+def nvfp4_row_bytes(D: int) -> int:
+    """Bytes of one packed NVFP4 row of ``D`` values (D a multiple of 16): ``D / 2`` bytes of
+    codes and ``D / 16`` of block scales, ``D * 9 // 16`` in all (the row scale is kept apart)."""
+    if isinstance(D, bool) or not isinstance(D, int) or D < NVFP4_BLOCK or D % NVFP4_BLOCK:
+        raise ValueError(f"nvfp4_row_bytes: argument 'D' must be a positive multiple of {NVFP4_BLOCK}, got {D!r}")
+    return D // 2 + D // NVFP4_BLOCK
+
+
+def pack_nvfp4_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Quantise each row (last dim) of ``x`` with :func:`quantize_nvfp4` and pack it as the
+    kernels store an NVFP4 read copy (the module docstring gives the layout).
+
+    x: [..., D] floating, D a multiple of 16 (the kernels need D % 128 == 0). Returns
+    ``(packed [..., D * 9 // 16] torch.uint8, row_scale [...] float32)``;
+    ``unpack_nvfp4_rows(packed, row_scale, x.dtype)`` is ``fake_quant_nvfp4(x)`` bit for bit (a
+    row holding a NaN or an inf gets a NaN or inf row scale and zero codes: it dequantises to NaN).
+    """
+    float_tensor("pack_nvfp4_rows", "x", x)
+    if x.dim() == 0 or x.shape[-1] % NVFP4_BLOCK != 0 or x.shape[-1] == 0:
+        raise ValueError(
+            f"pack_nvfp4_rows: argument 'x' must have a last dimension that is a positive multiple of "
+            f"{NVFP4_BLOCK}, got shape {tuple(x.shape)}"
+        )
+    codes, block_scale, row_scale = quantize_nvfp4(x)
+    mag = codes.abs()
+    idx = torch.zeros(codes.shape, dtype=torch.uint8, device=codes.device)
+    for v in E2M1_VALUES[1:]:  # codes are grid values: idx = how many nonzero magnitudes are <= |code|
+        idx += (mag >= v).to(torch.uint8)
+    nibble = idx | ((codes < 0).to(torch.uint8) << 3)  # -0.0 < 0 is False: a zero code is nibble 0
+    code_bytes = nibble[..., 0::2] | (nibble[..., 1::2] << 4)
+    packed = torch.cat([code_bytes, block_scale.view(torch.uint8)], dim=-1)
+    return packed, row_scale.squeeze(-1)
+
+
+def unpack_nvfp4_rows(
+    packed: torch.Tensor, row_scale: torch.Tensor, dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """Inverse of :func:`pack_nvfp4_rows`: the dequantised values ``code * block_scale * row_scale``
+    (product in fp32, as :func:`dequantize_nvfp4`).
+
+    packed: [..., D * 9 // 16] torch.uint8 (the layout of the module docstring); row_scale: [...]
+    float32 (the row scales, one per packed row). Returns [..., D] in ``dtype``.
+    """
+    if not isinstance(packed, torch.Tensor) or packed.dtype != torch.uint8 or packed.dim() == 0:
+        got = f"{packed.dtype} {list(packed.shape)}" if isinstance(packed, torch.Tensor) else type(packed).__name__
+        raise TypeError(
+            f"unpack_nvfp4_rows: argument 'packed' must be a torch.uint8 tensor [..., D * 9 // 16], got {got}"
+        )
+    W = packed.shape[-1]
+    if W == 0 or W % 9:
+        raise ValueError(
+            f"unpack_nvfp4_rows: argument 'packed' must have a last dimension of D * 9 // 16 bytes (D a multiple of "
+            f"{NVFP4_BLOCK}), got shape {tuple(packed.shape)}"
+        )
+    if not isinstance(row_scale, torch.Tensor) or tuple(row_scale.shape) != tuple(packed.shape[:-1]):
+        shown = str(tuple(row_scale.shape)) if isinstance(row_scale, torch.Tensor) else type(row_scale).__name__
+        raise ValueError(
+            f"unpack_nvfp4_rows: argument 'row_scale' must have shape {tuple(packed.shape[:-1])} (one per row), "
+            f"got {shown}"
+        )
+    D = W // 9 * NVFP4_BLOCK
+    code_bytes = packed[..., : D // 2]
+    nibble = torch.stack([code_bytes & 0xF, code_bytes >> 4], dim=-1).reshape(*packed.shape[:-1], D)
+    grid = torch.tensor(E2M1_VALUES, dtype=torch.float32, device=packed.device)
+    codes = grid[(nibble & 7).long()]
+    codes = torch.where((nibble & 8) != 0, -codes, codes)
+    block_scale = packed[..., D // 2 :].contiguous().view(torch.float8_e4m3fn)
+    return dequantize_nvfp4(codes, block_scale, row_scale.to(torch.float32)[..., None], dtype)
 
 
 def check_read_format(where: str, read_format: str | None) -> str | None:

@@ -28,6 +28,8 @@ class TestSupportedPerArch:
     def test_read_copy_on_ampere(self):
         # fp8 is decoded in software where the arch has no conversion instructions (cuda_fp8.h).
         assert supported("mamba2", **M2, arch="8.0", read_dtype=torch.float8_e4m3fn) == (True, "ok")
+        # NVFP4 codes are decoded in software (include/replayssm/common/nvfp4.cuh), on every arch.
+        assert supported("mamba2", **M2, arch="8.0", read_dtype="nvfp4") == (True, "ok")
 
     @pytest.mark.parametrize(
         "arch, exc_fragment", [("7.5", "older than sm_80"), ("9.5", "not a CUDA arch"), (90, "arch")]

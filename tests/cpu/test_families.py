@@ -71,7 +71,7 @@ class TestDescriptorIsTheSource:
         for fmt in fam.read_formats:
             assert fam.check_read(fmt, "replay", torch.float32, dims) == fmt
             assert fam.spec("replay_decode", dims, "float32", "bfloat16", L=16, read_dtype=fmt).name.endswith(
-                {"float8_e4m3fn": "_read_fp8", "bfloat16": "_read_bf16"}[fmt]
+                {"float8_e4m3fn": "_read_fp8", "bfloat16": "_read_bf16", "nvfp4": "_read_nvfp4"}[fmt]
             )
         if not fam.read_formats:
             with pytest.raises(ValueError, match="none yet"):
@@ -120,7 +120,7 @@ def test_benchmark_shapes_are_the_descriptors():
             assert sorted(bench_decode.SHAPES[name][shape].values()) == sorted(dims.values())
 
 
-@pytest.mark.parametrize("read", [None, "float8_e4m3fn"])
+@pytest.mark.parametrize("read", [None, "float8_e4m3fn", "nvfp4"])
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_ring_layout_is_the_ring_struct(name, read):
     """The descriptor's rings, in order, are the pointer fields of the family's ctypes Ring (which

@@ -14,7 +14,17 @@ import torch
 from replayssm._version import __version__
 from replayssm.families import FAMILIES
 from replayssm.jit import env
-from replayssm.jit.spec import CTYPES, Specialization, dtype_code, fingerprint, header_digest, render, source_hash
+from replayssm.jit.spec import (
+    CTYPES,
+    FORMAT_POLICIES,
+    READ_CODES,
+    Specialization,
+    dtype_code,
+    fingerprint,
+    header_digest,
+    render,
+    source_hash,
+)
 from replayssm.ops.generators import (
     MAMBA2_N,
     MAMBA2_P,
@@ -153,6 +163,39 @@ def test_compile_check_set_covers_every_option():
     assert {s.op for s in gdn} == {"replay_decode", "conventional_decode", "replay_verify"}
     assert {s.op for s in specs if s.family == "kda"} >= {"replay_verify", "conventional_verify"}
     assert {s.L for s in specs if s.L is not None} == set(WINDOWS)
+    assert {s.format_key for s in specs} == set(FORMAT_POLICIES), "every state format compiles"
+    assert {s.read for s in specs} == {None, *READ_CODES.values()}
+
+
+def test_read_codes_name_the_modules():
+    """Each read format's short code ends the module name (``_read_<code>``); nvfp4 keeps its name."""
+    assert READ_CODES == {"float8_e4m3fn": "fp8", "bfloat16": "bf16", "nvfp4": "nvfp4"}
+    s = mamba2_decode_spec("replay_decode", 64, 128, "float32", "bfloat16", L=16, read_dtype="nvfp4")
+    assert s.name == "mamba2_replay_decode_P64_N128_L16_T1_f32_bf16_read_nvfp4" and s.read == "nvfp4"
+    assert s.render_context()["read_copy"] == "replayssm::ReadCopyNVFP4"
+    sr = mamba2_decode_spec(
+        "replay_decode", 64, 256, "bfloat16", "bfloat16", L=16, read_dtype="nvfp4", stochastic_rounding=True
+    )
+    assert (
+        sr.name.endswith("_bf16_bf16_read_nvfp4_sr")
+        and sr.render_context()["read_copy"] == "replayssm::ReadCopyNVFP4SR"
+    )
+
+
+@pytest.mark.parametrize("flags", [("single",), ("single", "sr")])
+def test_specialization_refuses_a_single_nvfp4_copy(flags):
+    with pytest.raises(ValueError, match=r"state format: no kernels for read copy 'nvfp4' with flags \("):
+        Specialization(
+            "mamba2",
+            "replay_decode",
+            "mamba2_decode.cu.jinja",
+            (("P", 64), ("N", 128)),
+            "f32",
+            "bf16",
+            L=16,
+            flags=flags,
+            read="nvfp4",
+        )
 
 
 def test_aot_set_covers_the_benchmark_model_shapes():

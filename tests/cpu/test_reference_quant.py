@@ -12,9 +12,12 @@ from replayssm.reference import (
     fake_quant,
     fake_quant_fp8_e4m3,
     fake_quant_nvfp4,
+    nvfp4_row_bytes,
+    pack_nvfp4_rows,
     quantize_fp8_e4m3_rows,
     quantize_nvfp4,
     round_to_e2m1,
+    unpack_nvfp4_rows,
 )
 
 from ..reference_testing import generator, new_seed
@@ -163,6 +166,88 @@ def test_nvfp4_exact_on_representable_values(seed):
 def test_nvfp4_needs_blocks_of_16():
     with pytest.raises(ValueError, match=r"multiple of 16, got shape \(2, 24\)"):
         fake_quant_nvfp4(torch.zeros(2, 24))
+
+
+# ---------------------------------------------------------------------------- nvfp4 storage
+def test_nvfp4_packing_layout_by_hand():
+    """One row of 32 values (two blocks) worked out by hand, and a row of zeros. The row max is
+    2688 = 448 * 6, so the row scale is 1; block 0 holds it (block scale 448, e4m3 0x7E), block 1's
+    max is 672 (block scale 112, e4m3 0x6E). Codes: element 2i in the low nibble of byte i; a
+    nibble is sign << 3 | the magnitude's index in E2M1 (0, 0.5, 1, 1.5, 2, 3, 4, 6); a value that
+    rounds to zero is nibble 0 whatever its sign; then the two block-scale bytes."""
+    row = torch.zeros(32)
+    b0 = {0: 6.0, 1: -0.5, 3: -0.1, 4: 1.5, 5: -4.0, 6: 3.0, 7: -6.0, 8: 1.0, 9: 2.0}  # values / 448
+    b1 = {16: 6.0, 17: -1.0, 18: 0.25, 19: 0.75}  # values / 112 (0.25, 0.75: ties to the even code)
+    for i, v in b0.items():
+        row[i] = v * 448
+    for i, v in b1.items():
+        row[i] = v * 112
+    x = torch.stack([row, torch.zeros(32)])
+    packed, scale = pack_nvfp4_rows(x)
+    assert packed.dtype == torch.uint8 and packed.shape == (2, 18) == (2, nvfp4_row_bytes(32))
+    assert scale.dtype == torch.float32 and scale.tolist() == [1.0, 0.0]
+    want = [0x97, 0x00, 0xE3, 0xF5, 0x42, 0, 0, 0, 0xA7, 0x20, 0, 0, 0, 0, 0, 0, 0x7E, 0x6E]
+    assert packed[0].tolist() == want
+    assert packed[1].tolist() == [0] * 18, "a row of zeros: codes 0, block scales 0"
+    assert torch.tensor([448.0, 112.0]).to(torch.float8_e4m3fn).view(torch.uint8).tolist() == [0x7E, 0x6E]
+    got = unpack_nvfp4_rows(packed, scale)
+    expect = row.clone()
+    expect[3], expect[18], expect[19] = 0.0, 0.0, 112.0  # -0.1 -> 0; 0.25 -> 0 and 0.75 -> 1 (ties to even)
+    assert torch.equal(got[0], expect) and torch.equal(got[1], torch.zeros(32))
+    assert torch.equal(got, fake_quant_nvfp4(x))
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("D", [16, 128, 256])
+def test_nvfp4_pack_round_trip(seed, dtype, D):
+    """unpack(pack(x)) is fake_quant_nvfp4(x) bit for bit; the packed block-scale bytes and row
+    scales are quantize_nvfp4's; every nibble decodes to quantize_nvfp4's code."""
+    gen = generator(seed)
+    x = _wide(gen, (3, 4, D)).to(dtype)
+    x[0, 1] = 0.0  # a zero row
+    packed, scale = pack_nvfp4_rows(x)
+    assert packed.shape == (3, 4, D * 9 // 16) and scale.shape == (3, 4), f"seed={seed}"
+    assert torch.equal(unpack_nvfp4_rows(packed, scale, dtype), fake_quant_nvfp4(x)), f"seed={seed}"
+    codes, bs, rs = quantize_nvfp4(x)
+    assert torch.equal(packed[..., D // 2 :], bs.view(torch.uint8)), f"block scales (seed={seed})"
+    assert torch.equal(scale, rs.squeeze(-1)), f"row scales (seed={seed})"
+    nib = torch.stack([packed[..., : D // 2] & 0xF, packed[..., : D // 2] >> 4], -1).reshape(3, 4, D).long()
+    mag = torch.tensor(E2M1)[nib & 7]
+    assert torch.equal(torch.where(nib >= 8, -mag, mag), codes), f"codes (seed={seed})"
+    assert bool((((nib & 7) != 0) | (nib == 0)).all()), f"a zero code is nibble 0 (seed={seed})"
+
+
+def test_nvfp4_nan_row_stays_in_its_row(seed):
+    """A NaN anywhere in a row makes that row's row scale NaN, so the whole row dequantises to
+    NaN; the other rows are unaffected (their values as for the data without the NaN row)."""
+    gen = generator(seed)
+    x = _wide(gen, (4, 128), torch.float32)
+    y = x.clone()
+    y[2, 37] = float("nan")
+    packed, scale = pack_nvfp4_rows(y)
+    got = unpack_nvfp4_rows(packed, scale)
+    assert bool(torch.isnan(scale[2])) and bool(torch.isnan(got[2]).all()), f"seed={seed}"
+    others = [0, 1, 3]
+    assert bool(torch.isfinite(got[others]).all()), f"NaN spread beyond its row (seed={seed})"
+    assert torch.equal(got[others], fake_quant_nvfp4(x)[others]), f"seed={seed}"
+    assert torch.equal(packed[others], pack_nvfp4_rows(x)[0][others]), f"seed={seed}"
+
+
+def test_nvfp4_storage_checks():
+    assert [nvfp4_row_bytes(d) for d in (16, 64, 128, 256)] == [9, 36, 72, 144]
+    for bad in (0, 24, -16, 128.0, True):
+        with pytest.raises(ValueError, match="argument 'D' must be a positive multiple of 16"):
+            nvfp4_row_bytes(bad)
+    with pytest.raises(ValueError, match=r"pack_nvfp4_rows: .*multiple of 16, got shape \(2, 24\)"):
+        pack_nvfp4_rows(torch.zeros(2, 24))
+    with pytest.raises(TypeError, match="'x' must have a floating dtype"):
+        pack_nvfp4_rows(torch.zeros(2, 32, dtype=torch.int32))
+    with pytest.raises(TypeError, match=r"'packed' must be a torch.uint8 tensor .*got torch.float32 \[2, 18\]"):
+        unpack_nvfp4_rows(torch.zeros(2, 18), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"'packed' must have a last dimension of D \* 9 // 16 bytes .*\(2, 17\)"):
+        unpack_nvfp4_rows(torch.zeros(2, 17, dtype=torch.uint8), torch.zeros(2))
+    with pytest.raises(ValueError, match=r"'row_scale' must have shape \(2,\) \(one per row\), got \(2, 1\)"):
+        unpack_nvfp4_rows(torch.zeros(2, 18, dtype=torch.uint8), torch.zeros(2, 1))
 
 
 # ---------------------------------------------------------------------------- dispatch

@@ -51,6 +51,10 @@ class TestFormatNames:
             (BF16, dict(read_dtype=FP8), "bf16_bf16_read_fp8", "ReadCopyFP8"),
             (F16, dict(read_dtype=FP8), "f16_bf16_read_fp8", "ReadCopyFP8"),
             (BF16, dict(read_dtype=FP8, stochastic_rounding=True), "bf16_bf16_read_fp8_sr", "ReadCopyFP8SR"),
+            (F32, dict(read_dtype="nvfp4"), "f32_bf16_read_nvfp4", "ReadCopyNVFP4"),
+            (BF16, dict(read_dtype="nvfp4"), "bf16_bf16_read_nvfp4", "ReadCopyNVFP4"),
+            (F16, dict(read_dtype="nvfp4"), "f16_bf16_read_nvfp4", "ReadCopyNVFP4"),
+            (BF16, dict(read_dtype="nvfp4", stochastic_rounding=True), "bf16_bf16_read_nvfp4_sr", "ReadCopyNVFP4SR"),
         ],
     )
     def test_name_and_policy(self, state, kw, name, policy):
@@ -71,6 +75,10 @@ class TestFormatNames:
             (dict(stochastic_rounding=True, state_dtype=F16), "stochastic_rounding", "bfloat16 checkpoint"),
             (dict(stochastic_rounding=True, read_dtype=FP8), "stochastic_rounding", "bfloat16 checkpoint"),
             (dict(read_dtype=BF16, state_dtype=F16), "read_dtype", "narrower"),
+            (dict(single_copy=True, read_dtype="nvfp4"), "single_copy", "an nvfp4 read copy needs a checkpoint"),
+            (dict(stochastic_rounding=True, read_dtype="nvfp4"), "stochastic_rounding", "bfloat16 checkpoint"),
+            (dict(stochastic_rounding=True, read_dtype="nvfp4", state_dtype=F16), "stochastic_rounding", "bfloat16"),
+            (dict(read_dtype="nvfp4", state_dtype=BF16, N=64), "read_dtype", "multiple of 128"),
             (dict(single_copy=True, read_dtype=FP8, op="replay_verify", T=4), "read_dtype", "replay decode"),
             (
                 dict(stochastic_rounding=True, state_dtype=BF16, op="conventional_decode", L=None),
@@ -98,6 +106,11 @@ class TestFormatNames:
         assert supported("mamba2", **base, read_dtype=FP8, single_copy=True) == (True, "ok")
         assert supported("mamba2", **base, state_dtype=BF16, stochastic_rounding=True) == (True, "ok")
         assert supported("mamba2", **base, state_dtype=BF16, read_dtype=FP8, stochastic_rounding=True) == (True, "ok")
+        assert supported("mamba2", **base, state_dtype=BF16, read_dtype="nvfp4", stochastic_rounding=True) == (
+            True,
+            "ok",
+        )
+        assert supported("mamba2", **base, state_dtype=F16, read_dtype="nvfp4") == (True, "ok")
         ok, why = supported("mamba2", **base, single_copy=True)
         assert not ok and "single_copy" in why
         ok, why = supported("mamba2", **base, read_dtype=FP8, single_copy=True, algorithm="conventional")
@@ -201,6 +214,32 @@ class TestSingleCopyCache:
         got = c.materialize([1]).double()
         assert float((got - S).norm() / S.norm()) < 1e-5
 
+    def test_bf16_sr_checkpoint_with_an_nvfp4_copy(self):
+        """bf16-SR + nvfp4 (like bf16sr+fp8): a bf16 checkpoint with flush counts beside the packed
+        NVFP4 copy, which load_state encodes from the given fp32 values; materialize() with no
+        records is the bf16 checkpoint; swap carries every buffer bit-exact."""
+        from replayssm.reference.quant import fake_quant_nvfp4, pack_nvfp4_rows
+
+        c = Mamba2Cache(3, H, P, N, G, read_dtype="nvfp4", state_dtype=BF16, stochastic_rounding=True, device="cpu")
+        assert c.read_copy.shape == (3, H, P, N * 9 // 16) and c.read_copy.dtype == torch.uint8
+        assert c.read_scale.shape == (3, H, P) and c.flush_count.shape == (3,)
+        S = torch.randn(2, H, P, N, generator=torch.Generator().manual_seed(8))
+        c.flush_count[[0, 2]] = 4
+        c.load_state([2, 0], S)
+        packed, scale = pack_nvfp4_rows(S)
+        assert torch.equal(c.read_copy[[2, 0]], packed) and torch.equal(c.read_scale[[2, 0]], scale)
+        assert torch.equal(c.read_copy_values([2, 0]), fake_quant_nvfp4(S))
+        assert torch.equal(c.materialize([2, 0]), S.to(BF16).float()) and c.flush_count.tolist() == [0, 0, 0]
+        sizes = c.bytes_per_slot()
+        assert sizes["checkpoint"] == H * P * N * 2 and sizes["read_copy"] == H * P * N * 9 // 16
+        assert sizes["read_scale"] == H * P * 4 and sizes["cursors"] == 5 * 4
+        c.flush_count[2] = 6
+        host = c.swap_out([2])
+        assert set(host.tensors) >= {"checkpoint", "read_copy", "read_scale", "flush_count"}
+        c.swap_in([1], host)
+        for name in ("checkpoint", "read_copy", "read_scale", "flush_count"):
+            assert torch.equal(getattr(c, name)[1], getattr(c, name)[2]), name
+
     def test_swap_round_trip_keeps_the_flush_count(self):
         c = Mamba2Cache(3, H, P, N, G, state_dtype=BF16, stochastic_rounding=True, device="cpu")
         c.load_state([0, 2], torch.randn(2, H, P, N))
@@ -219,6 +258,9 @@ class TestSingleCopyCache:
             dict(read_dtype=FP8, single_copy=True, stochastic_rounding=True),
             dict(state_dtype=BF16, stochastic_rounding=True),
             dict(state_dtype=BF16, read_dtype=FP8, stochastic_rounding=True),
+            dict(read_dtype="nvfp4"),
+            dict(state_dtype=BF16, read_dtype="nvfp4"),
+            dict(state_dtype=BF16, read_dtype="nvfp4", stochastic_rounding=True),
         ):
             c = KDACache(2, HV, HV, K, V, device="cpu", **kw)
             assert (c.flush_count is not None) == kw.get("stochastic_rounding", False)

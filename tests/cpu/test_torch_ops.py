@@ -391,3 +391,27 @@ def test_single_copy_sr_cache_hands_over_no_checkpoint_and_its_flush_counts():
     d = rec.launches[-1][2]
     assert d.pool.state is None and d.pool.flushes == cache.flush_count.data_ptr()
     assert d.pool.read == cache.read_copy.data_ptr() and d.ring.v is None and d.ring.beta is None
+
+
+def test_nvfp4_cache_hands_over_its_packed_copy():
+    """An nvfp4 read copy (beside a bf16 checkpoint rounded stochastically) travels as its packed
+    uint8 rows and fp32 row scales: the op checks them against the wrapper
+    (replayssm.cache.read_copy_layout) and the launch sees them; an fp8 copy is refused by name."""
+    fmt = dict(state_dtype=BF16, read_dtype="nvfp4", stochastic_rounding=True)
+    w = Mamba2DecodeWrapper(*DIMS["mamba2"], window=16, max_batch=8, device=CPU, **fmt)
+    rec = RecordingModule()
+    w._modules[("replay_decode", 1)] = rec
+    cache = w.create_cache(6)
+    assert cache.read_copy.dtype == torch.uint8 and cache.read_copy.shape == (6, H, P, N * 9 // 16)
+    w.plan(slots())
+    torch.compile(lambda i: call("mamba2", w, cache, i), fullgraph=True, backend="inductor")(
+        inputs("mamba2", (BATCH,), torch.Generator().manual_seed(10))
+    )
+    d = rec.launches[-1][2]
+    assert (d.pool.read, d.pool.read_scale) == (cache.read_copy.data_ptr(), cache.read_scale.data_ptr())
+    assert (d.pool.read_stride_slot, d.pool.read_stride_head) == (H * P * N * 9 // 16, P * N * 9 // 16)
+    assert d.pool.state == cache.checkpoint.data_ptr() and d.pool.flushes == cache.flush_count.data_ptr()
+    fp8 = {**fmt, "read_dtype": torch.float8_e4m3fn}
+    other = Mamba2DecodeWrapper(*DIMS["mamba2"], window=16, max_batch=8, device=CPU, **fp8).create_cache(6)
+    with pytest.raises(Exception, match=r"cache.read_copy: expected shape \[6, 8, 64, 72\], got \[6, 8, 64, 128\]"):
+        compile_run("mamba2", w, other, inputs("mamba2", (BATCH,), torch.Generator().manual_seed(10)))

@@ -133,9 +133,11 @@ def _read_copy_specs():
 
     from replayssm.ops.generators import mamba2_decode_spec
 
+    from .test_mamba2_read_copy import READ_DTYPES
+
     return [
         mamba2_decode_spec("replay_decode", 64, 128, torch.float32, torch.bfloat16, 16, read_dtype=r)
-        for r in (torch.float8_e4m3fn, torch.bfloat16)
+        for r in READ_DTYPES
     ] + [mamba2_decode_spec("replay_decode", 64, 128, torch.float32, torch.bfloat16, 16)]
 
 
@@ -145,17 +147,11 @@ def _delta_read_copy_specs():
 
     from replayssm.ops.generators import gdn_decode_spec
 
-    from .test_delta_read_copy import FAMILY_CFGS, OTHER_CFGS
+    from .test_delta_read_copy import FAMILY_CFGS, OTHER_CASES, READ_DTYPES
 
     specs = {}
-    for cfg in FAMILY_CFGS:
-        for r in (torch.float8_e4m3fn, torch.bfloat16):
-            s = gdn_decode_spec(
-                "replay_decode", cfg["K"], cfg["V"], torch.float32, cfg["io"], cfg["L"], cfg["family"], read_dtype=r
-            )
-            specs[s.name] = s
-    for cfg in OTHER_CFGS:
-        r = torch.float8_e4m3fn if cfg["K"] >= 128 else torch.bfloat16
+    cases = [(cfg, r) for cfg in FAMILY_CFGS for r in READ_DTYPES] + OTHER_CASES
+    for cfg, r in cases:
         s = gdn_decode_spec(
             "replay_decode", cfg["K"], cfg["V"], torch.float32, cfg["io"], cfg["L"], cfg["family"], read_dtype=r
         )

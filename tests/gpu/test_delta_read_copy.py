@@ -16,16 +16,20 @@ S_lp the kernel wrote):
 * after every flush S_hp equals the exact recurrence within 2e-5 relative (fp32 arithmetic), and
   S_lp equals the reference quantiser (replayssm.reference.quant) applied to the S_hp the kernel
   stored: fp8 codes equal or one code apart (the kernel multiplies by the scale's reciprocal),
-  scales within 1 ulp; bf16 bit-equal;
+  scales within 1 ulp; bf16 bit-equal; NVFP4 (packed rows) row scales within 1 ulp, block
+  scales and e2m1 codes at least 99.9% equal and at most one code apart
+  (test_mamba2_read_copy.check_nvfp4_encodes);
 * materialize() (exact recompute from S_hp, v, beta) equals the exact recurrence (2e-5);
-* 1,024 steps on the model head layouts (Qwen3-Next HV32/HK16, Kimi-Linear HV=HK=32): S_hp
-  stays within 2e-5 of the float64 recurrence, so read-copy rounding never reaches it (the
-  outputs' error against the exact recurrence, read-copy rounding included, is printed);
+* 1,024 steps on the model head layouts (Qwen3-Next HV32/HK16, Kimi-Linear HV=HK=32) with an fp8
+  or an NVFP4 copy: S_hp stays within 2e-5 of the float64 recurrence, so read-copy rounding never
+  reaches it (the outputs' error against the exact recurrence, read-copy rounding included, is
+  printed);
 * NaN in one state row stays in that row's outputs and S_hp row, across a flush; pad rows are
   zeros and touch nothing; unused slots are never written; a CUDA graph of the step replays
   bit-identically to an eager twin (the flush's reductions are deterministic).
 Outputs are poisoned with NaN before every launch. Each case runs the tile kernel and the
-persistent kernel (forced: the batches here are small).
+persistent kernel (forced: the batches here are small), with every read format the shape has
+(NVFP4 needs K a multiple of 128: not in the K = 64 configurations).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from replayssm.reference.delta import DeltaReadCopyModel
 
 from .common import active_rows, rel_err, seeded_generator
 from .test_gdn_decode import STEP, layer_weights, step_inputs
-from .test_mamba2_read_copy import check_read_copy_encodes, dequantized
+from .test_mamba2_read_copy import READ_SUFFIX, check_read_copy_encodes, dequantized
 
 pytestmark = pytest.mark.gpu
 
@@ -47,8 +51,8 @@ KDA = {**GDN, "family": "kda"}
 FAMILY_CFGS = [GDN, KDA]
 FAMILY_IDS = ["gdn", "kda"]
 OUT_TOL, STATE_TOL = 6e-3, 2e-5  # bf16 io outputs; fp32 checkpoint
-READ_DTYPES = [torch.float8_e4m3fn, torch.bfloat16]
-READ_IDS = ["fp8", "bf16"]
+READ_DTYPES = [torch.float8_e4m3fn, torch.bfloat16, "nvfp4"]
+READ_IDS = ["fp8", "bf16", "nvfp4"]
 KERNELS = [False, True]
 KERNEL_IDS = ["tile", "persistent"]
 
@@ -159,7 +163,7 @@ class TestDeltaReadCopyDecode:
         what = f"{cfg['family']} {read_dtype} {'persistent' if persistent else 'tile'}"
         worst = run_steps(w, cache, model, cfg, plan, gen, A_log, dt_bias, what)
         assert w.persistent == persistent, w.schedule
-        assert w.module_name.endswith("_read_fp8" if read_dtype == torch.float8_e4m3fn else "_read_bf16")
+        assert w.module_name.endswith(READ_SUFFIX[read_dtype]), w.module_name
         err = rel_err(cache.materialize(active), model.exact[active])
         assert err <= STATE_TOL, f"{what}: materialize rel err {err:.2e}"
         for a, b in zip(before, slot_buffers(cache, unused)):
@@ -231,15 +235,30 @@ OTHER_CFGS = [
     {**GDN, "K": 64, "HV": 2, "HK": 1, "L": 8},
     {**KDA, "io": torch.float16, "L": 32, "K": 64, "V": 256},
 ]
+OTHER_IDS = ["gdn_L32_V64", "kda_L8_K256", "gdn_K64_bf16", "kda_f16_L32_K64_V256"]
+
+
+def other_reads(cfg) -> list:
+    """The read copies test_other_shapes runs a configuration with: fp8 and NVFP4 where K allows
+    them (fp8: K >= 128; NVFP4: K a multiple of 128), else bf16."""
+    return [torch.float8_e4m3fn, "nvfp4"] if cfg["K"] % 128 == 0 else [torch.bfloat16]
+
+
+OTHER_CASES = [(cfg, r) for cfg in OTHER_CFGS for r in other_reads(cfg)]
+OTHER_CASE_IDS = [
+    name + ("" if r == torch.bfloat16 else "_" + READ_IDS[READ_DTYPES.index(r)])
+    for cfg, name in zip(OTHER_CFGS, OTHER_IDS)
+    for r in other_reads(cfg)
+]
 
 
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)
-@pytest.mark.parametrize("cfg", OTHER_CFGS, ids=["gdn_L32_V64", "kda_L8_K256", "gdn_K64_bf16", "kda_f16_L32_K64_V256"])
-def test_other_shapes(cfg, persistent):
-    """Other windows, head dims and io dtype (fp8 where K >= 128, else bf16): as above."""
+@pytest.mark.parametrize("cfg, read_dtype", OTHER_CASES, ids=OTHER_CASE_IDS)
+def test_other_shapes(cfg, read_dtype, persistent):
+    """Other windows, head dims and io dtype (fp8 and NVFP4 where K is a multiple of 128, else
+    bf16): as above."""
     gen = seeded_generator()
     dev = torch.device("cuda")
-    read_dtype = torch.float8_e4m3fn if cfg["K"] >= 128 else torch.bfloat16
     num_slots, batch = 6, 4
     w, cache = make(cfg, read_dtype, persistent, num_slots, batch)
     A_log, dt_bias = layer_weights(cfg, gen)
@@ -249,24 +268,31 @@ def test_other_shapes(cfg, persistent):
     plan = [
         torch.randperm(num_slots, generator=gen, device=dev)[:batch].to(torch.int32) for _ in range(2 * cfg["L"] + 3)
     ]
-    what = f"{cfg} {'persistent' if persistent else 'tile'}"
+    what = f"{cfg} {read_dtype} {'persistent' if persistent else 'tile'}"
     run_steps(w, cache, model, cfg, plan, gen, A_log, dt_bias, what)
     assert w.persistent == persistent, w.schedule
+    assert w.module_name.endswith(READ_SUFFIX[read_dtype]), w.module_name
     err = rel_err(cache.materialize(list(range(num_slots))), model.exact)
     assert err <= STATE_TOL, f"{what}: materialize rel err {err:.2e}"
 
 
+#: Loose bounds on the outputs' error against the exact recurrence over 1,024 steps (read-copy
+#: rounding included): an NVFP4 value carries a few times an fp8 value's rounding error.
+OUTPUT_DRIFT = {torch.float8_e4m3fn: 0.1, "nvfp4": 0.2}
+
+
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)
+@pytest.mark.parametrize("read_dtype", [torch.float8_e4m3fn, "nvfp4"], ids=["fp8", "nvfp4"])
 @pytest.mark.parametrize(
     "cfg", [{**GDN, "HV": 32, "HK": 16}, {**KDA, "HV": 32, "HK": 32}], ids=["gdn-qwen3-next", "kda-kimi-linear"]
 )
-def test_fp8_1024_steps_checkpoint_stays_exact(cfg, persistent):
-    """4 sequences, 1,024 steps (64 windows) with the fp8 read copy: S_hp within 2e-5 of the
-    float64 recurrence (read-copy rounding never enters it); the outputs' error against the exact
-    recurrence (read-copy rounding included) is printed and bounded loosely (0.1)."""
+def test_1024_steps_checkpoint_stays_exact(cfg, read_dtype, persistent):
+    """4 sequences, 1,024 steps (64 windows) with an fp8 or NVFP4 read copy: S_hp within 2e-5 of
+    the float64 recurrence (read-copy rounding never enters it); the outputs' error against the
+    exact recurrence (read-copy rounding included) is printed and bounded loosely (OUTPUT_DRIFT)."""
     gen = seeded_generator()
     n = 4
-    w, cache = make(cfg, torch.float8_e4m3fn, persistent, n, n)
+    w, cache = make(cfg, read_dtype, persistent, n, n)
     A_log, dt_bias = layer_weights(cfg, gen)
     slots = torch.arange(n, device="cuda", dtype=torch.int32)
     cache.reset(slots)
@@ -291,20 +317,26 @@ def test_fp8_1024_steps_checkpoint_stays_exact(cfg, persistent):
     assert w.persistent == persistent, w.schedule
     err = rel_err(cache.materialize(slots), S_ref)
     out_err = (sq / sq_ref) ** 0.5
-    print(f"{cfg['family']} fp8 read copy, 1024 steps: S_hp rel err {err:.3e}, output rel err vs exact {out_err:.3e}")
+    print(
+        f"{cfg['family']} {read_dtype} read copy, 1024 steps: S_hp rel err {err:.3e}, "
+        f"output rel err vs exact {out_err:.3e}"
+    )
+    assert w.module_name.endswith(READ_SUFFIX[read_dtype]), w.module_name
     assert err <= STATE_TOL, f"S_hp rel err after 1024 steps {err:.3e} > {STATE_TOL}"
-    assert out_err <= 0.1, f"fp8 read-copy outputs drift from the exact recurrence: {out_err:.3e}"
+    bound = OUTPUT_DRIFT[read_dtype]
+    assert out_err <= bound, f"{read_dtype} read-copy outputs drift from the exact recurrence: {out_err:.3e} > {bound}"
 
 
 class TestDeltaReadCopyContract:
+    @pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
     @pytest.mark.parametrize("cfg", FAMILY_CFGS, ids=FAMILY_IDS)
-    def test_verify_plan_is_refused(self, cfg):
-        w, _ = make(cfg, torch.float8_e4m3fn, None, 4, 2)
+    def test_verify_plan_is_refused(self, cfg, read_dtype):
+        w, _ = make(cfg, read_dtype, None, 4, 2)
         slots = torch.tensor([0, 1], device="cuda", dtype=torch.int32)
         with pytest.raises(ValueError, match="read_dtype"):
             w.plan(slots, draft_len=2)
         w.plan(slots)  # the standard step still plans
-        assert w.module_name.endswith("_read_fp8")
+        assert w.module_name.endswith(READ_SUFFIX[read_dtype])
 
     @pytest.mark.parametrize("cfg", FAMILY_CFGS, ids=FAMILY_IDS)
     def test_cache_without_read_copy_is_refused(self, cfg):
@@ -326,3 +358,9 @@ class TestDeltaReadCopyContract:
         assert sizes["read_scale"] == HV * V * 4
         assert sizes["rings"] == HV * R * V * 4 + HK * R * K * 4 + HV * R * 4 + HV * R * V * 2 + HV * R * 4
         assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")
+        _, packed = make(GDN, "nvfp4", None, 2, 1)
+        assert packed.read_copy.dtype == torch.uint8 and packed.read_copy.shape == (2, HV, V, K * 9 // 16)
+        nv = packed.bytes_per_slot()
+        assert nv["read_copy"] == HV * V * (K // 2 + K // 16) and nv["read_scale"] == HV * V * 4
+        assert (nv["checkpoint"], nv["rings"]) == (sizes["checkpoint"], sizes["rings"])
+        assert nv["total"] == sum(v for k, v in nv.items() if k != "total")

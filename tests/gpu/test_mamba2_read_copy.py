@@ -12,12 +12,15 @@ the same values, and computes its output from S_hp. So, per slot, with a float64
 * after every flush S_hp equals the exact state within 2e-5 (fp32), and S_lp equals the
   reference quantiser (replayssm.reference.quant) applied to the S_hp the kernel stored: fp8
   codes equal or one code apart (rounding of the division), scales within 1 ulp; bf16 bit-equal;
-* over 4,096 steps S_hp stays within 2e-5 of float64, i.e. read-copy rounding never enters the
-  recurrence;
+  NVFP4 (packed rows, pack_nvfp4_rows) row scales within 1 ulp, block-scale bytes and e2m1 codes
+  each at least 99.9% equal and never more than one code (one magnitude step) apart;
+* over 4,096 steps S_hp stays within 2e-5 of float64 with an fp8 or an NVFP4 copy, i.e.
+  read-copy rounding never enters the recurrence;
 * NaN in one state row stays in that row's outputs; pad rows are zeros and touch nothing;
   unused slots are never written; a CUDA graph of the step replays correctly.
 Outputs are poisoned with NaN before every launch. Each case runs the tile kernel and the
-persistent kernel (forced: the batches here are small).
+persistent kernel (forced: the batches here are small), with every read format (fp8, bf16,
+nvfp4: N = 128 here, a multiple of 128 as NVFP4 needs).
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pytest
 import torch
 
 from replayssm.reference import mamba2_step
-from replayssm.reference.quant import quantize_fp8_e4m3_rows
+from replayssm.reference.quant import pack_nvfp4_rows, quantize_fp8_e4m3_rows
 
 from .common import active_rows, rel_err, seeded_generator
 from .mamba2_inputs import layer_weights, step_inputs
@@ -36,8 +39,10 @@ pytestmark = pytest.mark.gpu
 F32, BF16 = torch.float32, torch.bfloat16
 H, P, N, G, L = 8, 64, 128, 2, 16
 OUT_TOL, STATE_TOL = 6e-3, 2e-5  # bf16 io outputs; fp32 checkpoint
-READ_DTYPES = [torch.float8_e4m3fn, torch.bfloat16]
-READ_IDS = ["fp8", "bf16"]
+READ_DTYPES = [torch.float8_e4m3fn, torch.bfloat16, "nvfp4"]
+READ_IDS = ["fp8", "bf16", "nvfp4"]
+#: module-name suffix of each read format (replayssm.jit.spec.READ_CODES)
+READ_SUFFIX = {torch.float8_e4m3fn: "_read_fp8", torch.bfloat16: "_read_bf16", "nvfp4": "_read_nvfp4"}
 KERNELS = [False, True]
 KERNEL_IDS = ["tile", "persistent"]
 
@@ -61,16 +66,53 @@ def make(read_dtype, persistent, num_slots, max_batch, *, nheads=H, ngroups=G):
 
 
 def dequantized(cache, slots) -> torch.Tensor:
-    """The read copy of ``slots`` as float64 [n, H, P, N] (codes times scales)."""
-    codes = cache.read_copy[slots].double()
-    if cache.read_scale is None:
-        return codes
-    return codes * cache.read_scale[slots].double()[..., None]
+    """The read copy of ``slots`` as float64 [n, heads, rows, cols]: its dequantised values in any
+    read format (cache.read_copy_values: fp8 codes times scales, bf16 as is, nvfp4 unpacked)."""
+    return cache.read_copy_values(slots).double()
+
+
+def nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """The e2m1 codes (nibbles, int32 [..., cols]) of packed NVFP4 code bytes [..., cols / 2]:
+    element 2i is the low nibble of byte i, element 2i + 1 the high one."""
+    b = packed.int()
+    return torch.stack([b & 0xF, b >> 4], dim=-1).flatten(-2)
+
+
+def check_nvfp4_encodes(
+    got: torch.Tensor, got_scale: torch.Tensor, F: torch.Tensor, what: str, scale_rtol: float = 2**-23
+) -> None:
+    """A packed NVFP4 copy (``got`` uint8 [..., cols * 9 // 16], row scales ``got_scale`` fp32
+    [...]) against the reference (pack_nvfp4_rows) of the fp32 values ``F`` [..., cols] it was
+    encoded from: row scales within ``scale_rtol`` (1 ulp); block-scale bytes (e4m3, never
+    negative, so neighbouring codes are neighbouring bytes) at most one code apart and at least
+    99.9% equal; e2m1 codes at least 99.9% equal and never more than one magnitude step apart with
+    the same sign (a zero code has no sign: magnitude 0 against 1 is one step, either sign). The
+    kernels divide as the reference does, so their codes are expected to be the reference's; the
+    one-code allowance covers a fold whose fp32 values differ from the stored ones in the last bit
+    (a 16-bit checkpoint's copy is encoded from the fold, not from what the checkpoint stores)."""
+    half = F.shape[-1] // 2
+    want, scale = pack_nvfp4_rows(F)
+    assert got.dtype == torch.uint8 and got.shape == want.shape, f"{what}: nvfp4 copy {got.dtype} {list(got.shape)}"
+    assert torch.allclose(got_scale, scale, rtol=scale_rtol, atol=0), f"{what}: nvfp4 row scales"
+    a, b = got[..., half:].int(), want[..., half:].int()
+    assert bool(((a - b).abs() <= 1).all()), f"{what}: nvfp4 block scales more than one e4m3 code apart"
+    same = float((a == b).float().mean())
+    assert same >= 0.999, f"{what}: only {same:.4%} of the nvfp4 block scales equal the reference's"
+    na, nb = nibbles(got[..., :half]), nibbles(want[..., :half])
+    mag_a, mag_b = na & 7, nb & 7
+    near = ((na & 8) == (nb & 8)) & ((mag_a - mag_b).abs() <= 1)
+    zero = ((mag_a == 0) & (mag_b <= 1)) | ((mag_b == 0) & (mag_a <= 1))
+    assert bool((near | zero).all()), f"{what}: nvfp4 codes more than one e2m1 step apart"
+    same = float((na == nb).float().mean())
+    assert same >= 0.999, f"{what}: only {same:.4%} of the nvfp4 codes equal the reference's"
 
 
 def check_read_copy_encodes(cache, slots, what: str) -> None:
     """S_lp of ``slots`` is the reference quantiser applied to the stored S_hp."""
     S = cache.checkpoint[slots]
+    if cache.read_dtype == "nvfp4":
+        check_nvfp4_encodes(cache.read_copy[slots], cache.read_scale[slots], S.float(), what)
+        return
     if cache.read_scale is None:
         assert torch.equal(cache.read_copy[slots], S.to(cache.read_copy.dtype)), f"{what}: bf16 read copy"
         return
@@ -223,7 +265,7 @@ class TestMamba2ReadCopyDecode:
             f"{read_dtype} {'persistent' if persistent else 'tile'}",
         )
         assert w.persistent == persistent
-        assert "_read_" in w.module_name
+        assert w.module_name.endswith(READ_SUFFIX[read_dtype]), w.module_name
         got = cache.materialize(active, A=A)
         assert rel_err(got, oracle.exact[active]) <= STATE_TOL
         for a, b in zip(before, [t[unused] for t in (cache.checkpoint, cache.read_copy, *cache.rings())]):
@@ -290,15 +332,17 @@ class TestMamba2ReadCopyDecode:
 
 
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)
+@pytest.mark.parametrize("read_dtype", [torch.float8_e4m3fn, "nvfp4"], ids=["fp8", "nvfp4"])
 class TestMamba2ReadCopyFidelity:
-    def test_fp8_4096_steps_checkpoint_stays_exact(self, persistent):
-        """Nemotron head layout (H128, G8), 8 sequences, 4,096 steps with the fp8 read copy: S_hp
-        within 2e-5 of float64 (read-copy rounding never enters the recurrence); the outputs'
-        error against the exact recurrence (read-copy rounding included) is reported."""
+    def test_4096_steps_checkpoint_stays_exact(self, read_dtype, persistent):
+        """Nemotron head layout (H128, G8), 8 sequences, 4,096 steps with an fp8 or NVFP4 read
+        copy: S_hp within 2e-5 of float64 (read-copy rounding never enters the recurrence); the
+        outputs' error against the exact recurrence (read-copy rounding included) is reported and
+        bounded loosely (0.1)."""
         gen = seeded_generator()
         dev = torch.device("cuda")
         Hm, Gm = 128, 8
-        w, cache = make(torch.float8_e4m3fn, persistent, 8, 8, nheads=Hm, ngroups=Gm)
+        w, cache = make(read_dtype, persistent, 8, 8, nheads=Hm, ngroups=Gm)
         A, D, dt_bias = layer_weights(Hm, gen, dev)
         slots = torch.arange(8, device=dev, dtype=torch.int32)
         cache.reset(slots)
@@ -326,18 +370,20 @@ class TestMamba2ReadCopyFidelity:
         err = rel_err(cache.materialize(slots, A=A), S_ref)
         assert err <= STATE_TOL, f"S_hp rel err after 4096 steps {err:.3e} > {STATE_TOL}"
         out_err = (sq / sq_ref) ** 0.5
-        assert out_err <= 0.1, f"fp8 read-copy outputs drift from the exact recurrence: {out_err:.3e}"
-        print(f"fp8 read copy, 4096 steps: S_hp rel err {err:.3e}, output rel err vs exact {out_err:.3e}")
+        assert out_err <= 0.1, f"{read_dtype} read-copy outputs drift from the exact recurrence: {out_err:.3e}"
+        assert w.module_name.endswith(READ_SUFFIX[read_dtype]), w.module_name
+        print(f"{read_dtype} read copy, 4096 steps: S_hp rel err {err:.3e}, output rel err vs exact {out_err:.3e}")
 
 
 class TestMamba2ReadCopyContract:
-    def test_verify_plan_is_refused(self):
-        w, cache = make(torch.float8_e4m3fn, None, 4, 2)
+    @pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
+    def test_verify_plan_is_refused(self, read_dtype):
+        w, cache = make(read_dtype, None, 4, 2)
         slots = torch.tensor([0, 1], device="cuda", dtype=torch.int32)
         with pytest.raises(ValueError, match="read_dtype"):
             w.plan(slots, draft_len=2)
         w.plan(slots)  # the standard step still plans
-        assert w.module_name.endswith("_read_fp8")
+        assert w.module_name.endswith(READ_SUFFIX[read_dtype])
 
     def test_cache_without_read_copy_is_refused(self):
         from replayssm import Mamba2DecodeWrapper
@@ -348,10 +394,24 @@ class TestMamba2ReadCopyContract:
         with pytest.raises(ValueError, match="read_dtype"):
             w.run(plain, *[None] * 5)
 
+    def test_cache_of_another_read_format_is_refused(self):
+        w, _ = make("nvfp4", None, 4, 2)
+        _, fp8 = make(torch.float8_e4m3fn, None, 4, 2)
+        w.plan(torch.tensor([0, 1], device="cuda", dtype=torch.int32))
+        with pytest.raises(ValueError, match="read_dtype"):
+            w.run(fp8, *[None] * 5)
+
     def test_bytes_per_slot(self):
         _, cache = make(torch.float8_e4m3fn, None, 2, 1)
         sizes = cache.bytes_per_slot()
         assert sizes["checkpoint"] == H * P * N * 4
         assert sizes["read_copy"] == H * P * N
+        assert sizes["read_scale"] == H * P * 4
+        assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")
+        _, packed = make("nvfp4", None, 2, 1)
+        assert packed.read_copy.dtype == torch.uint8 and packed.read_copy.shape == (2, H, P, N * 9 // 16)
+        sizes = packed.bytes_per_slot()
+        assert sizes["checkpoint"] == H * P * N * 4
+        assert sizes["read_copy"] == H * P * (N // 2 + N // 16)  # codes two per byte, an e4m3 scale per 16
         assert sizes["read_scale"] == H * P * 4
         assert sizes["total"] == sum(v for k, v in sizes.items() if k != "total")

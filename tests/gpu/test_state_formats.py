@@ -5,7 +5,10 @@
   or stochastically);
 * ``bf16_sr``: a bf16 checkpoint that the flush rounds stochastically;
 * ``bf16+fp8``, ``bf16_sr+fp8``: a bf16 checkpoint S_hp (rounded to nearest, or stochastically)
-  with an fp8 read copy encoded to nearest from the flush's fp32 values.
+  with an fp8 read copy encoded to nearest from the flush's fp32 values;
+* ``fp32+nvfp4``, ``bf16+nvfp4``, ``bf16_sr+nvfp4``: the packed NVFP4 read copy (e2m1 codes, e4m3
+  block scales, fp32 row scales) beside an fp32 S_hp or a bf16 one (to nearest, or
+  stochastically), encoded to nearest from the flush's fp32 values.
 
 Semantics checked against a float64 oracle that follows the state the kernels store (docs/design.md,
 "State formats"): per slot, the *held* state (the checkpoint a flush folds from and the flushing
@@ -20,7 +23,11 @@ non-flush steps read: the dequantised copy, or the checkpoint itself).
   float64 fold of the window from the held state, with the random numbers of the counter hash
   (replayssm.reference.stochastic) for stochastic formats: fp8 codes equal or one code apart and at
   least 99.9% equal, scales within 1e-5 (the kernel folds in fp32); bf16 values equal or one ulp
-  apart, at least 99.9% equal; the fp8 copy beside a bf16 S_hp likewise from the fp32 fold;
+  apart, at least 99.9% equal; the fp8 copy beside a bf16 S_hp likewise from the fp32 fold; an
+  NVFP4 copy's block scales and codes at least 99.9% equal and at most one code apart
+  (test_mamba2_read_copy.check_nvfp4_encodes), against the values the kernel stored beside an
+  fp32 S_hp (row scales within 1 ulp) or the fold beside a bf16 one (row scales within 1e-5); an
+  fp32 S_hp within 2e-5 of the fold;
 * each flush adds one to the slot's flush count (stochastic formats);
 * materialize() equals the oracle's held recurrence (2e-5); pad rows are zeros; unused slots are
   never written; outputs are poisoned with NaN before every launch;
@@ -46,7 +53,7 @@ from . import test_gdn_decode as gdn_inputs
 from .common import active_rows, rel_err, seeded_generator
 from .mamba2_inputs import layer_weights, step_inputs
 from .test_delta_read_copy import model_inputs
-from .test_mamba2_read_copy import Oracle, dequantized
+from .test_mamba2_read_copy import Oracle, check_nvfp4_encodes, dequantized
 
 pytestmark = pytest.mark.gpu
 
@@ -59,6 +66,9 @@ FORMATS = {
     "bf16_sr": dict(state=BF16, read=None, single=False, sr=True),
     "bf16+fp8": dict(state=BF16, read=FP8, single=False, sr=False),
     "bf16_sr+fp8": dict(state=BF16, read=FP8, single=False, sr=True),
+    "fp32+nvfp4": dict(state=F32, read="nvfp4", single=False, sr=False),
+    "bf16+nvfp4": dict(state=BF16, read="nvfp4", single=False, sr=False),
+    "bf16_sr+nvfp4": dict(state=BF16, read="nvfp4", single=False, sr=True),
 }
 FORMAT_IDS = list(FORMATS)
 FAMILIES = ["mamba2", "gdn", "kda"]
@@ -145,7 +155,12 @@ def check_flush(cache, s: int, fold: torch.Tensor, flushes: int, fmt: str, what:
     u = flush_uniforms(s, flushes, tuple(F.shape), F.device) if f["sr"] else None
     _, ref_scale = quantize_fp8_e4m3_rows(F)
     safe = torch.where(ref_scale > 0, ref_scale, torch.ones_like(ref_scale))
-    if f["read"] is not None:  # the fp8 copy: the single state (rounded as the format says) or S_lp (to nearest)
+    if f["read"] == "nvfp4":  # S_lp to nearest from the fold: beside fp32, the very values stored
+        if f["state"] == F32:
+            check_nvfp4_encodes(cache.read_copy[s], cache.read_scale[s], cache.checkpoint[s], f"{what}: read copy")
+        else:
+            check_nvfp4_encodes(cache.read_copy[s], cache.read_scale[s], F, f"{what}: read copy", SCALE_RTOL)
+    elif f["read"] is not None:  # the fp8 copy: the single state (rounded as the format says) or S_lp (to nearest)
         got_scale = cache.read_scale[s]
         assert torch.allclose(got_scale, ref_scale.squeeze(-1), rtol=SCALE_RTOL, atol=0), f"{what}: fp8 row scales"
         if f["single"] and f["sr"]:
@@ -153,7 +168,10 @@ def check_flush(cache, s: int, fold: torch.Tensor, flushes: int, fmt: str, what:
         else:
             want = quantize_fp8_e4m3_rows(F)[0]
         assert_codes_close(cache.read_copy[s], want, f"{what}: fp8 {'state' if f['single'] else 'read copy'}")
-    if not f["single"]:  # the bf16 checkpoint
+    if not f["single"] and f["state"] == F32:  # an fp32 checkpoint: the fold in fp32 arithmetic
+        e = rel_err(cache.checkpoint[s].double(), fold.double())
+        assert e <= STATE_TOL, f"{what}: fp32 checkpoint rel err {e:.2e}"
+    elif not f["single"]:  # the bf16 checkpoint
         want = (stochastic_round_bf16(F, u) if f["sr"] else F).to(BF16)
         assert_bf16_close(cache.checkpoint[s], want, F, f"{what}: bf16 checkpoint")
     if f["sr"]:
@@ -258,9 +276,8 @@ def run_delta(w, cache, fmt, plan, gen, A_log, dt_bias, model, cfg, what) -> flo
 
 def suffix(fmt: str) -> str:
     f = FORMATS[fmt]
-    return (
-        ("_read_fp8" if f["read"] is not None else "") + ("_single" if f["single"] else "") + ("_sr" if f["sr"] else "")
-    )
+    read = {None: "", FP8: "_read_fp8", "nvfp4": "_read_nvfp4"}[f["read"]]
+    return read + ("_single" if f["single"] else "") + ("_sr" if f["sr"] else "")
 
 
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)
@@ -357,7 +374,7 @@ def test_nan_row_stays_in_its_row(family, fmt, persistent):
 
 
 @pytest.mark.parametrize("persistent", KERNELS, ids=KERNEL_IDS)
-@pytest.mark.parametrize("fmt", ["fp8_single_sr", "bf16_sr", "bf16_sr+fp8"])
+@pytest.mark.parametrize("fmt", ["fp8_single_sr", "bf16_sr", "bf16_sr+fp8", "bf16_sr+nvfp4"])
 @pytest.mark.parametrize("family", FAMILIES)
 def test_cuda_graph_matches_eager_twin(family, fmt, persistent):
     """One captured step replayed across two flushes matches an eager twin bit for bit (outputs and

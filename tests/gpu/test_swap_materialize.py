@@ -5,7 +5,7 @@ Swap: one run is interrupted mid-window (its slots swapped out to pinned host me
 by other sequences, then swapped in to other slots), a twin run is not; both see the same inputs.
 Criterion: bit equality of every output after the swap and of every per-slot tensor at the end
 (checkpoint, read copy and scales, rings, cursors), across a flush, for each family and the fp8
-read copies. The same holds with a verify pending across the swap (committed afterwards).
+and NVFP4 read copies. The same holds with a verify pending across the swap (committed afterwards).
 
 Prefix states: sequences decode with the kernels beside the float64 reference pool
 (replayssm.reference), which gives the exact state after every step of every slot; the state after
@@ -27,7 +27,7 @@ from .spec_driver import DEV, Mamba2Spec
 
 pytestmark = pytest.mark.gpu
 
-F32, BF16, FP8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
+F32, BF16 = torch.float32, torch.bfloat16
 CFGS = {
     "mamba2": dict(H=8, P=64, N=128, G=2, state=F32, io=BF16, L=16),
     "gdn": dict(family="gdn", HV=4, HK=2, K=128, V=128, state=F32, io=BF16, L=16),
@@ -70,16 +70,21 @@ def plan(w, slots, order, T_=None):
 
 
 # ------------------------------------------------------------------------------ swap
-@pytest.mark.parametrize("variant", ["mamba2", "mamba2_fp8_read_copy", "gdn", "gdn_fp8_read_copy", "kda"])
+@pytest.mark.parametrize(
+    "variant",
+    ["mamba2", "mamba2_fp8_read_copy", "mamba2_nvfp4_read_copy", "gdn", "gdn_fp8_read_copy", "gdn_nvfp4_read_copy"]
+    + ["kda"],
+)
 def test_swap_out_clobber_swap_in_elsewhere_is_bit_exact(variant):
     from replayssm.families import FAMILIES
 
-    family = variant.split("_")[0]
-    if "fp8" in variant and "float8_e4m3fn" not in FAMILIES[family].read_formats:
-        pytest.skip(f"no {family} read copy in this build")
+    family, _, rest = variant.partition("_")
+    read = {"": None, "fp8_read_copy": "float8_e4m3fn", "nvfp4_read_copy": "nvfp4"}[rest]
+    if read is not None and read not in FAMILIES[family].read_formats:
+        pytest.skip(f"no {family} {read} read copy in this build")
     gen = seeded_generator()
     fam = adapter(family, gen)
-    kw = {"read_dtype": FP8} if "fp8" in variant else {}
+    kw = {"read_dtype": read} if read is not None else {}
     wa, wb, other = (fam.wrapper("replay", BATCH, **kw) for _ in range(3))  # a: uninterrupted, b: swapped
     a, b = wa.create_cache(NUM_SLOTS), wb.create_cache(NUM_SLOTS)
     S0 = torch.randn(len(SRC), *state_shape(fam), device=DEV, generator=gen) * 0.1

@@ -8,6 +8,8 @@
 //                  BF16Codec     S_lp = bf16(S_hp), round to nearest even, no scale;
 //                  FP8Codec      S_lp = e4m3(S_hp / s) with one fp32 scale s = amax|row| / 448 per row
 //                                (saturating, round to nearest even; a row of zeros gets s = 0);
+//                  NVFP4Codec    S_lp = e2m1 codes, two per byte, an e4m3 scale per block of 16 and
+//                                one fp32 scale per row (two copies only; layout below);
 //   kSingle        the copy is the only state (no S_hp): every step reads it, the flush folds into
 //                  its dequantised values and re-encodes it (the single 8-bit state engines use);
 //   kStochastic    the flush rounds what it stores stochastically (common/stochastic.cuh): a
@@ -24,6 +26,7 @@
 #include <type_traits>
 
 #include "math.cuh"
+#include "nvfp4.cuh"
 #include "state_pool.cuh"
 #include "state_tile.cuh"
 #include "stochastic.cuh"
@@ -49,24 +52,33 @@ __device__ __forceinline__ void unpack16<__nv_fp8_e4m3>(const uint4& raw, float 
     }
 }
 
+// Every codec says how many elements of T one state row of `cols` values takes in the copy
+// (row_elems: cols, except NVFP4's packed codes and block scales) and whether it has per-block
+// scales (kBlockScaled: NVFP4 only).
 struct NoCopyCodec {
   static constexpr bool kEnabled = false;
   static constexpr bool kScaled = false;
+  static constexpr bool kBlockScaled = false;
   using T = float;  // unused
+  __host__ __device__ static constexpr int row_elems(int cols) { return cols; }
 };
 
 struct BF16Codec {
   static constexpr bool kEnabled = true;
   static constexpr bool kScaled = false;
+  static constexpr bool kBlockScaled = false;
   using T = __nv_bfloat16;
+  __host__ __device__ static constexpr int row_elems(int cols) { return cols; }
   __device__ __forceinline__ static T encode(float v, float /*inv_divisor*/) { return __float2bfloat16_rn(v); }
 };
 
 struct FP8Codec {
   static constexpr bool kEnabled = true;
   static constexpr bool kScaled = true;
+  static constexpr bool kBlockScaled = false;
   static constexpr float kMax = 448.f;  // largest finite e4m3 magnitude
   using T = __nv_fp8_e4m3;
+  __host__ __device__ static constexpr int row_elems(int cols) { return cols; }
   // e4m3(v / s), saturated to +-448 (NaN stays NaN), nearest even, with `inv_divisor` = 1 / s
   // (1 when s is 0 or NaN, as the reference quantiser divides by 1 then). A product by the
   // reciprocal instead of the quotient: the two differ by at most one fp32 ulp, which changes the
@@ -79,12 +91,31 @@ struct FP8Codec {
   }
 };
 
+// NVFP4 (replayssm/reference/quant.py): per row, r = amax|row| / (448 * 6) (fp32, in the row
+// scales); per block of 16 values, b = e4m3(amax|block| / (6 r)) (saturated to 448; r taken as 1
+// when it is 0); code = e2m1(value / (b r)) (round to nearest even, saturated to +-6; 0 where
+// b r is not positive); value = code * b * r. A row of the copy is `cols * 9 / 16` bytes: the
+// codes, element 2i in the low nibble of byte i and 2i + 1 in the high one (a nibble is
+// sign << 3 | the magnitude's index in {0, 0.5, 1, 1.5, 2, 3, 4, 6}; zero is always 0), then
+// the block scales (byte b: elements 16 b .. 16 b + 15). Rows of whole 128-value groups keep
+// every row 8-byte aligned. Hopper has no e2m1 conversion: the codes are decoded in software
+// (common/nvfp4.cuh).
+struct NVFP4Codec {
+  static constexpr bool kEnabled = true;
+  static constexpr bool kScaled = true;  // the row scales
+  static constexpr bool kBlockScaled = true;
+  static constexpr int kBlock = kNvfp4Block;
+  using T = uint8_t;
+  __host__ __device__ static constexpr int row_elems(int cols) { return cols / 2 + cols / kBlock; }
+};
+
 template <class Codec, bool kSingleCopy = false, bool kStochasticRounding = false>
 struct StateFormat : Codec {
   static constexpr bool kSingle = kSingleCopy;
   static constexpr bool kStochastic = kStochasticRounding;
   static constexpr bool kTwoCopy = Codec::kEnabled && !kSingleCopy;  // an S_hp beside the copy
   static_assert(!kSingleCopy || Codec::kEnabled, "a single copy needs a codec");
+  static_assert(!kSingleCopy || !Codec::kBlockScaled, "an NVFP4 copy is a read copy beside a checkpoint");
 };
 
 using NoReadCopy = StateFormat<NoCopyCodec>;
@@ -94,6 +125,8 @@ using ReadCopyFP8 = StateFormat<FP8Codec>;
 using ReadCopyFP8SR = StateFormat<FP8Codec, false, true>;  // bf16 S_hp stochastic, fp8 copy to nearest
 using SingleFP8 = StateFormat<FP8Codec, true>;
 using SingleFP8SR = StateFormat<FP8Codec, true, true>;
+using ReadCopyNVFP4 = StateFormat<NVFP4Codec>;
+using ReadCopyNVFP4SR = StateFormat<NVFP4Codec, false, true>;  // bf16 S_hp stochastic, NVFP4 copy to nearest
 
 // Whether a module of format RC may keep its checkpoint in TS: a read copy is narrower than its
 // S_hp (an fp32 checkpoint, or a 16-bit one beside an fp8 copy); a single copy keeps no TS at all
@@ -188,6 +221,56 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
   }
 }
 
+// Encode this thread's part of one row of an NVFP4 copy from the fp32 values it holds (`q`, laid
+// out as Tile, the checkpoint's tile) and store it at `row` (the row's first byte); the row's
+// leader lane stores the row scale at `scale`, the first lane of each block its block scale.
+// Every lane of the row's group must call it (row and block scales are group reductions). The
+// arithmetic is the reference quantiser's, division for division, so the codes are its codes.
+template <class Tile>
+__device__ __forceinline__ void store_nvfp4_row(uint8_t* row, float* scale, const float (&q)[Tile::kVpl][Tile::kVec],
+                                                int lane) {
+  constexpr int kV = Tile::kVec;
+  constexpr int kCols = Tile::kVecsPerRow * kV;
+  constexpr int kBlockLanes = kNvfp4Block / kV;  // lanes that hold one block's runs
+  static_assert(kNvfp4Block % kV == 0 && Tile::kLanes % kBlockLanes == 0, "a block is whole runs of whole lanes");
+  static_assert(kV == 4 || kV == 8, "a run of codes is one 2- or 4-byte store");
+  float run_amax[Tile::kVpl];
+  float amax = 0.f;
+#pragma unroll
+  for (int v = 0; v < Tile::kVpl; ++v) {
+    float a_run = 0.f;
+#pragma unroll
+    for (int e = 0; e < kV; ++e) {
+      const float a = fabsf(q[v][e]);
+      a_run = (a > a_run || a != a) ? a : a_run;
+    }
+    run_amax[v] = a_run;
+    amax = (a_run > amax || a_run != a_run) ? a_run : amax;
+  }
+  const float rs = group_amax<Tile::kLanes>(amax) / kNvfp4RowMax;
+  if (Tile::row_leader(lane)) *scale = rs;
+  const float safe_row = rs > 0.f ? rs : 1.f;
+#pragma unroll
+  for (int v = 0; v < Tile::kVpl; ++v) {
+    float b = group_amax<kBlockLanes>(run_amax[v]) / (kNvfp4BlockMax * safe_row);
+    b = b > 448.f ? 448.f : b;  // NaN stays NaN
+    const __nv_fp8_e4m3 bs(b);  // round to nearest even
+    const float combined = static_cast<float>(bs) * rs;
+    const bool live = combined > 0.f;
+    const float divisor = live ? combined : 1.f;
+    uint32_t codes = 0u;
+#pragma unroll
+    for (int e = 0; e < kV; ++e) codes |= (live ? e2m1_code(__fdiv_rn(q[v][e], divisor)) : 0u) << (4 * e);
+    const int col = Tile::col(lane, v);
+    if constexpr (kV == 4) {
+      *reinterpret_cast<uint16_t*>(row + col / 2) = static_cast<uint16_t>(codes);
+    } else {
+      *reinterpret_cast<uint32_t*>(row + col / 2) = codes;
+    }
+    if (lane % kBlockLanes == 0) row[kCols / 2 + col / kNvfp4Block] = bs.__x;
+  }
+}
+
 // Where a flush stores one row of a slot's state: the checkpoint row (TS; nullptr for a single
 // copy), the copy's row and its scale (nullptr without), and the row's random bits (stochastic
 // formats).
@@ -221,7 +304,7 @@ __device__ __forceinline__ StateRowDst<RC, TS> state_row_dst(const StatePool& po
            static_cast<int64_t>(row) * cols;
   if constexpr (RC::kEnabled) {
     d.read = static_cast<typename RC::T*>(pool.read) + slot * pool.read_stride_slot + head * pool.read_stride_head +
-             static_cast<int64_t>(row) * cols;
+             static_cast<int64_t>(row) * RC::row_elems(cols);
     if constexpr (RC::kScaled)
       d.scale = pool.read_scale + slot * pool.scale_stride_slot + head * pool.scale_stride_head + row;
   }
@@ -283,7 +366,9 @@ __device__ __forceinline__ void store_state_row(const StateRowDst<RC, TS>& dst,
       store_stream16(dst.hp + Tile::col(lane, v), packed);
       unpack16<TS>(packed, held[v]);  // read out what was stored, so outputs match the stored checkpoint
     }
-    if constexpr (RC::kTwoCopy) {  // re-encode the read copy from the fp32 fold
+    if constexpr (RC::kBlockScaled) {  // re-encode the read copy from the fp32 fold
+      store_nvfp4_row<Tile>(dst.read, dst.scale, sv, lane);
+    } else if constexpr (RC::kTwoCopy) {
       float unused[Tile::kVpl][kV];
       store_read_row<RC, Tile>(dst.read, dst.scale, sv, lane, dst.sr, unused);
     }
@@ -309,13 +394,35 @@ struct ReadCopyTile {
   static constexpr int kPasses = Tile::kPasses;
   static constexpr int kCols = Tile::kVpl * Tile::kVec;  // columns of a row one thread holds
   static_assert(kFormatFits<RC, TS>, "a read copy is narrower than its checkpoint; a single copy keeps none");
+  // NVFP4: bytes per row of the copy (codes, then block scales); a thread's run of 16 columns is
+  // one block (the geometry of an 8-bit tile), 8 bytes of codes and one block scale.
+  static constexpr int kRowBytes = RC::row_elems(N) * static_cast<int>(sizeof(Elem));
+  static_assert(!RC::kBlockScaled || (N % 128 == 0 && Tile::kVec == kNvfp4Block),
+                "an NVFP4 row is whole groups of 128 values, and a thread's run one block");
 
-  uint4 raw[Tile::kPasses][Tile::kVpl];  // this thread's 16-byte words of its rows
+  uint4 raw[Tile::kPasses][Tile::kVpl];  // this thread's 16-byte words of its rows (NVFP4: codes
+                                         // in x, y; the block scale times kNvfp4CodeUnit in z)
   float scale[Tile::kPasses];            // scaled formats: its rows' scales
 
   // Rows row0 .. row0 + ROWS - 1 of head `head` of pool slot `slot` (streaming 16-byte loads).
   __device__ __forceinline__ void load(const StatePool& pool, int64_t slot, int head, int row0, int warp, int lane) {
-    if constexpr (RC::kEnabled) {
+    if constexpr (RC::kBlockScaled) {
+      const uint8_t* src = static_cast<const uint8_t*>(pool.read) + slot * pool.read_stride_slot +
+                           head * pool.read_stride_head + static_cast<int64_t>(row0) * kRowBytes;
+#pragma unroll
+      for (int s = 0; s < kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          const uint8_t* r = src + Tile::row(warp, lane, s) * kRowBytes;
+          const int col = Tile::col(lane, v);
+          const uint2 c = load_stream8(r + col / 2);
+          raw[s][v] =
+              make_uint4(c.x, c.y, __float_as_uint(nvfp4_block_scale(__ldg(r + N / 2 + col / kNvfp4Block))), 0u);
+        }
+      const float* sc = pool.read_scale + slot * pool.scale_stride_slot + head * pool.scale_stride_head + row0;
+#pragma unroll
+      for (int s = 0; s < kPasses; ++s) scale[s] = sc[Tile::row(warp, lane, s)];
+    } else if constexpr (RC::kEnabled) {
       const Elem* src = static_cast<const Elem*>(pool.read) + slot * pool.read_stride_slot +
                         head * pool.read_stride_head + static_cast<int64_t>(row0) * N;
       Tile::load(raw, src, warp, lane);
@@ -334,13 +441,29 @@ struct ReadCopyTile {
   // The same rows from shared memory: `codes` [ROWS][N] (16-byte aligned), `scales` [ROWS]
   // (scaled formats only; ignored otherwise).
   __device__ __forceinline__ void load_shared(const void* codes, const float* scales, int warp, int lane) {
-    const Elem* t = static_cast<const Elem*>(codes);
+    if constexpr (RC::kBlockScaled) {
+      const uint8_t* t = static_cast<const uint8_t*>(codes);
 #pragma unroll
-    for (int s = 0; s < kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
+      for (int s = 0; s < kPasses; ++s) {
+        const uint8_t* r = t + Tile::row(warp, lane, s) * kRowBytes;
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) raw[s][v] = *reinterpret_cast<const uint4*>(t + r * N + Tile::col(lane, v));
-      if constexpr (RC::kScaled) scale[s] = scales[r];
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          const int col = Tile::col(lane, v);
+          const uint2 c = *reinterpret_cast<const uint2*>(r + col / 2);
+          raw[s][v] = make_uint4(c.x, c.y, __float_as_uint(nvfp4_block_scale(r[N / 2 + col / kNvfp4Block])), 0u);
+        }
+        scale[s] = scales[Tile::row(warp, lane, s)];
+      }
+    } else {
+      const Elem* t = static_cast<const Elem*>(codes);
+#pragma unroll
+      for (int s = 0; s < kPasses; ++s) {
+        const int r = Tile::row(warp, lane, s);
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+          raw[s][v] = *reinterpret_cast<const uint4*>(t + r * N + Tile::col(lane, v));
+        if constexpr (RC::kScaled) scale[s] = scales[r];
+      }
     }
   }
 
@@ -351,22 +474,48 @@ struct ReadCopyTile {
   // checkpoint's plain dot product.
   template <int D, class Weight>
   __device__ __forceinline__ void sums(Weight&& weight, float (&out)[D][kPasses]) const {
+    if constexpr (RC::kBlockScaled) {  // per block: the codes' sum, times the block scale
 #pragma unroll
-    for (int s = 0; s < kPasses; ++s) {
-      float acc[D];
+      for (int s = 0; s < kPasses; ++s) {
+        float acc[D];
 #pragma unroll
-      for (int d = 0; d < D; ++d) acc[d] = 0.f;
+        for (int d = 0; d < D; ++d) acc[d] = 0.f;
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        float x[Tile::kVec];
-        unpack16<Elem>(raw[s][v], x);
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          float x[Tile::kVec];
+          nvfp4_decode16(raw[s][v].x, raw[s][v].y, x);
+          float part[D];
 #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e)
+          for (int d = 0; d < D; ++d) part[d] = 0.f;
 #pragma unroll
-          for (int d = 0; d < D; ++d) acc[d] = fmaf(x[e], weight(d, v, e), acc[d]);
+          for (int e = 0; e < Tile::kVec; ++e)
+#pragma unroll
+            for (int d = 0; d < D; ++d) part[d] = fmaf(x[e], weight(d, v, e), part[d]);
+          const float bs = __uint_as_float(raw[s][v].z);
+#pragma unroll
+          for (int d = 0; d < D; ++d) acc[d] = fmaf(part[d], bs, acc[d]);
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
       }
+    } else {
 #pragma unroll
-      for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
+      for (int s = 0; s < kPasses; ++s) {
+        float acc[D];
+#pragma unroll
+        for (int d = 0; d < D; ++d) acc[d] = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          float x[Tile::kVec];
+          unpack16<Elem>(raw[s][v], x);
+#pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e)
+#pragma unroll
+            for (int d = 0; d < D; ++d) acc[d] = fmaf(x[e], weight(d, v, e), acc[d]);
+        }
+#pragma unroll
+        for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
+      }
     }
   }
 

@@ -77,6 +77,13 @@ __device__ __forceinline__ uint4 load16_or_elems(const T* p, bool vec) {
   return raw;
 }
 
+// Streaming 8-byte global load (read once: do not keep in L1).
+__device__ __forceinline__ uint2 load_stream8(const void* p) {
+  uint2 r;
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(r.x), "=r"(r.y) : "l"(p));
+  return r;
+}
+
 // Streaming 16-byte global load (read once: do not keep in L1).
 __device__ __forceinline__ uint4 load_stream16(const void* p) {
   uint4 r;

@@ -99,7 +99,7 @@ struct PersistentLayout {
   // flush tile: the v ring rows [L][kFlushRows] io instead), v [ROWS] io, g ring [L] fp32 (GDN),
   // beta ring [L] fp32 (read copy, flush tile), words: gate (g or a), A_log, dt_bias, beta (or b).
   static constexpr uint32_t kTileBytes = RC::kSingle ? 0 : kFlushRows * K * sizeof(TS);
-  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * K * sizeof(typename RC::T) : 0;
+  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * RC::row_elems(K) * sizeof(typename RC::T) : 0;
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
   static constexpr uint32_t kReadBytes = kScaleOffset + kScaleBytes;  // what a non-flush stage receives
@@ -259,7 +259,7 @@ struct PersistentReplay {
       if (lane == 0) {
         if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
-                            hv * p.pool.read_stride_head + static_cast<int64_t>(v0) * K;
+                            hv * p.pool.read_stride_head + static_cast<int64_t>(v0) * RC::row_elems(K);
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes + ring_bytes);  // the "+ 1" arrival
           bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kReadTileBytes, bar);
           if (RC::kScaled) {

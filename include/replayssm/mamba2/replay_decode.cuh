@@ -71,7 +71,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   //    (registers), whole ring (async copies into shared memory), cursors.
   uint4 raw[ReadTile::kPasses][ReadTile::kVpl];
   float row_scale[ReadTile::kPasses];  // scaled read copy: this thread's rows' scales
-  if constexpr (RC::kEnabled) {
+  using Nvfp4Read = ReadCopyTile<RC, TS, N, ROWS, 4>;  // an NVFP4 copy: the shared loader and dequantiser
+  Nvfp4Read nvfp4;
+  if constexpr (RC::kBlockScaled) {
+    nvfp4.load(p.pool, slot, c.h, c.p0, warp, lane);
+  } else if constexpr (RC::kEnabled) {
     using TR = typename RC::T;
     const TR* rd = static_cast<const TR*>(p.pool.read) + slot * p.pool.read_stride_slot +
                    c.h * p.pool.read_stride_head + static_cast<int64_t>(c.p0) * N;
@@ -216,19 +220,27 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 #pragma unroll
       for (int e = 0; e < kRV; ++e) Cv[v][e] = C_s[ReadTile::col(lane, v) + e];
     const float ck = ck_s;
+    if constexpr (RC::kBlockScaled) {
+      static_assert(Nvfp4Read::Tile::kLanes == ReadTile::kLanes && Nvfp4Read::Tile::kVec == kRV, "one geometry");
+      float d[1][ReadTile::kPasses];
+      nvfp4.template sums<1>([&](int, int v, int e) { return Cv[v][e]; }, d);
 #pragma unroll
-    for (int s = 0; s < ReadTile::kPasses; ++s) {
-      float dot = 0.f;
+      for (int s = 0; s < ReadTile::kPasses; ++s) ypre[s] = ck * nvfp4.dequantise(d[0][s], s);
+    } else {
 #pragma unroll
-      for (int v = 0; v < ReadTile::kVpl; ++v) {
-        float sv[kRV];
-        unpack16<typename ReadTile::Elem>(raw[s][v], sv);
+      for (int s = 0; s < ReadTile::kPasses; ++s) {
+        float dot = 0.f;
 #pragma unroll
-        for (int e = 0; e < kRV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+        for (int v = 0; v < ReadTile::kVpl; ++v) {
+          float sv[kRV];
+          unpack16<typename ReadTile::Elem>(raw[s][v], sv);
+#pragma unroll
+          for (int e = 0; e < kRV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
+        }
+        float y = ck * group_sum<ReadTile::kLanes>(dot);
+        if constexpr (RC::kScaled) y *= row_scale[s];
+        ypre[s] = y;
       }
-      float y = ck * group_sum<ReadTile::kLanes>(dot);
-      if constexpr (RC::kScaled) y *= row_scale[s];
-      ypre[s] = y;
     }
   } else {
     // Fold the m committed records into the checkpoint tile, write it, then read it out.

@@ -96,7 +96,7 @@ struct PersistentLayout {
   // its rows' scales [ROWS]; one or two bulk copies), x ring [L][ROWS], x [ROWS], z [ROWS] (io
   // dtype; a flush tile uses the first kFlushRows rows of each).
   static constexpr uint32_t kTileBytes = RC::kSingle ? 0 : kFlushRows * N * sizeof(TS);
-  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * N * sizeof(typename RC::T) : 0;
+  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * RC::row_elems(N) * sizeof(typename RC::T) : 0;
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
   static constexpr uint32_t kReadBytes = kScaleOffset + kScaleBytes;  // what a non-flush stage receives
@@ -262,7 +262,7 @@ struct PersistentReplay {
       if (lane == 0) {
         if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename RC::T*>(p.pool.read) + slot * p.pool.read_stride_slot +
-                            h * p.pool.read_stride_head + static_cast<int64_t>(p0) * N;
+                            h * p.pool.read_stride_head + static_cast<int64_t>(p0) * RC::row_elems(N);
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
           bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kReadTileBytes, bar);
           if (RC::kScaled) {
@@ -489,6 +489,17 @@ struct PersistentReplay {
         row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rl];
       release();
       y_ck = hv.ck * dot[0] * row_scale;
+    } else if constexpr (!kFlush && RC::kBlockScaled) {  // an NVFP4 copy: the shared loader and dequantiser
+      ReadCopyTile<RC, TS, N, ROWS, kPersistentConsumerWarps> rt;
+      static_assert(decltype(rt)::Tile::kLanes == ReadTile::kLanes && decltype(rt)::Tile::kVec == ReadTile::kVec,
+                    "one geometry");
+      rt.load_shared(S + Layout::kTile.offset,
+                     reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset), warp, lane);
+      release();
+      float d[1][ReadTile::kPasses];
+      rt.template sums<1>([&](int, int v, int e) { return Cv[v * ReadTile::kVec + e]; }, d);
+#pragma unroll
+      for (int s = 0; s < ReadTile::kPasses; ++s) ypre[s] = hv.ck * rt.dequantise(d[0][s], s);
     } else if constexpr (!kFlush) {
       using TR = typename ReadTile::Elem;
       constexpr int kRV = ReadTile::kVec;
