@@ -3,9 +3,12 @@
 Fresh random data per test (seed printed and in every message; REPLAYSSM_TEST_SEED reruns one).
 """
 
+import subprocess
+
 import pytest
 import torch
 
+from replayssm.jit import env
 from replayssm.reference import (
     READ_FORMATS,
     dequantize_fp8_e4m3_rows,
@@ -325,3 +328,59 @@ class TestStochasticRounding:
         for f in (stochastic_round_bf16, stochastic_round_fp8_e4m3_rows):
             with pytest.raises(ValueError, match="'u'"):
                 f(torch.zeros(4, 16), torch.zeros(4, 15))
+
+
+NVFP4_HOST_PROGRAM = r"""
+#include <cstdio>
+#include <replayssm/common/nvfp4.cuh>
+int main() {
+  for (int i = -800; i <= 800; ++i) {
+    const float y = i / 100.f;
+    std::printf("c %a %u\n", y, replayssm::e2m1_code(y));
+  }
+  const float edges[] = {0.25f, 0.75f, 1.25f, 1.75f, 2.5f, 3.5f, 5.f, 6.f, 1e-30f, 0.f, -0.f, 1e30f};
+  for (float y : edges)
+    for (float s : {1.f, -1.f}) std::printf("c %a %u\n", s * y, replayssm::e2m1_code(s * y));
+  float out[16];
+  replayssm::nvfp4_decode16(0x76543210u, 0xFEDCBA98u, out);
+  for (int e = 0; e < 16; ++e) std::printf("d %d %a\n", e, out[e]);
+  for (int b = 0; b < 256; ++b) std::printf("b %d %a\n", b, replayssm::nvfp4_block_scale(b));
+  return 0;
+}
+"""
+
+
+def test_nvfp4_cuda_codec_functions_equal_the_reference(tmp_path):
+    """The host build of common/nvfp4.cuh (what the kernels' encoder and decoder are made of)
+    against replayssm.reference.quant: e2m1_code rounds as round_to_e2m1 (ties to even, saturated
+    at 6, a zero magnitude has code 0) on a grid and on every tie; nvfp4_decode16 turns nibble e
+    (element e of the two words) into its value times 2^-14; nvfp4_block_scale is the e4m3 byte's
+    value times 2^14 for all 256 bytes (NaN bytes NaN)."""
+    nvcc = env.find_nvcc()
+    if nvcc is None:
+        pytest.skip("needs nvcc (CUDA toolkit)")
+    src = tmp_path / "nvfp4.cu"
+    src.write_text(NVFP4_HOST_PROGRAM)
+    exe = tmp_path / "nvfp4"
+    subprocess.run(
+        [str(nvcc), "-std=c++17", f"-I{env.include_dir()}", "-o", str(exe), str(src)], check=True, capture_output=True
+    )
+    rows = [
+        line.split()
+        for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
+        if line
+    ]
+    codes = [(float.fromhex(y), int(c)) for k, y, c in rows if k == "c"]
+    assert len(codes) == 1601 + 24
+    y = torch.tensor([v for v, _ in codes], dtype=torch.float32)
+    want = round_to_e2m1(y.clamp(-6.0, 6.0))
+    got = torch.tensor([E2M1[c & 7] * (-1.0 if c & 8 else 1.0) for _, c in codes])
+    assert torch.equal(got, want), [(float(a), float(b), float(c)) for a, b, c in zip(y, got, want) if b != c][:5]
+    assert all(c != 8 for _, c in codes), "a zero magnitude has the code 0, never a negative zero"
+    decoded = {int(e): float.fromhex(v) for k, e, v in rows if k == "d"}
+    assert decoded == {e: (-1.0 if e & 8 else 1.0) * E2M1[e & 7] * 2.0**-14 for e in range(16)}
+    scales = {int(b): float.fromhex(v) for k, b, v in rows if k == "b"}
+    e4m3 = torch.arange(256, dtype=torch.uint8).view(torch.float8_e4m3fn).float() * 2.0**14
+    for b in range(256):
+        w = float(e4m3[b])
+        assert (scales[b] == w) or (w != w and scales[b] != scales[b]), (b, scales[b], w)

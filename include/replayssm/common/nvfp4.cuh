@@ -21,7 +21,7 @@ constexpr float kNvfp4CodeUnit = 16384.f;
 // The e2m1 code (sign << 3 | magnitude index) of y rounded to nearest of {0, 0.5, 1, 1.5, 2, 3,
 // 4, 6}, ties to the even index, saturating at 6; a magnitude that rounds to 0 is code 0 (no
 // negative zero), and so is NaN.
-__device__ __forceinline__ uint32_t e2m1_code(float y) {
+__host__ __device__ __forceinline__ uint32_t e2m1_code(float y) {
   const float a = fabsf(y);
   const uint32_t m = static_cast<uint32_t>(a > 0.25f) + static_cast<uint32_t>(a >= 0.75f) +
                      static_cast<uint32_t>(a > 1.25f) + static_cast<uint32_t>(a >= 1.75f) +
@@ -32,7 +32,7 @@ __device__ __forceinline__ uint32_t e2m1_code(float y) {
 
 // A block scale byte (e4m3 bits) -> its value times kNvfp4CodeUnit, the factor that turns
 // nvfp4_decode16's outputs into code values times the block scale.
-__device__ __forceinline__ float nvfp4_block_scale(uint32_t byte) {
+__host__ __device__ __forceinline__ float nvfp4_block_scale(uint32_t byte) {
   __nv_fp8_e4m3 b;
   b.__x = static_cast<__nv_fp8_storage_t>(byte);
   return static_cast<float>(b) * kNvfp4CodeUnit;
@@ -41,7 +41,7 @@ __device__ __forceinline__ float nvfp4_block_scale(uint32_t byte) {
 // The 16 codes of one block (8 bytes as two words, element e at nibble e) -> out[e] = code value
 // times 2^-14. A code's magnitude bits shifted into an fp16's exponent and top mantissa bit give
 // exactly that value (index 1, 0.5, becomes the subnormal 2^-15), two codes per 32-bit word.
-__device__ __forceinline__ void nvfp4_decode16(uint32_t lo, uint32_t hi, float (&out)[16]) {
+__host__ __device__ __forceinline__ void nvfp4_decode16(uint32_t lo, uint32_t hi, float (&out)[16]) {
   const uint32_t words[2] = {lo, hi};
 #pragma unroll
   for (int w = 0; w < 2; ++w)
