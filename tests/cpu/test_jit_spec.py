@@ -65,17 +65,15 @@ def test_name_changes_with_every_key_field():
     assert len(names) == len(variants) + 1
 
 
-def test_flags_enter_the_name():
-    s = Specialization(
-        "mamba2",
-        "replay_decode",
-        "mamba2_decode.cu.jinja",
-        (("P", 64), ("N", 128)),
-        "f32",
-        "bf16",
-        L=16,
-        flags=("nogate",),
+def mamba2_decode(**kw) -> Specialization:
+    """A Mamba-2 replay decode Specialization (P64 N128, f32 state, bf16 io, L16) with ``kw``."""
+    return Specialization(
+        "mamba2", "replay_decode", "mamba2_decode.cu.jinja", (("P", 64), ("N", 128)), "f32", "bf16", L=16, **kw
     )
+
+
+def test_flags_enter_the_name():
+    s = mamba2_decode(flags=("nogate",))
     assert s.name.endswith("_f32_bf16_nogate")
 
 
@@ -185,17 +183,7 @@ def test_read_codes_name_the_modules():
 @pytest.mark.parametrize("flags", [("single",), ("single", "sr")])
 def test_specialization_refuses_a_single_nvfp4_copy(flags):
     with pytest.raises(ValueError, match=r"state format: no kernels for read copy 'nvfp4' with flags \("):
-        Specialization(
-            "mamba2",
-            "replay_decode",
-            "mamba2_decode.cu.jinja",
-            (("P", 64), ("N", 128)),
-            "f32",
-            "bf16",
-            L=16,
-            flags=flags,
-            read="nvfp4",
-        )
+        mamba2_decode(flags=flags, read="nvfp4")
 
 
 def test_aot_set_covers_the_benchmark_model_shapes():

@@ -3,12 +3,9 @@
 Fresh random data per test (seed printed and in every message; REPLAYSSM_TEST_SEED reruns one).
 """
 
-import subprocess
-
 import pytest
 import torch
 
-from replayssm.jit import env
 from replayssm.reference import (
     READ_FORMATS,
     dequantize_fp8_e4m3_rows,
@@ -24,6 +21,7 @@ from replayssm.reference import (
 )
 
 from ..reference_testing import generator, new_seed
+from .host_programs import run_host_program
 
 E2M1 = [0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0]
 
@@ -356,20 +354,7 @@ def test_nvfp4_cuda_codec_functions_equal_the_reference(tmp_path):
     at 6, a zero magnitude has code 0) on a grid and on every tie; nvfp4_decode16 turns nibble e
     (element e of the two words) into its value times 2^-14; nvfp4_block_scale is the e4m3 byte's
     value times 2^14 for all 256 bytes (NaN bytes NaN)."""
-    nvcc = env.find_nvcc()
-    if nvcc is None:
-        pytest.skip("needs nvcc (CUDA toolkit)")
-    src = tmp_path / "nvfp4.cu"
-    src.write_text(NVFP4_HOST_PROGRAM)
-    exe = tmp_path / "nvfp4"
-    subprocess.run(
-        [str(nvcc), "-std=c++17", f"-I{env.include_dir()}", "-o", str(exe), str(src)], check=True, capture_output=True
-    )
-    rows = [
-        line.split()
-        for line in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
-        if line
-    ]
+    rows = [line.split() for line in run_host_program(tmp_path, "nvfp4", NVFP4_HOST_PROGRAM)]
     codes = [(float.fromhex(y), int(c)) for k, y, c in rows if k == "c"]
     assert len(codes) == 1601 + 24
     y = torch.tensor([v for v, _ in codes], dtype=torch.float32)

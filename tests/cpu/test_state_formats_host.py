@@ -9,14 +9,11 @@ The kernels' side runs in tests/gpu/test_state_formats.py.
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
 import torch
 
 from replayssm.cache import GDNCache, KDACache, Mamba2Cache
 from replayssm.configs import supported
-from replayssm.jit import env
 from replayssm.jit.spec import render
 from replayssm.ops.abi import pool_struct
 from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec
@@ -29,6 +26,8 @@ from replayssm.reference.quant import (
 )
 from replayssm.reference.stochastic import flush_bits16, flush_uniforms, mix32, slot_seed
 from replayssm.wrappers import GDNDecodeWrapper, Mamba2DecodeWrapper
+
+from .host_programs import run_host_program
 
 F32, BF16, F16, FP8 = torch.float32, torch.bfloat16, torch.float16, torch.float8_e4m3fn
 H, P, N, G = 4, 64, 128, 2
@@ -297,19 +296,8 @@ int main() {
 def test_python_mirror_equals_the_cuda_functions(tmp_path):
     """The host build of common/stochastic.cuh's functions prints the same seeds and bits as
     replayssm.reference.stochastic (every bit the kernels draw follows from these)."""
-    nvcc = env.find_nvcc()
-    if nvcc is None:
-        pytest.skip("needs nvcc (CUDA toolkit)")
-    src = tmp_path / "hash.cu"
-    src.write_text(HOST_PROGRAM)
-    exe = tmp_path / "hash"
-    subprocess.run(
-        [str(nvcc), "-std=c++17", f"-I{env.include_dir()}", "-o", str(exe), str(src)],
-        check=True,
-        capture_output=True,
-    )
-    lines = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split("\n")
-    rows = [list(map(int, line.split())) for line in lines if line.strip()]
+    lines = run_host_program(tmp_path, "hash", HOST_PROGRAM)
+    rows = [list(map(int, line.split())) for line in lines]
     assert len(rows) == 30
     for s, f, seed, *bits in rows:
         assert slot_seed(s, f) == seed, (s, f)
