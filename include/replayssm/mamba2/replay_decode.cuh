@@ -45,8 +45,10 @@ struct ReplayRingSmem {
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
-  // What a non-flush step reads: the read copy's tile, or the checkpoint's.
-  using ReadTile = std::conditional_t<RC::kEnabled, StateTile<typename RC::T, N, ROWS, 4>, StateTile<TS, N, ROWS, 4>>;
+  // What a non-flush step reads: the read copy's tile, or the checkpoint's (the loader and
+  // dequantiser the GDN/KDA kernels share).
+  using Read = ReadCopyTile<RC, TS, N, ROWS, 4>;
+  using ReadTile = typename Read::Tile;
   using Tile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, N, ROWS, 4>>;  // what a flush folds
   static_assert(kFormatFits<RC, TS>, "a read copy is narrower than its checkpoint; a single copy keeps none");
   using Smem = ReplayRingSmem<TI, N, ROWS>;
@@ -69,25 +71,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   // 1. One round trip for everything that depends on the slot: the tile a non-flush step reads
   //    (registers), whole ring (async copies into shared memory), cursors.
-  uint4 raw[ReadTile::kPasses][ReadTile::kVpl];
-  float row_scale[ReadTile::kPasses];  // scaled read copy: this thread's rows' scales
-  using Nvfp4Read = ReadCopyTile<RC, TS, N, ROWS, 4>;  // an NVFP4 copy: the shared loader and dequantiser
-  Nvfp4Read nvfp4;
-  if constexpr (RC::kBlockScaled) {
-    nvfp4.load(p.pool, slot, c.h, c.p0, warp, lane);
-  } else if constexpr (RC::kEnabled) {
-    using TR = typename RC::T;
-    const TR* rd = static_cast<const TR*>(p.pool.read) + slot * p.pool.read_stride_slot +
-                   c.h * p.pool.read_stride_head + static_cast<int64_t>(c.p0) * N;
-    ReadTile::load(raw, rd, warp, lane);
-    if constexpr (RC::kScaled) {
-      const float* sc = p.pool.read_scale + slot * p.pool.scale_stride_slot + c.h * p.pool.scale_stride_head + c.p0;
-#pragma unroll
-      for (int s = 0; s < ReadTile::kPasses; ++s) row_scale[s] = sc[ReadTile::row(warp, lane, s)];
-    }
-  } else {
-    Tile::load(raw, st, warp, lane);
-  }
+  Read rt;  // this thread's rows of it (and their scales)
+  rt.load(p.pool, slot, c.h, c.p0, warp, lane);
 
   extern __shared__ __align__(16) unsigned char ring_smem[];
   TI* Bring_s = reinterpret_cast<TI*>(ring_smem);  // [R][N]
@@ -220,28 +205,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 #pragma unroll
       for (int e = 0; e < kRV; ++e) Cv[v][e] = C_s[ReadTile::col(lane, v) + e];
     const float ck = ck_s;
-    if constexpr (RC::kBlockScaled) {
-      static_assert(Nvfp4Read::Tile::kLanes == ReadTile::kLanes && Nvfp4Read::Tile::kVec == kRV, "one geometry");
-      float d[1][ReadTile::kPasses];
-      nvfp4.template sums<1>([&](int, int v, int e) { return Cv[v][e]; }, d);
+    float d[1][ReadTile::kPasses];
+    rt.template sums<1>([&](int, int v, int e) { return Cv[v][e]; }, d);
 #pragma unroll
-      for (int s = 0; s < ReadTile::kPasses; ++s) ypre[s] = ck * nvfp4.dequantise(d[0][s], s);
-    } else {
-#pragma unroll
-      for (int s = 0; s < ReadTile::kPasses; ++s) {
-        float dot = 0.f;
-#pragma unroll
-        for (int v = 0; v < ReadTile::kVpl; ++v) {
-          float sv[kRV];
-          unpack16<typename ReadTile::Elem>(raw[s][v], sv);
-#pragma unroll
-          for (int e = 0; e < kRV; ++e) dot = fmaf(sv[e], Cv[v][e], dot);
-        }
-        float y = ck * group_sum<ReadTile::kLanes>(dot);
-        if constexpr (RC::kScaled) y *= row_scale[s];
-        ypre[s] = y;
-      }
-    }
+    for (int s = 0; s < ReadTile::kPasses; ++s)  // (NVFP4 takes its row scale before ck, the others after)
+      ypre[s] = RC::kBlockScaled ? ck * rt.dequantise(d[0][s], s) : rt.dequantise(ck * d[0][s], s);
   } else {
     // Fold the m committed records into the checkpoint tile, write it, then read it out.
     float Cv[Tile::kVpl][kV];
@@ -256,9 +224,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v) {
-          unpack16<typename Tile::Elem>(raw[s][v], sv[s][v]);
+          unpack16<typename Tile::Elem>(rt.raw[s][v], sv[s][v]);
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck * (RC::kScaled ? row_scale[s] : 1.f);
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck * (RC::kScaled ? rt.scale[s] : 1.f);
         }
     } else {
       uint4 hp_raw[Tile::kPasses][Tile::kVpl];
@@ -268,7 +236,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 #pragma unroll
         for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-          for (int v = 0; v < Tile::kVpl; ++v) hp_raw[s][v] = raw[s][v];
+          for (int v = 0; v < Tile::kVpl; ++v) hp_raw[s][v] = rt.raw[s][v];
       }
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s)
