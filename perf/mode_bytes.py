@@ -88,15 +88,10 @@ class Mode:
 
     def spec(self) -> dict:
         """JSON-ready fields (result rows' ``mode_spec``)."""
+        fields = self.wrapper_kwargs()
+        fields["state_dtype"] = str(self.state_dtype).removeprefix("torch.")
         return dict(
-            name=self.name,
-            state_dtype=str(self.state_dtype).removeprefix("torch."),
-            read_dtype=self.read_dtype,
-            single_copy=self.single_copy,
-            stochastic_rounding=self.stochastic_rounding,
-            conventional=self.conventional,
-            built=self.built,
-            hp_itemsize=self.hp_itemsize,
+            name=self.name, **fields, conventional=self.conventional, built=self.built, hp_itemsize=self.hp_itemsize
         )
 
 
