@@ -70,13 +70,19 @@ def round_to_e2m1(y: torch.Tensor) -> torch.Tensor:
     ``±{0, 0.5, 1, 1.5, 2, 3, 4, 6}`` (NaN stays NaN).
     """
     float_tensor("round_to_e2m1", "y", y)
-    mag = y.abs()
     grid = torch.tensor(E2M1_VALUES, dtype=y.dtype, device=y.device)
+    out = grid[_e2m1_index(y)] * torch.sign(y)
+    return torch.where(torch.isnan(y), y, out)
+
+
+def _e2m1_index(y: torch.Tensor) -> torch.Tensor:
+    """int64 index into E2M1_VALUES of |y| rounded to nearest, ties to even, saturating at 6
+    (0 for NaN); on grid values it is their own index."""
+    mag = y.abs()
     idx = torch.zeros(y.shape, dtype=torch.int64, device=y.device)
     for mid, up in zip(_E2M1_MIDPOINTS, _E2M1_TIE_UP):
         idx += ((mag >= mid) if up else (mag > mid)).to(torch.int64)
-    out = grid[idx] * torch.sign(y)
-    return torch.where(torch.isnan(y), y, out)
+    return idx
 
 
 def quantize_fp8_e4m3_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -214,10 +220,7 @@ def pack_nvfp4_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
             f"{NVFP4_BLOCK}, got shape {tuple(x.shape)}"
         )
     codes, block_scale, row_scale = quantize_nvfp4(x)
-    mag = codes.abs()
-    idx = torch.zeros(codes.shape, dtype=torch.uint8, device=codes.device)
-    for v in E2M1_VALUES[1:]:  # codes are grid values: idx = how many nonzero magnitudes are <= |code|
-        idx += (mag >= v).to(torch.uint8)
+    idx = _e2m1_index(codes).to(torch.uint8)  # codes are grid values: their own indices
     nibble = idx | ((codes < 0).to(torch.uint8) << 3)  # -0.0 < 0 is False: a zero code is nibble 0
     code_bytes = nibble[..., 0::2] | (nibble[..., 1::2] << 4)
     packed = torch.cat([code_bytes, block_scale.view(torch.uint8)], dim=-1)
