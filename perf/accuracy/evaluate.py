@@ -68,6 +68,10 @@ from .model import PATHS, ByteLM, LayerState, LMConfig
 REFERENCE_MODE = "fp32"
 FP64_MODE = "fp64_reference"
 ROW_FIELDS = (
+    "family",
+    "kernel",
+    "batch",
+    "us_per_step",
     "model",
     "mode",
     "kl_mean_0_1k",
@@ -277,6 +281,18 @@ def implementation(backend) -> str:
     return "float64 reference" if isinstance(backend, ReferenceBackend) else type(backend).__name__
 
 
+def schema_fields(name: str, mode: str, batch: int, implementation: str | None = None) -> dict:
+    """The shared result schema's keys (docs/benchmarks.md) of an accuracy row: the model's family,
+    the kernel that ran the mode (the float64 reference, or our conventional or replay kernels),
+    the batch (held-out rows decoded together) and no timing (us_per_step None). ``mode`` keeps the
+    study's meaning, the state mode (the issue's row key), not the schema's decode | spec | tree."""
+    if mode == FP64_MODE or implementation == "float64 reference":
+        kernel = "reference"
+    else:
+        kernel = "conventional" if MODES.get(mode, {}).get("algorithm") == "conventional" else "replayssm"
+    return {"family": name, "kernel": kernel, "batch": batch, "us_per_step": None}
+
+
 def mode_row(
     name: str, mode: str, ref: dict, run: dict, targets: torch.Tensor, tokens: int, prefill: int, errs
 ) -> dict:
@@ -284,6 +300,7 @@ def mode_row(
     kl = metrics.kl_per_position(ref["lp"], run["lp"])
     div = metrics.tokens_to_divergence(ref["greedy"], run["greedy"])
     return {
+        **schema_fields(name, mode, int(targets.shape[0]), run.get("implementation")),
         "model": name,
         "mode": mode,
         "kl_mean_0_1k": metrics.window_mean(kl, 0, 1024),
@@ -303,10 +320,10 @@ def mode_row(
     }
 
 
-def skipped_row(name: str, mode: str, reason: str, tokens: int, prefill: int) -> dict:
+def skipped_row(name: str, mode: str, reason: str, tokens: int, prefill: int, batch: int) -> dict:
     """A mode the library cannot build: no figures, ``skipped`` = the library's reason."""
     row = dict.fromkeys(ROW_FIELDS)
-    row.update(model=name, mode=mode, skipped=reason, tokens=tokens, prefill=prefill)
+    row.update(schema_fields(name, mode, batch), model=name, mode=mode, skipped=reason, tokens=tokens, prefill=prefill)
     return row
 
 
@@ -407,7 +424,7 @@ def evaluate_model(
         rows, curves = [], {}
         for mode in factories:
             if mode in skipped:
-                rows.append(skipped_row(name, mode, skipped[mode], tokens, prefill))
+                rows.append(skipped_row(name, mode, skipped[mode], tokens, prefill, int(targets.shape[0])))
                 continue
             row, curve = mode_row(
                 name, mode, runs[REFERENCE_MODE], runs[mode], targets, tokens, prefill, errs.get(mode)

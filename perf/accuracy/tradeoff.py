@@ -52,9 +52,12 @@ def rows_for(result: dict, L: int = 16, io_itemsize: int = 2) -> list[dict]:
     for r in result["rows"]:
         step, slot = cost(r["mode"])
         row = dict(
+            family=family,
+            kernel=r.get("kernel", "conventional" if MODES[r["mode"]].conventional else "replayssm"),
+            batch=r.get("batch", meta.get("rows")),
+            us_per_step=None,  # bytes and accuracy, no timing
             model=r["model"],
             mode=r["mode"],
-            family=family,
             dims=dims,
             L=L,
             step_bytes_per_seq_layer=step,

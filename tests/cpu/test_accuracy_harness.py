@@ -285,6 +285,9 @@ def test_evaluation_loop_with_reference_backends():
     for r in rows:
         assert tuple(r) == evaluate.ROW_FIELDS and r["model"] == "mamba2" and r["tokens"] == N and r["prefill"] == P
     assert by["fp8_single"]["skipped"] == "the library says no" and by["fp8_single"]["ppl"] is None
+    for r in rows:  # the shared schema's keys: no timing; a float64 backend is the reference kernel
+        assert r["family"] == "mamba2" and r["batch"] == B and r["us_per_step"] is None
+        assert r["kernel"] == ("replayssm" if r["mode"] == "fp8_single" else "reference")
     same, fp32, bf16 = by["same"], by["fp32"], by["bf16"]
     assert same["kl_mean_0_1k"] == 0.0 and same["top1_agree"] == 1.0 and same["tokens_to_divergence"] == N
     assert same["ppl"] == fp32["ppl"] and 1.0 < fp32["ppl"] < 1e6
@@ -310,7 +313,7 @@ def test_unsupported_modes_skip_with_the_library_reason():
         assert e.value.reason == why and why
         built, skipped = evaluate.make_backends({mode: lambda mode=mode: bk.WrapperBackend(cfg, mode, 2, [{}])}, False)
         assert not built and skipped == {mode: why}
-        row = evaluate.skipped_row("gdn", mode, why, 64, 512)
+        row = evaluate.skipped_row("gdn", mode, why, 64, 512, 2)
         assert row["skipped"] == why and all(row[k] is None for k in ("ppl", "kl_mean_0_1k", "state_rel_err"))
     for mode in ("fp32", "conventional_fp32", "fp32+fp8", "fp32+bf16", "bf16"):
         assert bk.mode_support(cfg, mode) == (True, "ok")
