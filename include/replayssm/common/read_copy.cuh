@@ -136,6 +136,9 @@ constexpr bool kFormatFits =
     (!RC::kTwoCopy || sizeof(typename RC::T) < sizeof(TS)) && (!RC::kSingle || std::is_same_v<TS, float>) &&
     (!RC::kStochastic || RC::kSingle || std::is_same_v<TS, __nv_bfloat16>);
 
+// The larger of a running maximum m and x, NaN winning (once NaN, always NaN).
+__device__ __forceinline__ float nan_max(float m, float x) { return (x > m || x != x) ? x : m; }
+
 // Largest magnitude over an aligned group of kLanes lanes; NaN wins (so a NaN row gets a NaN scale
 // and reads back as NaN, as the reference's does).
 template <int kLanes>
@@ -143,7 +146,7 @@ __device__ __forceinline__ float group_amax(float v) {
 #pragma unroll
   for (int off = kLanes / 2; off >= 1; off /= 2) {
     const float o = __shfl_xor_sync(0xffffffffu, v, off);
-    v = (o > v || o != o) ? o : v;
+    v = nan_max(v, o);
   }
   return v;
 }
@@ -187,7 +190,7 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
 #pragma unroll
       for (int e = 0; e < kV; ++e) {
         const float a = fabsf(q[v][e]);
-        amax = (a > amax || a != a) ? a : amax;
+        amax = nan_max(amax, a);
       }
     s = group_amax<Tile::kLanes>(amax) / RC::kMax;
     if (Tile::row_leader(lane)) *scale = s;
@@ -242,10 +245,10 @@ __device__ __forceinline__ void store_nvfp4_row(uint8_t* row, float* scale, cons
 #pragma unroll
     for (int e = 0; e < kV; ++e) {
       const float a = fabsf(q[v][e]);
-      a_run = (a > a_run || a != a) ? a : a_run;
+      a_run = nan_max(a_run, a);
     }
     run_amax[v] = a_run;
-    amax = (a_run > amax || a_run != a_run) ? a_run : amax;
+    amax = nan_max(amax, a_run);
   }
   const float rs = group_amax<Tile::kLanes>(amax) / kNvfp4RowMax;
   if (Tile::row_leader(lane)) *scale = rs;
