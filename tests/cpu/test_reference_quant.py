@@ -369,3 +369,86 @@ def test_nvfp4_cuda_codec_functions_equal_the_reference(tmp_path):
     for b in range(256):
         w = float(e4m3[b])
         assert (scales[b] == w) or (w != w and scales[b] != scales[b]), (b, scales[b], w)
+
+
+QUOTIENT_HOST_PROGRAM = r"""
+#include <cmath>
+#include <cstdio>
+#include <replayssm/common/nvfp4.cuh>
+static const float kQ[][4] = {@Q@};
+static const float kD[] = {@D@};
+static const float kA[] = {@A@};
+static const float kB[] = {@B@};
+// inv = 1 / d moved by k ulps (|k| <= 3: within a relative 2^-21, what the kernels' reciprocals promise).
+static float moved(float x, int k) {
+  for (; k > 0; --k) x = std::nextafter(x, INFINITY);
+  for (; k < 0; ++k) x = std::nextafter(x, 0.f);
+  return x;
+}
+int main() {
+  for (unsigned i = 0; i < sizeof(kD) / sizeof(kD[0]); ++i)
+    for (int k = -3; k <= 3; ++k)
+      std::printf("c %u %d %u\n", i, k, replayssm::e2m1_codes_of_quotients<4>(kQ[i], kD[i], moved(1.f / kD[i], k)));
+  for (unsigned i = 0; i < sizeof(kB) / sizeof(kB[0]); ++i)
+    for (int k = -3; k <= 3; ++k) {
+      float b = replayssm::quotient_for_rounding<19>(kA[i], kB[i], moved(1.f / kB[i], k));
+      b = b > 448.f ? 448.f : b;
+      std::printf("b %u %d %u\n", i, k, static_cast<unsigned>(__nv_fp8_e4m3(b).__x));
+    }
+  return 0;
+}
+"""
+
+
+def _near(gen, centres: torch.Tensor, n: int, ulps: int = 40) -> torch.Tensor:
+    """n float32 values within `ulps` ulps of centres drawn from `centres` (exact ties included)."""
+    c = centres[torch.randint(0, len(centres), (n,), generator=gen)].to(torch.float32)
+    k = torch.randint(-ulps, ulps + 1, (n,), generator=gen, dtype=torch.int32)
+    return (c.view(torch.int32) + k).view(torch.float32)
+
+
+def _floats(values: torch.Tensor) -> str:
+    return ", ".join(float(v).hex() + "f" for v in values.reshape(-1))
+
+
+def test_nvfp4_quotients_by_reciprocals_round_as_the_quotients(tmp_path, seed):
+    """The encoder's shortcut (common/nvfp4.cuh): codes of q / d from products by an inexact
+    1 / d (moved up to 3 ulps either way), and e4m3 block scales of amax / d likewise, equal the
+    reference's rounding of the fp32 quotients, for fresh random divisors over a wide exponent
+    range and quotients within 40 ulps of every e2m1 threshold and e4m3 midpoint (ties included)."""
+    gen = generator(seed)
+    runs = 600
+    d = 2.0 ** torch.randint(-60, 60, (runs,), generator=gen).to(torch.float32)
+    d = d * (1 + torch.rand(runs, generator=gen))
+    mids = torch.tensor([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, 0.5, 1.0, 6.0])
+    y = _near(gen, mids, runs * 4).view(runs, 4)
+    y = torch.where(torch.rand(runs, 4, generator=gen) < 0.25, 6.5 * (2 * torch.rand(runs, 4, generator=gen) - 1), y)
+    y = y * torch.where(torch.rand(runs, 4, generator=gen) < 0.5, -1.0, 1.0)
+    q = (y * d[:, None]).to(torch.float32)
+    e4m3 = torch.arange(127, dtype=torch.uint8).view(torch.float8_e4m3fn).float()  # 0 .. 448
+    b_mids = torch.cat([(e4m3[1:] + e4m3[:-1]) / 2, torch.tensor([448.0, 2.0**-10])])
+    blocks = 600
+    bd = 2.0 ** torch.randint(-40, 40, (blocks,), generator=gen).to(torch.float32) * 6
+    amax = (_near(gen, b_mids, blocks) * bd).to(torch.float32)
+    source = QUOTIENT_HOST_PROGRAM
+    for key, text in (
+        ("Q", "{" + "}, {".join(_floats(r) for r in q) + "}"),
+        ("D", _floats(d)),
+        ("A", _floats(amax)),
+        ("B", _floats(bd)),
+    ):
+        source = source.replace(f"@{key}@", text)
+    rows = [line.split() for line in run_host_program(tmp_path, "quotients", source)]
+    want_y = q / d[:, None]  # fp32 quotients, correctly rounded
+    idx = torch.searchsorted(torch.tensor(E2M1), round_to_e2m1(want_y).abs())
+    want = idx + torch.where((want_y < 0) & (idx > 0), 8, 0)
+    want_word = sum(want[:, e] << (4 * e) for e in range(4))
+    codes = [(int(i), int(k), int(c)) for tag, i, k, c in rows if tag == "c"]
+    assert len(codes) == runs * 7
+    bad = [(i, k, hex(c), hex(int(want_word[i]))) for i, k, c in codes if c != int(want_word[i])]
+    assert not bad, f"seed={seed}: {bad[:5]}"
+    want_b = (amax / bd).clamp(max=448.0).to(torch.float8_e4m3fn).view(torch.uint8)
+    scales = [(int(i), int(k), int(c)) for tag, i, k, c in rows if tag == "b"]
+    assert len(scales) == blocks * 7
+    bad = [(i, k, c, int(want_b[i])) for i, k, c in scales if c != int(want_b[i])]
+    assert not bad, f"seed={seed}: {bad[:5]}"

@@ -228,7 +228,8 @@ __device__ __forceinline__ void store_read_row(typename RC::T* row, float* scale
 // out as Tile, the checkpoint's tile) and store it at `row` (the row's first byte); the row's
 // leader lane stores the row scale at `scale`, the first lane of each block its block scale.
 // Every lane of the row's group must call it (row and block scales are group reductions). The
-// arithmetic is the reference quantiser's, division for division, so the codes are its codes.
+// scales and codes are the reference quantiser's: its quotients, or products by reciprocals
+// where those round alike (quotient_for_rounding).
 template <class Tile>
 __device__ __forceinline__ void store_nvfp4_row(uint8_t* row, float* scale, const float (&q)[Tile::kVpl][Tile::kVec],
                                                 int lane) {
@@ -253,17 +254,20 @@ __device__ __forceinline__ void store_nvfp4_row(uint8_t* row, float* scale, cons
   const float rs = group_amax<Tile::kLanes>(amax) / kNvfp4RowMax;
   if (Tile::row_leader(lane)) *scale = rs;
   const float safe_row = rs > 0.f ? rs : 1.f;
+  const float block_divisor = kNvfp4BlockMax * safe_row;
+  const float inv_block_divisor = frcp_rn(block_divisor);
+  const float inv_row = frcp_rn(safe_row);
 #pragma unroll
   for (int v = 0; v < Tile::kVpl; ++v) {
-    float b = group_amax<kBlockLanes>(run_amax[v]) / (kNvfp4BlockMax * safe_row);
+    // Quotients by reciprocals where they round as the reference's quotients (nvfp4.cuh).
+    float b = quotient_for_rounding<19>(group_amax<kBlockLanes>(run_amax[v]), block_divisor, inv_block_divisor);
     b = b > 448.f ? 448.f : b;  // NaN stays NaN
     const __nv_fp8_e4m3 bs(b);  // round to nearest even
-    const float combined = static_cast<float>(bs) * rs;
-    const bool live = combined > 0.f;
-    const float divisor = live ? combined : 1.f;
+    const float bv = static_cast<float>(bs);
+    const float combined = bv * rs;
     uint32_t codes = 0u;
-#pragma unroll
-    for (int e = 0; e < kV; ++e) codes |= (live ? e2m1_code(__fdiv_rn(q[v][e], divisor)) : 0u) << (4 * e);
+    if (combined > 0.f)  // a live block: its values are finite (else its scale is NaN)
+      codes = e2m1_codes_of_quotients<kV>(q[v], combined, inv_row * rcp_approx(bv));
     const int col = Tile::col(lane, v);
     if constexpr (kV == 4) {
       *reinterpret_cast<uint16_t*>(row + col / 2) = static_cast<uint16_t>(codes);
