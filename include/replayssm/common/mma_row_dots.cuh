@@ -115,13 +115,24 @@ struct MmaRowDots {
   __device__ __forceinline__ static void dots(const void* rows, const unsigned char* frag, int lane, float (&out)[D]) {
     const uint2* bf = reinterpret_cast<const uint2*>(frag);
     const float* unscale = reinterpret_cast<const float*>(frag + static_cast<size_t>(D) * kMmas * 32 * 8);
-    float acc[D][4];
+    // Two accumulator sets, even and odd MMAs, so that consecutive MMAs do not wait on each other.
+    float acc2[2][D][4];
 #pragma unroll
-    for (int d = 0; d < D; ++d)
+    for (int k = 0; k < 2; ++k)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) acc[d][r] = 0.f;
+      for (int d = 0; d < D; ++d)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc2[k][d][r] = 0.f;
+    float (&acc)[D][4] = acc2[0];
+    auto join = [&] {
+#pragma unroll
+      for (int d = 0; d < D; ++d)
+#pragma unroll
+        for (int r = 0; r < 4; ++r) acc[d][r] += acc2[1][d][r];
+    };
     if constexpr (kNvfp4) {
-      nvfp4_dots(static_cast<const unsigned char*>(rows), bf, lane, acc);
+      nvfp4_dots(static_cast<const unsigned char*>(rows), bf, lane, acc2);
+      join();
       // Row g's sum is in register 0 of lanes 4g .. 4g + 3, row g + 8's in register 2.
       const int src = 4 * (lane % 8);
 #pragma unroll
@@ -145,7 +156,7 @@ struct MmaRowDots {
           const uint32_t a[4] = {fp8x2_to_f16x2(r[2 * h] & 0xffffu), fp8x2_to_f16x2(r[2 * h + 1] & 0xffffu),
                                  fp8x2_to_f16x2(r[2 * h] >> 16), fp8x2_to_f16x2(r[2 * h + 1] >> 16)};
 #pragma unroll
-          for (int d = 0; d < D; ++d) mma_f16(acc[d], a, bf[(d * kMmas + q + h) * 32 + lane]);
+          for (int d = 0; d < D; ++d) mma_f16(acc2[h][d], a, bf[(d * kMmas + q + h) * 32 + lane]);
         }
       }
     } else {
@@ -154,9 +165,10 @@ struct MmaRowDots {
         uint32_t a[4];  // a0 (row g, first chunk), a1 (row g + 8), a2 / a3 (second chunk)
         ldmatrix_x4(a, row_addr + 16 * chunk(q, i, mi / 2));
 #pragma unroll
-        for (int d = 0; d < D; ++d) mma_bf16(acc[d], a, bf[(d * kMmas + q) * 32 + lane]);
+        for (int d = 0; d < D; ++d) mma_bf16(acc2[q % 2][d], a, bf[(d * kMmas + q) * 32 + lane]);
       }
     }
+    join();
     // Row g's sum is D[g][g % 8] at lane 4g + g / 2 (register g % 2), row g + 8's beside it.
     const int g = lane / 4;
     const int src = 4 * (lane % 8) + (lane % 8) / 2;
@@ -173,7 +185,7 @@ struct MmaRowDots {
  private:
   // NVFP4: the MMAs of all kMmas blocks (see the header): rows g and g + 8 of `rows`, lane (g, c).
   __device__ __forceinline__ static void nvfp4_dots(const unsigned char* rows, const uint2* bf, int lane,
-                                                    float (&acc)[D][4]) {
+                                                    float (&acc)[2][D][4]) {
     const int g = lane / 4, c = lane % 4;
     const unsigned char* r0 = rows + g * kRowBytes;
     const unsigned char* r1 = r0 + 8 * kRowBytes;
@@ -198,7 +210,7 @@ struct MmaRowDots {
           const uint32_t a[4] = {scaled_codes(c0.x >> (4 * c), sc0), scaled_codes(c1.x >> (4 * c), sc1),
                                  scaled_codes(c0.y >> (4 * c), sc0), scaled_codes(c1.y >> (4 * c), sc1)};
 #pragma unroll
-          for (int d = 0; d < D; ++d) mma_f16(acc[d], a, bf[(d * kMmas + q) * 32 + lane]);
+          for (int d = 0; d < D; ++d) mma_f16(acc[h][d], a, bf[(d * kMmas + q) * 32 + lane]);
         }
       }
     }

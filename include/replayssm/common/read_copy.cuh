@@ -136,8 +136,16 @@ constexpr bool kFormatFits =
     (!RC::kTwoCopy || sizeof(typename RC::T) < sizeof(TS)) && (!RC::kSingle || std::is_same_v<TS, float>) &&
     (!RC::kStochastic || RC::kSingle || std::is_same_v<TS, __nv_bfloat16>);
 
-// The larger of a running maximum m and x, NaN winning (once NaN, always NaN).
-__device__ __forceinline__ float nan_max(float m, float x) { return (x > m || x != x) ? x : m; }
+// The larger of a running maximum m and x, NaN winning (once NaN, always NaN): one max.NaN.
+__device__ __forceinline__ float nan_max(float m, float x) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(m), "f"(x));
+  return r;
+#else
+  return (x > m || x != x) ? x : m;
+#endif
+}
 
 // Largest magnitude over an aligned group of kLanes lanes; NaN wins (so a NaN row gets a NaN scale
 // and reads back as NaN, as the reference's does).
