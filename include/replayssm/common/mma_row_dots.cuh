@@ -1,29 +1,19 @@
 // Dot products of 16 rows of a low-precision tile in shared memory with D vectors, on tensor
 // cores (mma.sync m16n8k16, fp32 accumulation). A non-flush replay step spends most of its issue
 // slots turning read-copy codes into floats and multiplying them one by one; here a warp loads
-// the codes straight into MMA operands (fp8: one cvt per two codes; bf16: none; NVFP4: a few
-// integer operations and one f16 multiply by the block scale per two codes).
+// the codes with ldmatrix straight into MMA operands (fp8: one cvt per two codes; bf16: none).
 //
-// fp8 e4m3 and bf16 tiles are row-major, a row = N elements of TR, 16-byte chunks, loaded with
-// ldmatrix. Row i of the warp's 16 reads, in MMA q, chunk (q + i) mod kChunks (bf16: that chunk
-// and the one kMmas further), so the 8 rows of one ldmatrix matrix fall on 8 different bank
-// groups (no conflict without a swizzled layout). Column n of the MMA's B operand holds the
-// vector's matching chunk for rows with i mod 8 = n, so row i's dot product accumulates in
-// D[i][i mod 8]; the other columns are discarded.
+// The tile is row-major, a row = N elements of TR (fp8 e4m3 or bf16), 16-byte chunks. Row i of
+// the warp's 16 reads, in MMA q, chunk (q + i) mod kChunks (bf16: that chunk and the one kMmas
+// further), so the 8 rows of one ldmatrix matrix fall on 8 different bank groups (no conflict
+// without a swizzled layout). Column n of the MMA's B operand holds the vector's matching chunk
+// for rows with i mod 8 = n, so row i's dot product accumulates in D[i][i mod 8]; the other
+// columns are discarded. A dot product is exact in its products and summed in fp32.
 //
-// NVFP4 tiles (TR = uint8_t) are rows of the read copy's layout (common/read_copy.cuh,
-// NVFP4Codec): N / 2 bytes of codes, then N / 16 block scales. MMA q is block q: lane (g, c)
-// (g = lane / 4, c = lane % 4) loads the block's 8 bytes of rows g and g + 8 as one 8-byte word
-// each and decodes nibbles c and c + 4 of each half (k = 2c, 2c + 1 and k = 2c + 8, 2c + 9)
-// into exact f16 values times the row's block scale (code x scale has at most 6 significant bits:
-// exact, times 2^-7 to stay in range). Rows of 72 or 144 bytes put the 8 rows of one load on
-// distinct banks. Every column of B holds the same vector, so row g's sum is any column of D.
-// A dot product is exact in its products and summed in fp32.
-//
-// Vector operands: bf16 tiles use the vectors' bf16 values as they are (io dtype bf16). fp8 and
-// NVFP4 tiles use an f16 MMA: the codes convert exactly to f16, and each vector is scaled by a
-// power of two so that its largest magnitude lies in [2^14, 2^15) before it is rounded to f16 (a
-// bf16 value then converts exactly unless it is below 2^-28 of the largest); `unscale` undoes it.
+// Vector operands: bf16 tiles use the vectors' bf16 values as they are (io dtype bf16). fp8
+// tiles use an f16 MMA: the codes convert exactly to f16, and each vector is scaled by a power of
+// two so that its largest magnitude lies in [2^14, 2^15) before it is rounded to f16 (a bf16
+// value then converts exactly unless it is below 2^-28 of the largest); `unscale` undoes it.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -33,31 +23,20 @@
 #include <type_traits>
 
 #include "cp_async.cuh"
-#include "nvfp4.cuh"
 
 namespace replayssm {
 
-// The formats: fp8 e4m3, bf16, and NVFP4 rows (uint8_t, the read copy's bytes).
 template <typename TR>
-constexpr bool kMmaRowDotFormat =
-    std::is_same_v<TR, __nv_fp8_e4m3> || std::is_same_v<TR, __nv_bfloat16> || std::is_same_v<TR, uint8_t>;
+constexpr bool kMmaRowDotFormat = std::is_same_v<TR, __nv_fp8_e4m3> || std::is_same_v<TR, __nv_bfloat16>;
 
-// Whether MmaRowDots<TR, N, D> exists: a supported format and rows of whole 128-byte lines (fp8,
-// bf16) or of whole 128-value groups (NVFP4, as its read copy requires).
+// Whether MmaRowDots<TR, N, D> exists: a supported format and rows of whole 128-byte lines.
 template <typename TR, int N>
-constexpr bool kMmaRowDotsFit =
-    kMmaRowDotFormat<TR> && N % 32 == 0 &&
-    (std::is_same_v<TR, uint8_t> ? N % 128 == 0 : (N * static_cast<int>(sizeof(TR))) % 128 == 0);
+constexpr bool kMmaRowDotsFit = kMmaRowDotFormat<TR> && N % 32 == 0 && (N * static_cast<int>(sizeof(TR))) % 128 == 0;
 
 template <typename TR, int N, int D>
 struct MmaRowDots {
   static constexpr bool kFp8 = std::is_same_v<TR, __nv_fp8_e4m3>;
-  static constexpr bool kNvfp4 = std::is_same_v<TR, uint8_t>;
-  static_assert(kMmaRowDotFormat<TR>, "tensor-core row dots read fp8 e4m3, bf16 or NVFP4 tiles");
-  // Bytes per row of the tile (NVFP4: codes, then block scales).
-  static constexpr int kRowBytes = kNvfp4 ? N / 2 + N / kNvfp4Block : N * static_cast<int>(sizeof(TR));
-  // NVFP4: A holds code x block scale x 2^-7 (kNvfp4ScaleBoost = 2^7 on the scale, 2^-14 on the code).
-  static constexpr float kNvfp4ScaleBoost = 128.f;
+  static_assert(kMmaRowDotFormat<TR>, "tensor-core row dots read fp8 e4m3 or bf16 tiles");
   static constexpr int kChunkElems = 16 / static_cast<int>(sizeof(TR));
   static constexpr int kChunks = N / kChunkElems;  // 16-byte chunks per row
   static constexpr int kMmas = N / 16;             // K = 16 per MMA
@@ -75,7 +54,7 @@ struct MmaRowDots {
     uint2* b = reinterpret_cast<uint2*>(frag) + d * kMmas * 32;
     float* unscale = reinterpret_cast<float*>(frag + static_cast<size_t>(D) * kMmas * 32 * 8);
     const int g = lane / 4, c = lane % 4;
-    if constexpr (kFp8 || kNvfp4) {
+    if constexpr (kFp8) {
       float amax = 0.f;
       for (int n = lane; n < N; n += 32) amax = fmaxf(amax, fabsf(__bfloat162float(vec[n])));
 #pragma unroll
@@ -83,22 +62,14 @@ struct MmaRowDots {
       int e = 0;
       if (amax > 0.f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
       const float scale = ldexpf(1.f, 15 - e);
-      if (lane == 0) unscale[d] = ldexpf(1.f, e - 15) * (kNvfp4 ? kNvfp4ScaleBoost : 1.f);
-      auto pair = [&](int i0, int i1) {
-        const __half2 h = __floats2half2_rn(__bfloat162float(vec[i0]) * scale, __bfloat162float(vec[i1]) * scale);
-        return *reinterpret_cast<const uint32_t*>(&h);
-      };
+      if (lane == 0) unscale[d] = ldexpf(1.f, e - 15);
 #pragma unroll
       for (int q = 0; q < kMmas; ++q) {
-        if constexpr (kFp8) {
-          // k = 2c, 2c + 1 <-> bytes 4c, 4c + 1 of the chunk; k = 2c + 8, 2c + 9 <-> bytes 4c + 2, 4c + 3.
-          const int i = chunk(q, g, 0) * kChunkElems + 4 * c;
-          b[q * 32 + lane] = make_uint2(pair(i, i + 1), pair(i + 2, i + 3));
-        } else {
-          // k = 2c, 2c + 1 <-> elements c, c + 4 of block q; k = 2c + 8, 2c + 9 <-> 8 + c, 12 + c.
-          const int i = 16 * q + c;
-          b[q * 32 + lane] = make_uint2(pair(i, i + 4), pair(i + 8, i + 12));
-        }
+        // k = 2c, 2c + 1 <-> bytes 4c, 4c + 1 of the chunk; k = 2c + 8, 2c + 9 <-> bytes 4c + 2, 4c + 3.
+        const __nv_bfloat16* v = vec + chunk(q, g, 0) * kChunkElems + 4 * c;
+        const __half2 lo = __floats2half2_rn(__bfloat162float(v[0]) * scale, __bfloat162float(v[1]) * scale);
+        const __half2 hi = __floats2half2_rn(__bfloat162float(v[2]) * scale, __bfloat162float(v[3]) * scale);
+        b[q * 32 + lane] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
       }
     } else {
       if (lane == 0) unscale[d] = 1.f;
@@ -110,42 +81,20 @@ struct MmaRowDots {
   }
 
   // out[d] = sum_n row[n] * vec_d[n] for row (lane % 16) of the 16 rows at `rows` (shared memory,
-  // [16][kRowBytes], 128-byte aligned; NVFP4: 8-byte aligned), before the row's own scale. Every
-  // lane of the warp calls it. `frag`: the fragments set_vector laid out.
+  // [16][N] TR, 128-byte aligned), before the row's own scale. Every lane of the warp calls it.
+  // `frag`: the fragments set_vector laid out.
   __device__ __forceinline__ static void dots(const void* rows, const unsigned char* frag, int lane, float (&out)[D]) {
     const uint2* bf = reinterpret_cast<const uint2*>(frag);
     const float* unscale = reinterpret_cast<const float*>(frag + static_cast<size_t>(D) * kMmas * 32 * 8);
-    // Two accumulator sets, even and odd MMAs, so that consecutive MMAs do not wait on each other.
-    float acc2[2][D][4];
+    float acc[D][4];
 #pragma unroll
-    for (int k = 0; k < 2; ++k)
+    for (int d = 0; d < D; ++d)
 #pragma unroll
-      for (int d = 0; d < D; ++d)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc2[k][d][r] = 0.f;
-    float (&acc)[D][4] = acc2[0];
-    auto join = [&] {
-#pragma unroll
-      for (int d = 0; d < D; ++d)
-#pragma unroll
-        for (int r = 0; r < 4; ++r) acc[d][r] += acc2[1][d][r];
-    };
-    if constexpr (kNvfp4) {
-      nvfp4_dots(static_cast<const unsigned char*>(rows), bf, lane, acc2);
-      join();
-      // Row g's sum is in register 0 of lanes 4g .. 4g + 3, row g + 8's in register 2.
-      const int src = 4 * (lane % 8);
-#pragma unroll
-      for (int d = 0; d < D; ++d) {
-        const float from_lo = __shfl_sync(0xffffffffu, acc[d][0], src);
-        const float from_hi = __shfl_sync(0xffffffffu, acc[d][2], src);
-        out[d] = ((lane % 16) < 8 ? from_lo : from_hi) * unscale[d];
-      }
-      return;
-    }
+      for (int r = 0; r < 4; ++r) acc[d][r] = 0.f;
     // ldmatrix.x4: lanes 8m .. 8m + 7 address matrix m's rows; matrix m = rows (m % 2) * 8 + i.
     const int mi = lane / 8, i = lane % 8;
-    const uint32_t row_addr = smem_addr(static_cast<const unsigned char*>(rows) + (i + 8 * (mi % 2)) * kRowBytes);
+    const uint32_t row_addr =
+        smem_addr(static_cast<const unsigned char*>(rows) + (i + 8 * (mi % 2)) * (N * static_cast<int>(sizeof(TR))));
     if constexpr (kFp8) {
 #pragma unroll
       for (int q = 0; q < kMmas; q += 2) {
@@ -156,7 +105,7 @@ struct MmaRowDots {
           const uint32_t a[4] = {fp8x2_to_f16x2(r[2 * h] & 0xffffu), fp8x2_to_f16x2(r[2 * h + 1] & 0xffffu),
                                  fp8x2_to_f16x2(r[2 * h] >> 16), fp8x2_to_f16x2(r[2 * h + 1] >> 16)};
 #pragma unroll
-          for (int d = 0; d < D; ++d) mma_f16(acc2[h][d], a, bf[(d * kMmas + q + h) * 32 + lane]);
+          for (int d = 0; d < D; ++d) mma_f16(acc[d], a, bf[(d * kMmas + q + h) * 32 + lane]);
         }
       }
     } else {
@@ -165,10 +114,9 @@ struct MmaRowDots {
         uint32_t a[4];  // a0 (row g, first chunk), a1 (row g + 8), a2 / a3 (second chunk)
         ldmatrix_x4(a, row_addr + 16 * chunk(q, i, mi / 2));
 #pragma unroll
-        for (int d = 0; d < D; ++d) mma_bf16(acc2[q % 2][d], a, bf[(d * kMmas + q) * 32 + lane]);
+        for (int d = 0; d < D; ++d) mma_bf16(acc[d], a, bf[(d * kMmas + q) * 32 + lane]);
       }
     }
-    join();
     // Row g's sum is D[g][g % 8] at lane 4g + g / 2 (register g % 2), row g + 8's beside it.
     const int g = lane / 4;
     const int src = 4 * (lane % 8) + (lane % 8) / 2;
@@ -183,48 +131,6 @@ struct MmaRowDots {
   }
 
  private:
-  // NVFP4: the MMAs of all kMmas blocks (see the header): rows g and g + 8 of `rows`, lane (g, c).
-  __device__ __forceinline__ static void nvfp4_dots(const unsigned char* rows, const uint2* bf, int lane,
-                                                    float (&acc)[2][D][4]) {
-    const int g = lane / 4, c = lane % 4;
-    const unsigned char* r0 = rows + g * kRowBytes;
-    const unsigned char* r1 = r0 + 8 * kRowBytes;
-    const __half2 boost = __float2half2_rn(kNvfp4ScaleBoost);
-#pragma unroll
-    for (int q8 = 0; q8 < kMmas; q8 += 8) {  // eight blocks' scales per 8-byte word
-      const uint2 s0 = *reinterpret_cast<const uint2*>(r0 + N / 2 + q8);
-      const uint2 s1 = *reinterpret_cast<const uint2*>(r1 + N / 2 + q8);
-#pragma unroll
-      for (int q2 = 0; q2 < 8; q2 += 2) {
-        const uint32_t w0 = (q2 < 4 ? s0.x : s0.y) >> (8 * (q2 % 4)), w1 = (q2 < 4 ? s1.x : s1.y) >> (8 * (q2 % 4));
-        // Scales of blocks q8 + q2 and q8 + q2 + 1 of each row, as f16 pairs times 2^7 (exact).
-        const __half2 b0 = __hmul2(e4m3x2_to_half2(w0 & 0xffffu), boost);
-        const __half2 b1 = __hmul2(e4m3x2_to_half2(w1 & 0xffffu), boost);
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int q = q8 + q2 + h;
-          const __half2 sc0 = h == 0 ? __low2half2(b0) : __high2half2(b0);
-          const __half2 sc1 = h == 0 ? __low2half2(b1) : __high2half2(b1);
-          const uint2 c0 = *reinterpret_cast<const uint2*>(r0 + 8 * q);
-          const uint2 c1 = *reinterpret_cast<const uint2*>(r1 + 8 * q);
-          const uint32_t a[4] = {scaled_codes(c0.x >> (4 * c), sc0), scaled_codes(c1.x >> (4 * c), sc1),
-                                 scaled_codes(c0.y >> (4 * c), sc0), scaled_codes(c1.y >> (4 * c), sc1)};
-#pragma unroll
-          for (int d = 0; d < D; ++d) mma_f16(acc[h][d], a, bf[(d * kMmas + q) * 32 + lane]);
-        }
-      }
-    }
-  }
-  // Nibbles 0 and 4 of t, decoded (values times 2^-14) and multiplied by the scales in `sc`.
-  __device__ __forceinline__ static uint32_t scaled_codes(uint32_t t, __half2 sc) {
-    const uint32_t bits = nvfp4_decode_pair(t);
-    const __half2 v = __hmul2(*reinterpret_cast<const __half2*>(&bits), sc);
-    return *reinterpret_cast<const uint32_t*>(&v);
-  }
-  __device__ __forceinline__ static __half2 e4m3x2_to_half2(uint32_t pair) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-    return __half2(h);
-  }
   __device__ __forceinline__ static void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

@@ -79,8 +79,8 @@ struct PersistentLayout {
   static constexpr SmemRegion kPair = kQt.then(RC::kTwoCopy ? static_cast<size_t>(L) * L * 4 : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kPair, 128);
 
-  // GDN non-flush dot products on tensor cores (common/mma_row_dots.cuh), bf16 q and k: 16-bit,
-  // 8-bit and NVFP4 read tiles of 16 rows per warp. The fragments of k and q are laid out per
+  // GDN non-flush dot products on tensor cores (common/mma_row_dots.cuh), bf16 q and k: 16-bit
+  // and 8-bit read tiles of 16 rows per warp. The fragments of k and q are laid out per
   // non-flush unit in the key ring's place, once the unit's k_j . k^ and k_j . q^ are formed (a
   // non-flush tile reads no key). KDA's vectors carry per-channel decays (fp32): CUDA cores.
   using ReadElem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
@@ -626,7 +626,7 @@ struct PersistentReplay {
         const int rw = warp * kRowsPerWarp + lane % kRowsPerWarp;
         float dot[2];
         MmaRowDots<ReadElem, K, 2>::dots(
-            S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * MmaRowDots<ReadElem, K, 2>::kRowBytes,
+            S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
             U + Layout::kKeyRing.offset, lane, dot);
         float row_scale = 1.f;
         if constexpr (RC::kScaled)

@@ -77,8 +77,8 @@ struct PersistentLayout {
   static constexpr SmemRegion kHeadDtRing = kHeadWords.then(kMaxUnitHeads * L * sizeof(float), 16);
   static constexpr SmemRegion kHeadCoef = kHeadDtRing.then(kMaxUnitHeads * (L + 1) * sizeof(float), 16);
   static constexpr SmemRegion kHeadValues = kHeadCoef.then(kMaxUnitHeads * 4 * sizeof(float), 16);
-  // Non-flush dot products on tensor cores (common/mma_row_dots.cuh) with a bf16 C: 16-bit,
-  // 8-bit and NVFP4 read tiles of 16 rows per warp. C's fragments, laid out once per non-flush unit.
+  // Non-flush dot products on tensor cores (common/mma_row_dots.cuh) with a bf16 C: 16-bit and
+  // 8-bit read tiles of 16 rows per warp. C's fragments, laid out once per non-flush unit.
   using ReadElem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
   static constexpr bool kMmaDots =
       std::is_same_v<TI, __nv_bfloat16> && ROWS / kPersistentConsumerWarps == 16 && kMmaRowDotsFit<ReadElem, N>;
@@ -481,7 +481,7 @@ struct PersistentReplay {
     float ypre[GTile::kPasses];
     float y_ck = 0.f;  // the checkpoint part of row rl's output (lanes < kRowsPerWarp)
     if constexpr (!kFlush && kMmaDots) {
-      const unsigned char* rows = S + Layout::kTile.offset + warp * 16 * MmaRowDots<ReadElem, N, 1>::kRowBytes;
+      const unsigned char* rows = S + Layout::kTile.offset + warp * 16 * N * sizeof(ReadElem);
       float dot[1];
       MmaRowDots<ReadElem, N, 1>::dots(rows, uv.buffer + Layout::kDotFrag.offset, lane, dot);
       float row_scale = 1.f;
