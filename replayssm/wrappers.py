@@ -415,8 +415,10 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     checkpoint, alone or beside an fp8 or nvfp4 copy, or the single copy), with random bits hashed
     from the slot, its flush count and the element (reproducible; replayssm.reference.stochastic).
     The format selects the binary (names end in ``_read_fp8``, ``_read_nvfp4``, ``_read_bf16``,
-    ``_single``, ``_sr``); replay standard decode only so far (a verify plan raises ValueError).
-    ``create_cache`` allocates the copy (and the flush counts).
+    ``_single``, ``_sr``). The verify (``plan(..., draft_len=T)``) takes a read copy beside a
+    float32 checkpoint (a non-flush verify reads the copy, a flush verify folds the checkpoint
+    and re-encodes the copy); with a single copy, stochastic rounding or a 16-bit checkpoint a
+    verify plan raises ValueError. ``create_cache`` allocates the copy (and the flush counts).
     ``pdl``: launch the replay step as a programmatic dependent launch (sm_90+, the tile kernel:
     ``w.schedule.pdl`` says whether the plan does), so it starts and loads its cache data while
     the kernel before it on the stream finishes. Only valid when that kernel does not write this
@@ -567,7 +569,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
     checkpoint (alone or beside an fp8 or nvfp4 copy) or the single copy stochastically (see
     Mamba2DecodeWrapper). The format selects the binary (names end in ``_read_fp8``,
     ``_read_nvfp4``, ``_read_bf16``, ``_single``, ``_sr``); replay standard decode only so far (a
-    verify plan raises ValueError). ``create_cache`` allocates the copy and the extra ring arrays.
+    verify plan raises ValueError; the Mamba-2 verify has read copies).
+    ``create_cache`` allocates the copy and the extra ring arrays.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 

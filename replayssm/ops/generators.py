@@ -132,7 +132,8 @@ def check_state_format(
       the arithmetic and must be float32); an NVFP4 copy always sits beside a checkpoint;
     * ``stochastic_rounding``: the flush rounds a bfloat16 checkpoint (alone or beside an fp8 or
       NVFP4 copy, which is encoded to nearest) or the single fp8 copy stochastically;
-    * each of them serves the replay decode step only (so far)."""
+    * each of them serves the replay decode step; the Mamba-2 verify takes a read copy beside a
+      float32 checkpoint (no single copy, no stochastic rounding there yet)."""
     single, sr = _flag("single_copy", single_copy), _flag("stochastic_rounding", stochastic_rounding)
     state = dtype_code(state_dtype)
     if read is None and not single and not sr:
@@ -142,10 +143,22 @@ def check_state_format(
             f"read_dtype: {family} kernels have read copies {list(READ_FORMATS[family]) or 'none yet'}, got {read!r}"
         )
     what = "read_dtype" if read is not None else ("single_copy" if single else "stochastic_rounding")
-    if op != "replay_decode":
+    if op == "replay_verify" and family == "mamba2":
+        if single or sr or state != "f32":
+            raise ValueError(
+                f"{what}: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single "
+                f"copy, no stochastic rounding, no 16-bit checkpoint); got read_dtype {read!r}, state_dtype "
+                f"{state_dtype!r}, single_copy={single}, stochastic_rounding={sr}"
+            )
+    elif op == "replay_verify":
+        raise ValueError(
+            f"{what}: the {family} verify has no read copies, single copies or stochastic rounding yet (the replay "
+            "decode step has them, and the Mamba-2 verify a read copy beside a float32 checkpoint)"
+        )
+    elif op != "replay_decode":
         raise ValueError(
             f"{what}: only the replay decode step has read copies, single copies and stochastic rounding so far "
-            f"(op {op!r}: speculative verify and the conventional algorithm read and write the checkpoint itself)"
+            f"(op {op!r}: the conventional algorithm reads and writes the checkpoint itself)"
         )
     if single:
         if read == "nvfp4":

@@ -55,7 +55,7 @@ E4M3_MAX = 448.0
 E2M1_MAX = 6.0
 E2M1_VALUES = (0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0)
 NVFP4_BLOCK = 16
-READ_FORMATS = (None, "float8_e4m3fn", "nvfp4")
+READ_FORMATS = (None, "float8_e4m3fn", "nvfp4", "bfloat16")
 
 # Midpoints between consecutive e2m1 magnitudes, and whether a tie at that midpoint rounds up
 # (to the neighbour with an even mantissa bit).
@@ -277,4 +277,6 @@ def fake_quant(x: torch.Tensor, read_format: str | None) -> torch.Tensor:
         return x.clone()
     if read_format == "float8_e4m3fn":
         return fake_quant_fp8_e4m3(x)
+    if read_format == "bfloat16":  # round to nearest even, no scale
+        return x.to(torch.bfloat16).to(x.dtype)
     return fake_quant_nvfp4(x)

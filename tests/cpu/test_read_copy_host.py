@@ -53,9 +53,22 @@ class TestReadCopyNames:
         assert "using read_copy_t = replayssm::ReadCopyFP8;" in src
 
     @pytest.mark.parametrize(
+        "read_dtype, policy", [(FP8, "ReadCopyFP8"), ("nvfp4", "ReadCopyNVFP4"), (BF16, "ReadCopyBF16")]
+    )
+    def test_verify_takes_a_read_copy_beside_fp32(self, read_dtype, policy):
+        from replayssm.jit.spec import render
+
+        s = mamba2_decode_spec("replay_verify", 64, 128, F32, BF16, 16, T=4, read_dtype=read_dtype)
+        assert s.name.startswith("mamba2_replay_verify_P64_N128_L16_T4_f32_bf16_read_")
+        src = render(s)
+        assert f"using read_copy_t = replayssm::{policy};" in src and "kT, read_copy_t>;" in src
+        with pytest.raises(ValueError, match="no single copy"):
+            mamba2_decode_spec("replay_verify", 64, 128, F32, BF16, 16, T=4, read_dtype=FP8, single_copy=True)
+
+    @pytest.mark.parametrize(
         "kwargs, fragment",
         [
-            (dict(op="replay_verify", T=4), "only the replay decode step"),
+            (dict(op="replay_verify", T=4, state_dtype=BF16), "the Mamba-2 verify reads a read copy beside a float32"),
             (dict(op="conventional_decode", L=None), "only the replay decode step"),
             (dict(state_dtype=BF16, read_dtype=BF16), "narrower than its checkpoint"),
             (dict(N=64), "at least 128"),
@@ -180,7 +193,7 @@ class TestDeltaReadCopyHost:
     @pytest.mark.parametrize(
         "kwargs, fragment",
         [
-            (dict(op="replay_verify", T=4), "only the replay decode step"),
+            (dict(op="replay_verify", T=4), "verify has no read copies"),
             (dict(op="conventional_decode", L=None), "only the replay decode step"),
             (dict(state_dtype=BF16, read_dtype=BF16), "narrower than its checkpoint"),
             (dict(K=64), "at least 128"),
@@ -363,8 +376,15 @@ def nvfp4_sr_refusal(state: str) -> str:
 def nvfp4_op_refusal(op: str) -> str:
     return (
         "read_dtype: only the replay decode step has read copies, single copies and stochastic rounding so far "
-        f"(op {op!r}: speculative verify and the conventional algorithm read and write the checkpoint itself)"
+        f"(op {op!r}: the conventional algorithm reads and writes the checkpoint itself)"
     )
+
+
+NVFP4_VERIFY_16BIT = (
+    "read_dtype: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single copy, no "
+    "stochastic rounding, no 16-bit checkpoint); got read_dtype 'nvfp4', state_dtype torch.bfloat16, "
+    "single_copy=False, stochastic_rounding=False"
+)
 
 
 class TestNVFP4Format:
@@ -439,7 +459,7 @@ class TestNVFP4Format:
             (dict(single_copy=True, stochastic_rounding=True), ValueError, NVFP4_SINGLE),
             (dict(stochastic_rounding=True), ValueError, nvfp4_sr_refusal("torch.float32")),
             (dict(stochastic_rounding=True, state_dtype=torch.float16), ValueError, nvfp4_sr_refusal("torch.float16")),
-            (dict(op="replay_verify", T=4), ValueError, nvfp4_op_refusal("replay_verify")),
+            (dict(op="replay_verify", T=4, state_dtype=BF16), ValueError, NVFP4_VERIFY_16BIT),
             (dict(op="conventional_decode", L=None), ValueError, nvfp4_op_refusal("conventional_decode")),
             (dict(single_copy="yes"), TypeError, "single_copy: expected a bool, got str 'yes'"),
         ],

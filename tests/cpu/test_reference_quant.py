@@ -255,11 +255,13 @@ def test_nvfp4_storage_checks():
 def test_fake_quant_dispatch(seed):
     gen = generator(seed)
     x = _wide(gen, (2, 32))
-    assert READ_FORMATS == (None, "float8_e4m3fn", "nvfp4")
+    assert READ_FORMATS == (None, "float8_e4m3fn", "nvfp4", "bfloat16")
     c = fake_quant(x, None)
     assert torch.equal(c, x) and c.data_ptr() != x.data_ptr()
     assert torch.equal(fake_quant(x, "float8_e4m3fn"), fake_quant_fp8_e4m3(x))
     assert torch.equal(fake_quant(x, "nvfp4"), fake_quant_nvfp4(x))
+    b = fake_quant(x.double(), "bfloat16")
+    assert b.dtype == torch.float64 and torch.equal(b, x.double().to(torch.bfloat16).double())
     with pytest.raises(ValueError, match=r"'read_format' must be one of .* got 'fp4'"):
         fake_quant(x, "fp4")
     with pytest.raises(TypeError, match="'x' must have a floating dtype"):

@@ -59,11 +59,11 @@ class Mamba2Spec:
             **kw,
         )
 
-    def reference(self, num_slots, max_draft):
+    def reference(self, num_slots, max_draft, **kw):
         from replayssm.reference import Mamba2ReplayRef
 
         c = self.cfg
-        return Mamba2ReplayRef(num_slots, c["H"], c["P"], c["N"], c["G"], c["L"], max_draft=max_draft)
+        return Mamba2ReplayRef(num_slots, c["H"], c["P"], c["N"], c["G"], c["L"], max_draft=max_draft, **kw)
 
     def inputs(self, batch, T=None):
         c, g = self.cfg, self.gen
@@ -121,12 +121,18 @@ def run_spec_sequence(
     p_verify=0.7,
     repeat_commit=True,
     rows_per_cta=None,
+    wrapper_kw=None,
+    ref_kw=None,
+    after_launch=None,
 ):
-    """Random mix of standard steps and verify+commit rounds; returns the worst output error."""
+    """Random mix of standard steps and verify+commit rounds; returns the worst output error.
+    wrapper_kw / ref_kw: extra keywords of the wrapper and the reference (a read copy);
+    after_launch(cache, ref, slots, what): called after every step and every commit with the
+    round's slots (a read-copy test syncs and checks the copy there)."""
     cfg = fam.cfg
-    w = fam.wrapper("replay", batch, rows_per_cta=rows_per_cta)
+    w = fam.wrapper("replay", batch, rows_per_cta=rows_per_cta, **(wrapper_kw or {}))
     cache = w.create_cache(num_slots, max_draft=T)
-    ref = fam.reference(num_slots, T)
+    ref = fam.reference(num_slots, T, **(ref_kw or {}))
     unused = list(range(num_slots - 2, num_slots))
     active = list(range(num_slots - 2))
     cache.reset(active)
@@ -153,6 +159,8 @@ def run_spec_sequence(
                 e = rel_err(out[rows].cpu(), y)
                 worst = max(worst, e)
                 assert e <= out_tol, f"step {step}: output rel err {e:.3e} > {out_tol:.1e}"
+            if after_launch is not None:
+                after_launch(cache, ref, sl, f"step {step}")
             continue
         counts = [int(torch.randint(1, T + 1, (1,), generator=gen, device=DEV)) if varlen else T for _ in range(batch)]
         parents = [random_parents(T, gen) if tree else list(range(-1, T - 1)) for _ in range(batch)]
@@ -195,6 +203,8 @@ def run_spec_sequence(
                 w.commit(cache, num_accepted=acc)  # idempotent
             for r, s in zip(rows, sl):
                 ref.commit([s], [n_acc[r]])
+        if after_launch is not None:
+            after_launch(cache, ref, sl, f"verify {step}")
     assert cache.check_errors() == 0, cache.describe_errors(cache.check_errors(clear=False))
     assert torch.equal(cache.ring_len[active].long().cpu(), ref.ring_len[active]), "committed lengths differ"
     got = fam.materialize(cache, active)

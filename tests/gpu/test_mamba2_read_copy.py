@@ -377,12 +377,14 @@ class TestMamba2ReadCopyFidelity:
 
 class TestMamba2ReadCopyContract:
     @pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
-    def test_verify_plan_is_refused(self, read_dtype):
+    def test_verify_plans_with_the_format(self, read_dtype):
+        """The verify of a read-copy wrapper (fp32 checkpoint) is built for the same format
+        (test_mamba2_verify.py, TestMamba2VerifyReadCopy, checks what it computes)."""
         w, cache = make(read_dtype, None, 4, 2)
         slots = torch.tensor([0, 1], device="cuda", dtype=torch.int32)
-        with pytest.raises(ValueError, match="read_dtype"):
-            w.plan(slots, draft_len=2)
-        w.plan(slots)  # the standard step still plans
+        w.plan(slots, draft_len=2)
+        assert "replay_verify" in w.module_name and w.module_name.endswith(READ_SUFFIX[read_dtype])
+        w.plan(slots)  # the standard step
         assert w.module_name.endswith(READ_SUFFIX[read_dtype])
 
     def test_cache_without_read_copy_is_refused(self):

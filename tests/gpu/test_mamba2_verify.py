@@ -304,3 +304,65 @@ class TestMamba2VerifyBadInput:
         self.w.commit(self.cache, accepted_path=paths)
         assert self.cache.check_errors() == 8
         assert self.cache.ring_len.tolist()[:3] == [0, 0, 2]
+
+
+READ_COPIES = [torch.float8_e4m3fn, torch.bfloat16, "nvfp4"]
+READ_COPY_IDS = ["fp8", "bf16", "nvfp4"]
+READ_FORMAT_NAME = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16", "nvfp4": "nvfp4"}
+
+
+@pytest.mark.parametrize("read_dtype", READ_COPIES, ids=READ_COPY_IDS)
+class TestMamba2VerifyReadCopy:
+    """The verify with a read copy beside the fp32 checkpoint (issue 12): a non-flush verify reads
+    the copy, a flush verify folds the checkpoint and re-encodes the copy. The float64 reference
+    pool in the same read format (its non-flush outputs read its S_lp) gets, after every launch,
+    the kernel's own dequantised copy as its S_lp, so outputs are compared at the usual tolerance
+    (bf16 io 6e-3: the copy's rounding is not in it); after every launch S_hp equals the
+    reference's checkpoint within 2e-5 and the copy is the reference quantiser of the stored S_hp
+    (test_mamba2_read_copy.check_read_copy_encodes). Chains with random accepts, token trees with
+    per-row counts, the tile kernel at 16 and 64 rows."""
+
+    @staticmethod
+    def sync_and_check(cache, ref, slots, what):
+        from .test_mamba2_read_copy import check_read_copy_encodes
+
+        if not slots:
+            return
+        e = rel_err(cache.checkpoint[slots].double().cpu(), ref.checkpoint[slots])
+        assert e <= 2e-5, f"{what}: S_hp rel err {e:.2e}"
+        check_read_copy_encodes(cache, slots, what)
+        ref.checkpoint_lp[slots] = cache.read_copy_values(slots).double().cpu()
+
+    def run(self, read_dtype, T, **kw):
+        gen = seeded_generator()
+        return run_spec_sequence(
+            Mamba2Spec({**BASE, "T": T}, gen),
+            steps=40,
+            batch=5,
+            num_slots=10,
+            T=T,
+            gen=gen,
+            wrapper_kw=dict(read_dtype=read_dtype),
+            ref_kw=dict(read_format=READ_FORMAT_NAME[read_dtype]),
+            after_launch=self.sync_and_check,
+            **kw,
+        )
+
+    def test_chain_random_accepts(self, read_dtype):
+        self.run(read_dtype, 4)
+
+    def test_token_trees_with_counts(self, read_dtype):
+        self.run(read_dtype, 8, tree=True, varlen=True)
+
+    @pytest.mark.parametrize("rows", [16, 64])
+    def test_every_tiling(self, read_dtype, rows):
+        self.run(read_dtype, 4, varlen=True, rows_per_cta=rows)
+
+    def test_bf16_checkpoint_is_refused(self, read_dtype):
+        if read_dtype is torch.bfloat16:
+            pytest.skip("a bf16 copy of a bf16 checkpoint does not exist (decode refuses it too)")
+        fam = Mamba2Spec({**BASE, "T": 4, "state": BF16}, seeded_generator())
+        w = fam.wrapper("replay", 2, read_dtype=read_dtype)
+        slots = torch.tensor([0, 1], device=DEV, dtype=torch.int32)
+        with pytest.raises(ValueError, match="the Mamba-2 verify reads a read copy beside a float32"):
+            w.plan(slots, draft_len=4)

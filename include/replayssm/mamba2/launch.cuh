@@ -191,7 +191,8 @@ struct ConventionalDecode {
 };
 
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is Commit).
-template <typename TS, typename TI, int P, int N, int L, int TMAX>
+// RC: the state format (common/read_copy.cuh), as for ReplayDecode.
+template <typename TS, typename TI, int P, int N, int L, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
@@ -208,7 +209,7 @@ struct ReplayVerify {
         q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, true), true,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
-          return kernel_facts(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, dev, q.limits, 128,
+          return kernel_facts(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, dev, q.limits, 128,
                               Smem<kRows>::bytes(kMaxRingCapacity<L>), f);
         },
         &s->main, &s->fallback);
@@ -218,11 +219,13 @@ struct ReplayVerify {
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
+    if (!pool_matches_format<RC>(p.d.pool)) return cudaErrorInvalidValue;  // the pool carries this format's buffers
     const KernelLaunch& k = s.main;
     if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nheads, P)) return cudaErrorInvalidValue;
     return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, p, k, Smem<kRows>::bytes(R), stream);
+      return launch_planned(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, p, k, Smem<kRows>::bytes(R),
+                            stream);
     });
   }
   static cudaError_t prepare() {
@@ -232,7 +235,7 @@ struct ReplayVerify {
     return for_each_rows<P>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>);
-      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX>, bytes, optin);
+      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, bytes, optin);
     });
   }
 };

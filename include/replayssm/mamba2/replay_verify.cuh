@@ -11,6 +11,12 @@
 //   flush (m + n > L): S' = exp(c) S_c + sum_{j<m} w_j x_j B_j^T is written, then the same with m = 0.
 //   Then y_i += D x_i and y_i *= silu(z_i).
 //
+// With a read copy (RC, common/read_copy.cuh), a non-flush verify reads S_c from the copy (its
+// dequantised values, through the shared ReadCopyTile); a flush reads the checkpoint (a single
+// copy: the copy), folds in fp32 and stores the state as the format says (store_state_row: the
+// checkpoint and the copy re-encoded from the same fold), and the drafts' outputs are read out of
+// what the checkpoint now holds, as the decode step's flush does.
+//
 // S_c is read once for all n drafts; the only state write is the flush. Draft i's record lands at
 // ring position start + m + i (before or after the flush, the same physical entry). The cursors
 // (moved by the last CTA of the slot to arrive) keep only the committed records: len = m (or 0
@@ -21,6 +27,7 @@
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -51,10 +58,13 @@ struct VerifySmem {
   __host__ __device__ static size_t bytes(int R) { return rsum(R) + size_t(TMAX) * ROWS * 4; }
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX>
+template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX, class RC = NoReadCopy>
 __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams vp) {
   const DecodeParams& p = vp.d;
-  using Tile = StateTile<TS, N, ROWS, 4>;
+  using Read = ReadCopyTile<RC, TS, N, ROWS, 4>;  // what a non-flush verify with a copy reads
+  using ReadTile = typename Read::Tile;
+  using Tile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, N, ROWS, 4>>;  // what a flush folds
+  static_assert(kFormatFits<RC, TS>, "a read copy is narrower than its checkpoint; a single copy keeps none");
   using Smem = VerifySmem<TI, N, ROWS, L, TMAX>;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -77,10 +87,16 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.h * p.pool.stride_head +
            static_cast<int64_t>(c.p0) * N;
 
-  // 1. One round trip: checkpoint tile (registers); whole ring and the drafts' B (async copies);
-  //    drafts' x and C; cursors; the tree.
+  // 1. One round trip: checkpoint tile, or the copy's (registers); whole ring and the drafts' B
+  //    (async copies); drafts' x and C; cursors; the tree.
   uint4 raw[Tile::kPasses][Tile::kVpl];
-  Tile::load(raw, st, warp, lane);
+  [[maybe_unused]] Read rt;
+  if constexpr (RC::kEnabled) {
+    rt.load(p.pool, slot, c.h, c.p0, warp, lane);
+  } else {
+    Tile::load(raw, st, warp, lane);
+  }
+  [[maybe_unused]] const uint32_t seed = flush_seed<RC>(p.pool, slot);  // read with the cursors
 
   extern __shared__ __align__(16) unsigned char smem[];
   TI* Bring_s = reinterpret_cast<TI*>(smem + Smem::Bring(R));
@@ -213,8 +229,23 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
 
   float sv[Tile::kPasses][Tile::kVpl][kV];
-  Tile::unpack(raw, sv);
+  if constexpr (!RC::kEnabled) Tile::unpack(raw, sv);
   if (flush) {
+    // The state the flush folds: the checkpoint (read now when a copy served the first round
+    // trip), or a single copy's dequantised codes.
+    if constexpr (RC::kSingle) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          unpack16<typename Tile::Elem>(rt.raw[s][v], sv[s][v]);
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= RC::kScaled ? rt.scale[s] : 1.f;
+        }
+    } else if constexpr (RC::kTwoCopy) {
+      Tile::load(raw, st, warp, lane);
+      Tile::unpack(raw, sv);
+    }
     // Fold the m committed records into the tile, write it, and read out what was stored.
     const float tot = tot_s;
 #pragma unroll
@@ -239,30 +270,55 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
           for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
       }
     }
+    if constexpr (RC::kEnabled) {
 #pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float held[Tile::kVpl][kV];
+        store_state_row<RC, TS, Tile>(
+            state_row_dst<RC, TS>(p.pool, slot, c.h, c.p0 + Tile::row(warp, lane, s), P, N, seed), sv[s], lane, held);
 #pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[s][v]);
-        store_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v), packed);
-        unpack16<TS>(packed, sv[s][v]);
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = held[v][e];
       }
+    } else {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+          const uint4 packed = pack16<TS>(sv[s][v]);
+          store_stream16(st + Tile::row(warp, lane, s) * N + Tile::col(lane, v), packed);
+          unpack16<TS>(packed, sv[s][v]);
+        }
+    }
   }
-  for (int i = 0; i < n; ++i) {
-    float Cv[Tile::kVpl][kV];
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-      for (int e = 0; e < kV; ++e) Cv[v][e] = C_s[i * N + Tile::col(lane, v) + e];
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      float dot = 0.f;
+  if (!RC::kEnabled || flush) {
+    for (int i = 0; i < n; ++i) {
+      float Cv[Tile::kVpl][kV];
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
-        for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], Cv[v][e], dot);
-      dot = group_sum<Tile::kLanes>(dot);
-      if (Tile::row_leader(lane)) ysc_s[i * ROWS + Tile::row(warp, lane, s)] = dot;
+        for (int e = 0; e < kV; ++e) Cv[v][e] = C_s[i * N + Tile::col(lane, v) + e];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float dot = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], Cv[v][e], dot);
+        dot = group_sum<Tile::kLanes>(dot);
+        if (Tile::row_leader(lane)) ysc_s[i * ROWS + Tile::row(warp, lane, s)] = dot;
+      }
+    }
+  } else if constexpr (RC::kEnabled) {
+    // Non-flush with a copy: each draft's dot products with the copy's dequantised rows.
+    for (int i = 0; i < n; ++i) {
+      const float* Ci = C_s + i * N;
+      float d[1][ReadTile::kPasses];
+      rt.template sums<1>([&](int, int v, int e) { return Ci[ReadTile::col(lane, v) + e]; }, d);
+#pragma unroll
+      for (int s = 0; s < ReadTile::kPasses; ++s)
+        if (ReadTile::row_leader(lane)) ysc_s[i * ROWS + ReadTile::row(warp, lane, s)] = rt.dequantise(d[0][s], s);
     }
   }
   __syncthreads();
@@ -295,7 +351,9 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n), p.error_flag);
+    const bool moved = finish_unit(p.ring, slot, p.nheads * kChunks, arrived,
+                                   cursors_after_verify(seen, flush, phys(m), n), p.error_flag);
+    bump_flushes<RC>(p.pool, slot, moved, flush);
   }
 }
 
