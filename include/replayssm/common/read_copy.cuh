@@ -534,6 +534,20 @@ struct ReadCopyTile {
     }
   }
 
+  // This thread's values in the state's units, times f: the codes times their row's scale (or
+  // the checkpoint's own elements), for formats without block scales (a single copy's flush).
+  __device__ __forceinline__ void values(float f, float (&out)[kPasses][Tile::kVpl][Tile::kVec]) const {
+    static_assert(!RC::kBlockScaled, "an NVFP4 copy is only read by dot products (sums)");
+#pragma unroll
+    for (int s = 0; s < kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        unpack16<Elem>(raw[s][v], out[s][v]);
+#pragma unroll
+        for (int e = 0; e < Tile::kVec; ++e) out[s][v][e] *= f * (RC::kScaled ? scale[s] : 1.f);
+      }
+  }
+
   // A value of row pass s in the codes' units -> in the state's units (times the row's scale).
   __device__ __forceinline__ float dequantise(float x, int s) const {
     if constexpr (RC::kScaled) {

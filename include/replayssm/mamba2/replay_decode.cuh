@@ -220,14 +220,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     const float ck = ck_s;
     float sv[Tile::kPasses][Tile::kVpl][kV];
     if constexpr (RC::kSingle) {  // the state is the copy already in registers: dequantise it
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          unpack16<typename Tile::Elem>(rt.raw[s][v], sv[s][v]);
-#pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] *= ck * (RC::kScaled ? rt.scale[s] : 1.f);
-        }
+      rt.values(ck, sv);
     } else {
       uint4 hp_raw[Tile::kPasses][Tile::kVpl];
       if constexpr (RC::kTwoCopy) {

@@ -234,14 +234,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
     // The state the flush folds: the checkpoint (read now when a copy served the first round
     // trip), or a single copy's dequantised codes.
     if constexpr (RC::kSingle) {
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          unpack16<typename Tile::Elem>(rt.raw[s][v], sv[s][v]);
-#pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] *= RC::kScaled ? rt.scale[s] : 1.f;
-        }
+      rt.values(1.f, sv);
     } else if constexpr (RC::kTwoCopy) {
       Tile::load(raw, st, warp, lane);
       Tile::unpack(raw, sv);
