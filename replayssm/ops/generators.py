@@ -145,8 +145,9 @@ def check_state_format(
     what = "read_dtype" if read is not None else ("single_copy" if single else "stochastic_rounding")
     if op == "replay_verify" and family == "mamba2":
         if single or sr or state != "f32":
+            bad = "single_copy" if single else ("stochastic_rounding" if sr else "state_dtype")
             raise ValueError(
-                f"{what}: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single "
+                f"{bad}: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single "
                 f"copy, no stochastic rounding, no 16-bit checkpoint); got read_dtype {read!r}, state_dtype "
                 f"{state_dtype!r}, single_copy={single}, stochastic_rounding={sr}"
             )

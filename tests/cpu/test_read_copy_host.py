@@ -381,7 +381,7 @@ def nvfp4_op_refusal(op: str) -> str:
 
 
 NVFP4_VERIFY_16BIT = (
-    "read_dtype: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single copy, no "
+    "state_dtype: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single copy, no "
     "stochastic rounding, no 16-bit checkpoint); got read_dtype 'nvfp4', state_dtype torch.bfloat16, "
     "single_copy=False, stochastic_rounding=False"
 )

@@ -78,7 +78,16 @@ class TestFormatNames:
             (dict(stochastic_rounding=True, read_dtype="nvfp4"), "stochastic_rounding", "bfloat16 checkpoint"),
             (dict(stochastic_rounding=True, read_dtype="nvfp4", state_dtype=F16), "stochastic_rounding", "bfloat16"),
             (dict(read_dtype="nvfp4", state_dtype=BF16, N=64), "read_dtype", "multiple of 128"),
-            (dict(single_copy=True, read_dtype=FP8, op="replay_verify", T=4), "read_dtype", "replay decode"),
+            (
+                dict(single_copy=True, read_dtype=FP8, op="replay_verify", T=4),
+                "single_copy",
+                "the Mamba-2 verify reads",
+            ),
+            (
+                dict(stochastic_rounding=True, state_dtype=BF16, op="replay_verify", T=4),
+                "stochastic_rounding",
+                "Mamba-2",
+            ),
             (
                 dict(stochastic_rounding=True, state_dtype=BF16, op="conventional_decode", L=None),
                 "stochastic",
