@@ -13,6 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replayssm.ops.generators import read_format_name
 from replayssm.reference import mamba2_step
 from replayssm.timing import capture
 
@@ -308,7 +309,6 @@ class TestMamba2VerifyBadInput:
 
 READ_COPIES = [torch.float8_e4m3fn, torch.bfloat16, "nvfp4"]
 READ_COPY_IDS = ["fp8", "bf16", "nvfp4"]
-READ_FORMAT_NAME = {torch.float8_e4m3fn: "float8_e4m3fn", torch.bfloat16: "bfloat16", "nvfp4": "nvfp4"}
 
 
 @pytest.mark.parametrize("read_dtype", READ_COPIES, ids=READ_COPY_IDS)
@@ -343,7 +343,7 @@ class TestMamba2VerifyReadCopy:
             T=T,
             gen=gen,
             wrapper_kw=dict(read_dtype=read_dtype),
-            ref_kw=dict(read_format=READ_FORMAT_NAME[read_dtype]),
+            ref_kw=dict(read_format=read_format_name(read_dtype)),
             after_launch=self.sync_and_check,
             **kw,
         )

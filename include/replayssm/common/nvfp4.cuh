@@ -73,14 +73,6 @@ __host__ __device__ __forceinline__ uint32_t e2m1_code(float y) {
   return f32_bits(r) - 0x4B000000u + (y < -0.25f ? 8u : 0u);
 }
 
-// Whether x lies within kUlps ulps of an fp32 value whose kLowBits lowest mantissa bits are zero
-// (an infinity counts: it has them zero).
-template <int kLowBits, uint32_t kUlps>
-__host__ __device__ __forceinline__ bool near_grid(float x) {
-  constexpr uint32_t kMask = (1u << kLowBits) - 1u;
-  return ((f32_bits(x) + kUlps) & kMask) < 2u * kUlps;
-}
-
 // Quotients by products with a reciprocal, where they round as the quotients do. A product q inv
 // with inv within a relative 2^-21 of 1 / d lies within 20 ulps of fl(q / d) (10 of the quotient's
 // binade, twice that of the binade below), so the two round alike unless a rounding
@@ -90,11 +82,19 @@ __host__ __device__ __forceinline__ bool near_grid(float x) {
 // 2.5, 3.5, 5: kLowBits 21; e4m3: midpoints of values with 3 mantissa bits, and 448: 19.
 constexpr uint32_t kQuotientUlps = 32;
 
+// Whether x lies within kQuotientUlps ulps of an fp32 value whose kLowBits lowest mantissa bits
+// are zero (an infinity counts: it has them zero).
+template <int kLowBits>
+__host__ __device__ __forceinline__ bool near_grid(float x) {
+  constexpr uint32_t kMask = (1u << kLowBits) - 1u;
+  return ((f32_bits(x) + kQuotientUlps) & kMask) < 2u * kQuotientUlps;
+}
+
 // fl(q / d) or a value that rounds as it does, from inv within a relative 2^-21 of 1 / d.
 template <int kLowBits>
 __host__ __device__ __forceinline__ float quotient_for_rounding(float q, float d, float inv) {
   const float y = q * inv;
-  return near_grid<kLowBits, kQuotientUlps>(y) ? fdiv_rn(q, d) : y;
+  return near_grid<kLowBits>(y) ? fdiv_rn(q, d) : y;
 }
 
 // The e2m1 codes (element e at nibble e) of fl(q[e] / d) for kV finite values, from products by
@@ -107,7 +107,7 @@ __host__ __device__ __forceinline__ uint32_t e2m1_codes_of_quotients(const float
 #pragma unroll
   for (int e = 0; e < kV; ++e) {
     y[e] = q[e] * inv;
-    near |= near_grid<21, kQuotientUlps>(y[e]);
+    near |= near_grid<21>(y[e]);
   }
   if (near) {
 #pragma unroll
@@ -127,15 +127,15 @@ __host__ __device__ __forceinline__ float nvfp4_block_scale(uint32_t byte) {
   return static_cast<float>(b) * kNvfp4CodeUnit;
 }
 
-// The 16 codes of one block (8 bytes as two words, element e at nibble e) -> out[e] = code value
-// times 2^-14. A code's magnitude bits shifted into an fp16's exponent and top mantissa bit give
-// exactly that value (index 1, 0.5, becomes the subnormal 2^-15), two codes per 32-bit word.
 // The codes at nibbles 0 and 4 of t -> an fp16 pair (bits) of their values times 2^-14, low half
-// from nibble 0.
+// from nibble 0. A code's magnitude bits shifted into an fp16's exponent and top mantissa bit give
+// exactly that value (index 1, 0.5, becomes the subnormal 2^-15), and its sign the fp16's sign.
 __host__ __device__ __forceinline__ uint32_t nvfp4_decode_pair(uint32_t t) {
   return ((t & 0x00070007u) << 9) | ((t & 0x00080008u) << 12);
 }
 
+// The 16 codes of one block (8 bytes as two words, element e at nibble e) -> out[e] = code value
+// times 2^-14, two codes per 32-bit operation (nvfp4_decode_pair).
 __host__ __device__ __forceinline__ void nvfp4_decode16(uint32_t lo, uint32_t hi, float (&out)[16]) {
   const uint32_t words[2] = {lo, hi};
 #pragma unroll

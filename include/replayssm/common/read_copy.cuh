@@ -415,6 +415,11 @@ struct ReadCopyTile {
   static_assert(!RC::kBlockScaled || (N % 128 == 0 && Tile::kVec == kNvfp4Block),
                 "an NVFP4 row is whole groups of 128 values, and a thread's run one block");
 
+  // An NVFP4 run as raw holds it: its 8 code bytes, and its block scale (e4m3 byte) times kNvfp4CodeUnit.
+  __device__ __forceinline__ static uint4 nvfp4_run(uint2 codes, uint32_t scale_byte) {
+    return make_uint4(codes.x, codes.y, __float_as_uint(nvfp4_block_scale(scale_byte)), 0u);
+  }
+
   uint4 raw[Tile::kPasses][Tile::kVpl];  // this thread's 16-byte words of its rows (NVFP4: codes
                                          // in x, y; the block scale times kNvfp4CodeUnit in z)
   float scale[Tile::kPasses];            // scaled formats: its rows' scales
@@ -430,9 +435,7 @@ struct ReadCopyTile {
         for (int v = 0; v < Tile::kVpl; ++v) {
           const uint8_t* r = src + Tile::row(warp, lane, s) * kRowBytes;
           const int col = Tile::col(lane, v);
-          const uint2 c = load_stream8(r + col / 2);
-          raw[s][v] =
-              make_uint4(c.x, c.y, __float_as_uint(nvfp4_block_scale(__ldg(r + N / 2 + col / kNvfp4Block))), 0u);
+          raw[s][v] = nvfp4_run(load_stream8(r + col / 2), __ldg(r + N / 2 + col / kNvfp4Block));
         }
       const float* sc = pool.read_scale + slot * pool.scale_stride_slot + head * pool.scale_stride_head + row0;
 #pragma unroll
@@ -464,8 +467,7 @@ struct ReadCopyTile {
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v) {
           const int col = Tile::col(lane, v);
-          const uint2 c = *reinterpret_cast<const uint2*>(r + col / 2);
-          raw[s][v] = make_uint4(c.x, c.y, __float_as_uint(nvfp4_block_scale(r[N / 2 + col / kNvfp4Block])), 0u);
+          raw[s][v] = nvfp4_run(*reinterpret_cast<const uint2*>(r + col / 2), r[N / 2 + col / kNvfp4Block]);
         }
         scale[s] = scales[Tile::row(warp, lane, s)];
       }
@@ -489,15 +491,15 @@ struct ReadCopyTile {
   // checkpoint's plain dot product.
   template <int D, class Weight>
   __device__ __forceinline__ void sums(Weight&& weight, float (&out)[D][kPasses]) const {
-    if constexpr (RC::kBlockScaled) {  // per block: the codes' sum, times the block scale
 #pragma unroll
-      for (int s = 0; s < kPasses; ++s) {
-        float acc[D];
+    for (int s = 0; s < kPasses; ++s) {
+      float acc[D];
 #pragma unroll
-        for (int d = 0; d < D; ++d) acc[d] = 0.f;
+      for (int d = 0; d < D; ++d) acc[d] = 0.f;
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          float x[Tile::kVec];
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        float x[Tile::kVec];
+        if constexpr (RC::kBlockScaled) {  // per block: the codes' sum, times the block scale
           nvfp4_decode16(raw[s][v].x, raw[s][v].y, x);
           float part[D];
 #pragma unroll
@@ -509,28 +511,16 @@ struct ReadCopyTile {
           const float bs = __uint_as_float(raw[s][v].z);
 #pragma unroll
           for (int d = 0; d < D; ++d) acc[d] = fmaf(part[d], bs, acc[d]);
-        }
-#pragma unroll
-        for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
-      }
-    } else {
-#pragma unroll
-      for (int s = 0; s < kPasses; ++s) {
-        float acc[D];
-#pragma unroll
-        for (int d = 0; d < D; ++d) acc[d] = 0.f;
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v) {
-          float x[Tile::kVec];
+        } else {
           unpack16<Elem>(raw[s][v], x);
 #pragma unroll
           for (int e = 0; e < Tile::kVec; ++e)
 #pragma unroll
             for (int d = 0; d < D; ++d) acc[d] = fmaf(x[e], weight(d, v, e), acc[d]);
         }
-#pragma unroll
-        for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
       }
+#pragma unroll
+      for (int d = 0; d < D; ++d) out[d][s] = group_sum<Tile::kLanes>(acc[d]);
     }
   }
 
