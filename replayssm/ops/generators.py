@@ -112,6 +112,10 @@ def _flag(arg: str, v) -> bool:
     return v
 
 
+#: How messages name the families.
+FAMILY_NAMES = {"mamba2": "Mamba-2", "gdn": "GDN", "kda": "KDA"}
+
+
 def check_state_format(
     family: str,
     op: str,
@@ -132,8 +136,8 @@ def check_state_format(
       the arithmetic and must be float32); an NVFP4 copy always sits beside a checkpoint;
     * ``stochastic_rounding``: the flush rounds a bfloat16 checkpoint (alone or beside an fp8 or
       NVFP4 copy, which is encoded to nearest) or the single fp8 copy stochastically;
-    * each of them serves the replay decode step; the Mamba-2 verify takes a read copy beside a
-      float32 checkpoint (no single copy, no stochastic rounding there yet)."""
+    * each of them serves the replay decode step; the verify (every family) takes a read copy
+      beside a float32 checkpoint (no single copy, no stochastic rounding there yet)."""
     single, sr = _flag("single_copy", single_copy), _flag("stochastic_rounding", stochastic_rounding)
     state = dtype_code(state_dtype)
     if read is None and not single and not sr:
@@ -143,23 +147,17 @@ def check_state_format(
             f"read_dtype: {family} kernels have read copies {list(READ_FORMATS[family]) or 'none yet'}, got {read!r}"
         )
     what = "read_dtype" if read is not None else ("single_copy" if single else "stochastic_rounding")
-    if op == "replay_verify" and family == "mamba2":
-        if single or sr or state != "f32":
-            bad = "single_copy" if single else ("stochastic_rounding" if sr else "state_dtype")
-            raise ValueError(
-                f"{bad}: the Mamba-2 verify reads a read copy beside a float32 checkpoint only so far (no single "
-                f"copy, no stochastic rounding, no 16-bit checkpoint); got read_dtype {read!r}, state_dtype "
-                f"{state_dtype!r}, single_copy={single}, stochastic_rounding={sr}"
-            )
-    elif op == "replay_verify":
+    if op == "replay_verify" and (single or sr or state != "f32"):
+        bad = "single_copy" if single else ("stochastic_rounding" if sr else "state_dtype")
         raise ValueError(
-            f"{what}: the {family} verify has no read copies, single copies or stochastic rounding yet (the replay "
-            "decode step has them, and the Mamba-2 verify a read copy beside a float32 checkpoint)"
+            f"{bad}: the {FAMILY_NAMES[family]} verify reads a read copy beside a float32 checkpoint only so far "
+            f"(no single copy, no stochastic rounding, no 16-bit checkpoint); got read_dtype {read!r}, state_dtype "
+            f"{state_dtype!r}, single_copy={single}, stochastic_rounding={sr}"
         )
-    elif op != "replay_decode":
+    elif op not in ("replay_decode", "replay_verify"):
         raise ValueError(
-            f"{what}: only the replay decode step has read copies, single copies and stochastic rounding so far "
-            f"(op {op!r}: the conventional algorithm reads and writes the checkpoint itself)"
+            f"{what}: only the replay decode step and the replay verify have read copies, single copies and "
+            f"stochastic rounding so far (op {op!r}: the conventional algorithm reads and writes the checkpoint itself)"
         )
     if single:
         if read == "nvfp4":
@@ -220,7 +218,7 @@ def mamba2_decode_spec(
     WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
     or the low-precision read copy (torch.float8_e4m3fn needs N >= 128, 'nvfp4' N % 128 == 0,
     torch.bfloat16); single_copy, stochastic_rounding: the state format (check_state_format;
-    replay decode only).
+    the verify: a read copy beside a float32 checkpoint).
     """
     check_choice("op", op, MODULE_OPS)
     check_choice("P (head dim)", P, MAMBA2_P)
@@ -253,7 +251,7 @@ def gdn_decode_spec(
     L in WINDOWS; T: 1 for decode ops, the draft capacity (VERIFY_T) for verify ops; read_dtype: None
     or the low-precision read copy of the checkpoint's (hv, v) rows over K (torch.float8_e4m3fn
     needs K >= 128, 'nvfp4' K % 128 == 0, torch.bfloat16); single_copy, stochastic_rounding: the
-    state format (check_state_format; replay decode only)."""
+    state format (check_state_format; the verify: a read copy beside a float32 checkpoint)."""
     check_choice("family", family, ("gdn", "kda"))
     check_choice("op", op, MODULE_OPS)
     check_choice("K (key head dim)", K, GDN_DIMS)

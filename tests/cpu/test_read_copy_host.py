@@ -191,9 +191,24 @@ class TestDeltaReadCopyHost:
         assert gdn_decode_spec("replay_decode", 64, 128, F32, BF16, 16, family, read_dtype=BF16).read == "bf16"
 
     @pytest.mark.parametrize(
+        "read_dtype, policy", [(FP8, "ReadCopyFP8"), ("nvfp4", "ReadCopyNVFP4"), (BF16, "ReadCopyBF16")]
+    )
+    def test_verify_takes_a_read_copy_beside_fp32(self, family, read_dtype, policy):
+        from replayssm.jit.spec import render
+
+        s = gdn_decode_spec("replay_verify", 128, 128, F32, BF16, 16, family, T=4, read_dtype=read_dtype)
+        assert s.name.startswith(f"{family}_replay_verify_K128_V128_L16_T4_f32_bf16_read_")
+        src = render(s)
+        assert f"using read_copy_t = replayssm::{policy};" in src and "kT, read_copy_t>;" in src
+        plain = render(gdn_decode_spec("replay_verify", 128, 128, F32, BF16, 16, family, T=4))
+        assert "using read_copy_t = replayssm::NoReadCopy;" in plain
+        with pytest.raises(ValueError, match="no single copy"):
+            gdn_decode_spec("replay_verify", 128, 128, F32, BF16, 16, family, T=4, read_dtype=FP8, single_copy=True)
+
+    @pytest.mark.parametrize(
         "kwargs, fragment",
         [
-            (dict(op="replay_verify", T=4), "verify has no read copies"),
+            (dict(op="replay_verify", T=4, state_dtype=BF16), "verify reads a read copy beside a float32"),
             (dict(op="conventional_decode", L=None), "only the replay decode step"),
             (dict(state_dtype=BF16, read_dtype=BF16), "narrower than its checkpoint"),
             (dict(K=64), "at least 128"),
@@ -375,8 +390,8 @@ def nvfp4_sr_refusal(state: str) -> str:
 
 def nvfp4_op_refusal(op: str) -> str:
     return (
-        "read_dtype: only the replay decode step has read copies, single copies and stochastic rounding so far "
-        f"(op {op!r}: the conventional algorithm reads and writes the checkpoint itself)"
+        "read_dtype: only the replay decode step and the replay verify have read copies, single copies and "
+        f"stochastic rounding so far (op {op!r}: the conventional algorithm reads and writes the checkpoint itself)"
     )
 
 

@@ -103,7 +103,31 @@ def _delta_verify_specs():
     for family in ("gdn", "kda"):
         s = gdn_decode_spec("conventional_verify", 128, 128, BASE["state"], BASE["io"], family=family, T=4)
         specs[s.name] = s
-    return list(specs.values())
+    return list(specs.values()) + _delta_read_copy_verify_specs()
+
+
+def _delta_read_copy_verify_specs():
+    """The GDN/KDA verify with each read copy (test_delta_verify.TestDeltaVerifyReadCopy and
+    test_delta_read_copy's plan test: K128 V128 L16, T = 4)."""
+    from replayssm.ops.generators import gdn_decode_spec, verify_capacity
+
+    from .test_delta_verify import READ_CFGS, READ_DTYPES
+
+    return [
+        gdn_decode_spec(
+            "replay_verify",
+            cfg["K"],
+            cfg["V"],
+            cfg["state"],
+            cfg["io"],
+            cfg["L"],
+            cfg["family"],
+            verify_capacity(cfg["T"]),
+            read_dtype=r,
+        )
+        for cfg in READ_CFGS
+        for r in READ_DTYPES
+    ]
 
 
 def _base_specs():
@@ -156,7 +180,7 @@ def _delta_read_copy_specs():
             "replay_decode", cfg["K"], cfg["V"], torch.float32, cfg["io"], cfg["L"], cfg["family"], read_dtype=r
         )
         specs[s.name] = s
-    return list(specs.values())
+    return list(specs.values()) + _delta_read_copy_verify_specs()
 
 
 def _state_format_specs():

@@ -35,12 +35,12 @@ class DeltaSpec:
             **kw,
         )
 
-    def reference(self, num_slots, max_draft):
+    def reference(self, num_slots, max_draft, **kw):
         from replayssm.reference import GDNReplayRef, KDAReplayRef
 
         c = self.cfg
         cls = KDAReplayRef if self.kda else GDNReplayRef
-        return cls(num_slots, c["HV"], c["HK"], c["K"], c["V"], c["L"], max_draft=max_draft)
+        return cls(num_slots, c["HV"], c["HK"], c["K"], c["V"], c["L"], max_draft=max_draft, **kw)
 
     def inputs(self, batch, T=None):
         c, g = self.cfg, self.gen

@@ -330,13 +330,13 @@ def test_1024_steps_checkpoint_stays_exact(cfg, read_dtype, persistent):
 class TestDeltaReadCopyContract:
     @pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
     @pytest.mark.parametrize("cfg", FAMILY_CFGS, ids=FAMILY_IDS)
-    def test_verify_plan_is_refused(self, cfg, read_dtype):
+    def test_verify_plans_with_the_copy(self, cfg, read_dtype):
         w, _ = make(cfg, read_dtype, None, 4, 2)
         slots = torch.tensor([0, 1], device="cuda", dtype=torch.int32)
-        with pytest.raises(ValueError, match="read_dtype"):
-            w.plan(slots, draft_len=2)
-        w.plan(slots)  # the standard step still plans
-        assert w.module_name.endswith(READ_SUFFIX[read_dtype])
+        w.plan(slots, draft_len=4)  # the verify (tests/gpu/test_delta_verify.py checks what it computes)
+        assert "_replay_verify_" in w.module_name and w.module_name.endswith(READ_SUFFIX[read_dtype])
+        w.plan(slots)  # and the standard step
+        assert "_replay_decode_" in w.module_name and w.module_name.endswith(READ_SUFFIX[read_dtype])
 
     @pytest.mark.parametrize("cfg", FAMILY_CFGS, ids=FAMILY_IDS)
     def test_cache_without_read_copy_is_refused(self, cfg):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from replayssm.ops.generators import read_format_name
 from replayssm.reference import gdn_step, kda_step
 from replayssm.timing import capture
 
@@ -155,6 +156,76 @@ class TestDeltaVerifyFeatures:
                 else:
                     assert (out[b, i] == 0).all() and (snap == 0).all()
         assert torch.equal(cache.checkpoint[:batch], S0)
+
+
+#: Read copies of the verify tests (beside the fp32 checkpoint; ids as test_delta_read_copy names them).
+READ_DTYPES = [torch.float8_e4m3fn, torch.bfloat16, "nvfp4"]
+READ_IDS = ["fp8", "bf16", "nvfp4"]
+READ_CFGS = [BASE, KDA]  # T = 4: one module per family and format
+
+
+@pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
+@pytest.mark.parametrize("cfg", READ_CFGS, ids=["gdn", "kda"])
+class TestDeltaVerifyReadCopy:
+    """The verify with a read copy beside the fp32 checkpoint (issue 12): a non-flush verify reads
+    the copy, so the drafts' corrections are those of the recurrence restarted from S_lp, and
+    appends each draft's v and beta; a flush verify recomputes the committed records' corrections
+    exactly from S_hp, folds, stores S_hp and re-encodes the copy. The float64 reference pool in
+    the same read format (non-flush outputs from its S_lp and its ring's u, flushes exact from
+    S_hp) gets, after every launch, the kernel's own dequantised copy as its S_lp, so outputs are
+    compared at the usual tolerance (bf16 io 6e-3: the copy's rounding is not in it); after every
+    launch S_hp equals the reference's checkpoint within 2e-5 (which it can only do if the flush
+    recomputed the corrections: the ring's u come from S_lp) and the copy is the reference
+    quantiser of the stored S_hp (test_mamba2_read_copy.check_read_copy_encodes). Chains with
+    random accepts, token trees with per-row counts (the commit copies the v and beta rings too),
+    the tile kernel at 16 and 64 rows."""
+
+    @staticmethod
+    def sync_and_check(cache, ref, slots, what):
+        from .test_mamba2_read_copy import check_read_copy_encodes
+
+        if not slots:
+            return
+        e = rel_err(cache.checkpoint[slots].double().cpu(), ref.checkpoint[slots])
+        assert e <= 2e-5, f"{what}: S_hp rel err {e:.2e}"
+        check_read_copy_encodes(cache, slots, what)
+        ref.checkpoint_lp[slots] = cache.read_copy_values(slots).double().cpu()
+
+    def run(self, cfg, read_dtype, **kw):
+        gen = seeded_generator()
+        return run_spec_sequence(
+            DeltaSpec(cfg, gen),
+            steps=40,
+            batch=5,
+            num_slots=10,
+            T=cfg["T"],
+            gen=gen,
+            wrapper_kw=dict(read_dtype=read_dtype),
+            ref_kw=dict(read_format=read_format_name(read_dtype)),
+            after_launch=self.sync_and_check,
+            **kw,
+        )
+
+    def test_chain_random_accepts(self, cfg, read_dtype):
+        self.run(cfg, read_dtype)
+
+    def test_token_trees_with_counts(self, cfg, read_dtype):
+        self.run(cfg, read_dtype, tree=True, varlen=True)
+
+    @pytest.mark.parametrize("rows", [16, 64])
+    def test_every_tiling(self, cfg, read_dtype, rows):
+        self.run(cfg, read_dtype, varlen=True, rows_per_cta=rows)
+
+    def test_single_copy_and_bf16_checkpoint_are_refused(self, cfg, read_dtype):
+        slots = torch.tensor([0, 1], device=DEV, dtype=torch.int32)
+        if read_dtype is not torch.bfloat16:
+            w = DeltaSpec({**cfg, "state": BF16}, seeded_generator()).wrapper("replay", 2, read_dtype=read_dtype)
+            with pytest.raises(ValueError, match="verify reads a read copy beside a float32"):
+                w.plan(slots, draft_len=4)
+        if read_dtype is torch.float8_e4m3fn:
+            w = DeltaSpec(cfg, seeded_generator()).wrapper("replay", 2, read_dtype=read_dtype, single_copy=True)
+            with pytest.raises(ValueError, match="single_copy: the (GDN|KDA) verify reads a read copy"):
+                w.plan(slots, draft_len=4)
 
 
 class TestDeltaVerifyBadInput:

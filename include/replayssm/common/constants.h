@@ -15,8 +15,9 @@ namespace replayssm {
 constexpr int32_t kMaxDrafts = 16;
 // Ring capacity of a replay module: L + kMaxDrafts at most.
 constexpr int32_t kMaxRingExtra = 16;
-// Ring arrays a commit moves (CommitParams::arrays).
-constexpr int32_t kMaxRingArrays = 4;
+// Ring arrays a commit moves (CommitParams::arrays): at most five, GDN/KDA with a read copy (u, k,
+// g, v and beta).
+constexpr int32_t kMaxRingArrays = 5;
 
 // Runtime tilings (rows of P / V per CTA); a module instantiates those dividing its dim.
 constexpr int32_t kRowChoices[] = {16, 32, 64, 80};

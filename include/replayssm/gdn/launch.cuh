@@ -32,6 +32,13 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
          aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.num_v_heads);
 }
 
+// The pool and ring carry exactly the buffers a module of format RC needs (with two copies, the
+// ring keeps each record's v and beta for the flush's exact recompute).
+template <class RC>
+inline bool buffers_match(const StatePool& pool, const Ring& ring) {
+  return pool_matches_format<RC>(pool) && (ring.v != nullptr) == RC::kTwoCopy && (ring.beta != nullptr) == RC::kTwoCopy;
+}
+
 // RC: the state format the module is built for (common/read_copy.cuh; NoReadCopy: the checkpoint alone).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, class RC = NoReadCopy>
 struct ReplayDecode {
@@ -91,16 +98,9 @@ struct ReplayDecode {
     return 0;
   }
 
-  // The pool and ring carry exactly the buffers this module's format needs (with two copies, the
-  // ring keeps each record's v and beta for the flush's exact recompute).
-  static bool buffers_match(const StatePool& pool, const Ring& ring) {
-    return pool_matches_format<RC>(pool) && (ring.v != nullptr) == RC::kTwoCopy &&
-           (ring.beta != nullptr) == RC::kTwoCopy;
-  }
-
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
-    if (!buffers_match(p.pool, p.ring)) return cudaErrorInvalidValue;
+    if (!buffers_match<RC>(p.pool, p.ring)) return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       if (static_cast<int64_t>(k.units) != units(p.batch, p.num_v_heads, p.num_k_heads)) return cudaErrorInvalidValue;
@@ -176,12 +176,13 @@ struct ConventionalDecode {
   }
 };
 
-// Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is Commit).
-template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX>
+// Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
+// Commit), for state format RC.
+template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
-  using Smem = VerifySmem<K, ROWS, L, PerChannelDecay>;
+  using Smem = VerifySmem<TI, K, ROWS, L, PerChannelDecay, RC>;
   static int plan(PlanQuery q, Schedule* s) {
     if (const int e = check_query(q)) return e;
     if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
@@ -194,8 +195,8 @@ struct ReplayVerify {
         q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), true,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
-          return kernel_facts(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, dev, q.limits, 128,
-                              Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX), f);
+          return kernel_facts(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, dev, q.limits,
+                              128, Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX), f);
         },
         &s->main, &s->fallback);
     s->tile = s->main;
@@ -204,11 +205,12 @@ struct ReplayVerify {
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
+    if (!buffers_match<RC>(p.d.pool, p.d.ring)) return cudaErrorInvalidValue;
     const KernelLaunch& k = s.main;
     if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, p, k,
+      return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, p, k,
                             Smem<kRows>::bytes(R, p.drafts.T), stream);
     });
   }
@@ -219,7 +221,7 @@ struct ReplayVerify {
     return for_each_rows<V>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX);
-      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, bytes, optin);
+      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, bytes, optin);
     });
   }
 };

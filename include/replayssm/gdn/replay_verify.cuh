@@ -14,12 +14,22 @@
 // holds with m = 0. One read of S_c serves the 2n products S_c (.) of every draft; no state is
 // written outside the flush. Drafts are appended at ring position start + m + i; the cursors
 // keep only the committed records (draft = n pending), as in mamba2/replay_verify.cuh.
+//
+// With a read copy (RC, common/read_copy.cuh) a verify that does not flush reads the copy
+// (ReadCopyTile: its 2n dot products per row), so the drafts' corrections u_i are those of the
+// recurrence restarted from S_lp, as a non-flush decode step's are; each draft record also keeps
+// its v and beta. A verify that flushes reads the checkpoint S_hp and the committed records' v
+// rows and betas, recomputes their corrections exactly from S_hp (gdn/wy.cuh, as the decode's
+// flush does), folds, stores S_hp and re-encodes the copy (store_state_row), and evaluates the
+// drafts against what the checkpoint now holds. A single copy (RC::kSingle) is the state: its
+// ring's u are exact for it, and a flush folds them into its dequantised values.
 #pragma once
 
 #include "../common/align.cuh"
 #include "../common/cp_async.cuh"
 #include "../common/cursors.cuh"
 #include "../common/drafts.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 #include "wy.cuh"
@@ -27,8 +37,11 @@
 namespace replayssm {
 namespace gdn {
 
-// Dynamic shared memory of one verify CTA for ring capacity R and T planned drafts (bytes).
-template <int K, int ROWS, int L, bool PerChannelDecay>
+// Dynamic shared memory of one verify CTA for ring capacity R and T planned drafts (bytes). With
+// two copies (RC::kTwoCopy) also, for a flush's exact recompute of the m <= L committed records
+// (logical order): their v rows [L][ROWS] (io dtype), betas [L], kx_j = E_j . k_j [L][K], the
+// triangular system A [L][L] and the fold's per-column factor [K].
+template <typename TI, int K, int ROWS, int L, bool PerChannelDecay, class RC = NoReadCopy>
 struct VerifySmem {
   static constexpr int kG = PerChannelDecay ? K : 1;
   // Every array starts 16-byte aligned (the dot products read 4 floats at a time).
@@ -64,7 +77,21 @@ struct VerifySmem {
   __host__ __device__ static size_t sk(int R, int T) { return vd(R, T) + align16(size_t(T) * ROWS * 4); }  // [T][ROWS]
   __host__ __device__ static size_t sq(int R, int T) { return sk(R, T) + align16(size_t(T) * ROWS * 4); }
   __host__ __device__ static size_t ud(int R, int T) { return sq(R, T) + align16(size_t(T) * ROWS * 4); }  // drafts' u
-  __host__ __device__ static size_t bytes(int R, int T) { return ud(R, T) + align16(size_t(T) * ROWS * 4); }
+  __host__ __device__ static size_t vr(int R, int T) { return ud(R, T) + align16(size_t(T) * ROWS * 4); }
+  static constexpr bool kExact = RC::kTwoCopy;  // a flush recomputes the committed corrections
+  __host__ __device__ static size_t br(int R, int T) {
+    return vr(R, T) + (kExact ? align16(size_t(L) * ROWS * sizeof(TI)) : 0);
+  }  // [L] committed betas
+  __host__ __device__ static size_t kxc(int R, int T) {
+    return br(R, T) + (kExact ? align16(size_t(L) * 4) : 0);
+  }  // [L][K] committed kx_j
+  __host__ __device__ static size_t a(int R, int T) {
+    return kxc(R, T) + (kExact ? size_t(L) * K * 4 : 0);
+  }  // [L][L] triangular system
+  __host__ __device__ static size_t col(int R, int T) {
+    return a(R, T) + (kExact ? align16(size_t(L) * L * 4) : 0);
+  }  // [K] fold factor
+  __host__ __device__ static size_t bytes(int R, int T) { return col(R, T) + (kExact ? size_t(K) * 4 : 0); }
 };
 
 // CTAs per SM the verify kernel is compiled for. At 64 rows and K <= 128 both families sit at the
@@ -73,16 +100,22 @@ struct VerifySmem {
 // for four keeps it under 128 (24 bytes spilled at K = 128). KDA (per-channel decays) used 133
 // registers and fits 128 with nothing spilled. Where shared memory allows only three CTAs (KDA at
 // T >= 8) the bound costs nothing. 0 sets no minimum, as without the argument: K = 256 needs more
-// registers, and fewer rows need fewer.
-template <bool PerChannelDecay, int K, int ROWS>
-constexpr int kVerifyMinCtas = K <= 128 && ROWS == 64 ? 4 : 0;
+// registers, and fewer rows need fewer. With a read copy the copy's tile and the flush's
+// checkpoint tile are both in flight: no minimum.
+template <bool PerChannelDecay, int K, int ROWS, class RC = NoReadCopy>
+constexpr int kVerifyMinCtas = K <= 128 && ROWS == 64 && !RC::kEnabled ? 4 : 0;
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
-__global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
+__global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS, RC>)
     replay_verify_kernel(const VerifyParams vp) {
   const DecodeParams& p = vp.d;
-  using Tile = StateTile<TS, K, ROWS, 4>;
-  using Smem = VerifySmem<K, ROWS, L, PerChannelDecay>;
+  using Read = ReadCopyTile<RC, TS, K, ROWS, 4>;  // what a non-flush verify with a copy reads
+  using ReadTile = typename Read::Tile;
+  using Tile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, K, ROWS, 4>>;  // what a flush folds
+  using Smem = VerifySmem<TI, K, ROWS, L, PerChannelDecay, RC>;
+  static_assert(ReadTile::kPasses == Tile::kPasses, "both tiles give a thread the same rows");
+  static_assert(!RC::kTwoCopy || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
   constexpr int kG = Smem::kG;
   constexpr int kV = Tile::kVec;
   constexpr int kThreads = Tile::kThreads;
@@ -99,9 +132,15 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
            static_cast<int64_t>(c.v0) * K;
 
-  // 1. One round trip: checkpoint tile (registers), whole ring (async copies), drafts, cursors.
-  uint4 raw[Tile::kPasses][Tile::kVpl];
-  Tile::load(raw, st, warp, lane);
+  // 1. One round trip: checkpoint tile or the copy's (registers), whole ring (async copies),
+  //    drafts, cursors.
+  [[maybe_unused]] uint4 raw[RC::kEnabled ? 1 : Tile::kPasses][Tile::kVpl];
+  [[maybe_unused]] Read rt;
+  if constexpr (RC::kEnabled) {
+    rt.load(p.pool, slot, c.hv, c.v0, warp, lane);
+  } else {
+    Tile::load(raw, st, warp, lane);
+  }
 
   extern __shared__ __align__(16) unsigned char smem[];
   float* u_s = reinterpret_cast<float*>(smem + Smem::u(R));
@@ -160,6 +199,7 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
   }
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
+  [[maybe_unused]] const uint32_t seed = flush_seed<RC>(p.pool, slot);  // read with the cursors
   const int n = load_draft_tree<TMAX>(vp.drafts, c.b, anc_s, &n_s);  // ends with a barrier
 
   if (n == 0 || n > L || n > R - L) {
@@ -174,6 +214,34 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
   }
   const bool flush = m + n > L;
   const int me = flush ? 0 : m;  // committed records replayed in the outputs (not folded)
+  auto phys = [&](int j) {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  };
+  // Two copies, flush: the checkpoint tile S_hp (registers) and the committed records' v rows and
+  // betas (logical order), requested as soon as the cursors say so.
+  const bool exact = RC::kTwoCopy && flush;  // the committed corrections are recomputed from S_hp
+  [[maybe_unused]] uint4 hp_raw[RC::kTwoCopy ? Tile::kPasses : 1][Tile::kVpl];
+  [[maybe_unused]] TI* vr_s = reinterpret_cast<TI*>(smem + Smem::vr(R, T));  // [L][ROWS]
+  [[maybe_unused]] float* br_s = reinterpret_cast<float*>(smem + Smem::br(R, T));  // [L]
+  [[maybe_unused]] float* kxc_s = reinterpret_cast<float*>(smem + Smem::kxc(R, T));  // [L][K]
+  [[maybe_unused]] float* A_s = reinterpret_cast<float*>(smem + Smem::a(R, T));  // [L][L]
+  [[maybe_unused]] float* col_s = reinterpret_cast<float*>(smem + Smem::col(R, T));  // [K]
+  if constexpr (RC::kTwoCopy) {
+    if (flush) {
+      Tile::load(hp_raw, st, warp, lane);
+      constexpr int kIV = Vec16<TI>::kElems;
+      static_assert(ROWS % kIV == 0, "a v-row chunk must be whole 16-byte vectors");
+      const TI* vring =
+          static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + c.hv * p.ring.v_stride_head + c.v0;
+      const float* bring = p.ring.beta + slot * p.ring.beta_stride_slot + c.hv * p.ring.beta_stride_head;
+      for (int i = tid; i < m * (ROWS / kIV); i += kThreads) {
+        const int j = i / (ROWS / kIV), q = i % (ROWS / kIV);
+        cp_async16(vr_s + j * ROWS + q * kIV, vring + static_cast<int64_t>(phys(j)) * V + q * kIV);
+      }
+      for (int j = tid; j < m; j += kThreads) cp_async4(br_s + j, bring + phys(j));
+    }
+  }
   cp_async_wait_all();
 
   // Normalise q and k of every draft (one warp per draft; uniform trip count per warp).
@@ -201,16 +269,34 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
   if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays. Committed: kd_j replaces k_j in shared memory, tot = E(Gc). Drafts: P_i.
-  auto phys = [&](int j) {
-    const int q = start + j;
-    return q >= R ? q - R : q;
-  };
+  //    Two copies, flush: the committed records' terms in product form instead (gdn/wy.cuh): A,
+  //    kx_j, kd_j in place and col (their g become a = exp(g) in place).
+  if constexpr (RC::kTwoCopy) {
+    if (exact) {
+      __syncthreads();  // every thread's v rows and betas have landed
+      for (int i = tid; i < m * kG; i += kThreads) {
+        float* gj = gr_s + phys(i / kG) * kG + i % kG;
+        *gj = expf(*gj);
+      }
+      __syncthreads();
+      auto key = [&](int j) {
+        return kr_s + phys(j) * K;
+      };
+      auto decay = [&](int j, int e) {
+        return gr_s[phys(j) * kG + (PerChannelDecay ? e : 0)];
+      };
+      window_pairs<L, kThreads / 32, K>(m, key, decay, A_s, warp, lane);
+      __syncthreads();  // the pairs read the undecayed keys, which the channel pass decays in place
+      window_channel_decays<L, kThreads, K>(m, key, decay, [&](int j) { return kxc_s + j * K; }, col_s, tid);
+    }
+  }
+  const int mc = exact ? 0 : m;  // committed records whose decays are applied here
   if constexpr (!PerChannelDecay) {
     if (warp == 0) {  // one lane per committed record, suffix sums by shuffles
-      const float gj = lane < m ? gr_s[phys(lane)] : 0.f;
+      const float gj = lane < mc ? gr_s[phys(lane)] : 0.f;
       float incl, excl;
       warp_suffix_sums(gj, lane, &incl, &excl);
-      if (lane < m) wcom_s[lane] = expf(excl);
+      if (lane < mc) wcom_s[lane] = expf(excl);
       if (lane == 0) tot_s[0] = expf(incl);
     } else if (warp == 1 && lane < n) {
       float sum = 0.f;
@@ -219,7 +305,7 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
       pth_s[lane] = sum;
     }
     __syncthreads();
-    for (int i = tid; i < m * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= wcom_s[i / K];
+    for (int i = tid; i < mc * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= wcom_s[i / K];
     for (int i = tid; i < n * K; i += kThreads) {
       const float e = expf(pth_s[i / K]);
       kx_s[i] = e * kh_s[i];
@@ -229,7 +315,7 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
     __syncthreads();  // normalised q, k visible
     for (int e = tid; e < K; e += kThreads) {  // one thread per key channel
       float sum = 0.f;  // sum_{j<k<m} g_k[e]
-      for (int j = m - 1; j >= 0; --j) {
+      for (int j = mc - 1; j >= 0; --j) {
         kr_s[phys(j) * K + e] *= expf(sum);
         sum += gr_s[phys(j) * K + e];
       }
@@ -303,53 +389,121 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
   }
 
   // 3. Checkpoint part: scale the tile by E(Gc) per column, fold and write on a flush, then the
-  //    2n dot products of every row.
-  float sv[Tile::kPasses][Tile::kVpl][kV];
-#pragma unroll
-  for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-    for (int v = 0; v < Tile::kVpl; ++v) {
-      unpack16<TS>(raw[s][v], sv[s][v]);
-#pragma unroll
-      for (int e = 0; e < kV; ++e) sv[s][v][e] *= tot_s[(Tile::col(lane, v) + e) % kG];
-    }
-  if (flush) {
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
+  //    2n dot products of every row. With a read copy, a non-flush verify forms them from the
+  //    copy's codes (the decays in the weights); a flush folds the checkpoint (or a single copy's
+  //    dequantised values) and reads the products out of what it stored.
+  if (!RC::kEnabled || flush) {
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+    if constexpr (!RC::kEnabled) {
+      Tile::unpack(raw, sv);
+    } else if constexpr (RC::kSingle) {
+      rt.values(1.f, sv);
+    } else {
+      Tile::unpack(hp_raw, sv);
+      // The committed records' exact corrections: y_j = S_hp kx_j per row (into the u rows of
+      // the ring in shared memory, which the substitution then overwrites with u_j), then one
+      // thread per row.
       for (int j = 0; j < m; ++j) {
-        const float uj = u_s[phys(j) * ROWS + r];
-        const float* kj = kr_s + phys(j) * K;
+        float kxj[Tile::kVpl * kV];
+        Tile::load_columns(kxj, kxc_s + j * K, lane);
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          float y = 0.f;
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[s][v][e]);
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) y = fmaf(sv[s][v][e], kxj[v * kV + e], y);
+          y = group_sum<Tile::kLanes>(y);
+          if (Tile::row_leader(lane)) u_s[phys(j) * ROWS + Tile::row(warp, lane, s)] = y;
+        }
       }
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v) {
-        const uint4 packed = pack16<TS>(sv[s][v]);
-        store_stream16(st + r * K + Tile::col(lane, v), packed);
-        unpack16<TS>(packed, sv[s][v]);  // continue from what was stored
+      __syncthreads();
+      if (tid < ROWS) {
+        const int r = tid;
+        forward_substitute(
+            m, A_s, L, [&](int j) { return u_s[phys(j) * ROWS + r]; },
+            [&](int j) { return to_float(vr_s[j * ROWS + r]); }, [&](int j) { return br_s[j]; },
+            [&](int i) { return u_s[phys(i) * ROWS + r]; }, [&](int j, float u) { u_s[phys(j) * ROWS + r] = u; });
       }
+      __syncthreads();
     }
-  }
-  for (int i = 0; i < n; ++i) {
+    const float* colf = exact ? col_s : tot_s;  // the fold's per-column factor (GDN without a copy: one)
+    const int cmask = exact ? K : kG;
 #pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      float dk = 0.f, dq = 0.f;
+    for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
-        for (int e = 0; e < kV; ++e) {
-          const int col = Tile::col(lane, v) + e;
-          dk = fmaf(sv[s][v][e], kx_s[i * K + col], dk);
-          dq = fmaf(sv[s][v][e], qx_s[i * K + col], dq);
+        for (int e = 0; e < kV; ++e) sv[s][v][e] *= colf[(Tile::col(lane, v) + e) % cmask];
+    if (flush) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const int r = Tile::row(warp, lane, s);
+        for (int j = 0; j < m; ++j) {
+          const float uj = u_s[phys(j) * ROWS + r];
+          const float* kj = kr_s + phys(j) * K;
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[s][v][e]);
         }
-      dk = group_sum<Tile::kLanes>(dk);
-      dq = group_sum<Tile::kLanes>(dq);
-      if (Tile::row_leader(lane)) {
-        sk_s[i * ROWS + Tile::row(warp, lane, s)] = dk;
-        sq_s[i * ROWS + Tile::row(warp, lane, s)] = dq;
+        if constexpr (RC::kEnabled) {  // checkpoint and copy as the format says; continue from what is held
+          float held[Tile::kVpl][kV];
+          store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, c.hv, c.v0 + r, V, K, seed), sv[s], lane,
+                                        held);
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sv[s][v][e] = held[v][e];
+        } else {
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v) {
+            const uint4 packed = pack16<TS>(sv[s][v]);
+            store_stream16(st + r * K + Tile::col(lane, v), packed);
+            unpack16<TS>(packed, sv[s][v]);  // continue from what was stored
+          }
+        }
+      }
+    }
+    for (int i = 0; i < n; ++i) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float dk = 0.f, dq = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) {
+            const int col = Tile::col(lane, v) + e;
+            dk = fmaf(sv[s][v][e], kx_s[i * K + col], dk);
+            dq = fmaf(sv[s][v][e], qx_s[i * K + col], dq);
+          }
+        dk = group_sum<Tile::kLanes>(dk);
+        dq = group_sum<Tile::kLanes>(dq);
+        if (Tile::row_leader(lane)) {
+          sk_s[i * ROWS + Tile::row(warp, lane, s)] = dk;
+          sq_s[i * ROWS + Tile::row(warp, lane, s)] = dq;
+        }
+      }
+    }
+  } else if constexpr (RC::kEnabled) {
+    // Non-flush with a copy: each draft's two dot products with the copy's rows, weights
+    // E(Gc) . kx_i and E(Gc) . qx_i.
+    for (int i = 0; i < n; ++i) {
+      const float* kxi = kx_s + i * K;
+      const float* qxi = qx_s + i * K;
+      float d[2][Tile::kPasses];
+      rt.template sums<2>(
+          [&](int w, int v, int e) {
+            const int col = ReadTile::col(lane, v) + e;
+            return (w == 0 ? kxi : qxi)[col] * tot_s[col % kG];
+          },
+          d);
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        if (ReadTile::row_leader(lane)) {
+          sk_s[i * ROWS + ReadTile::row(warp, lane, s)] = rt.dequantise(d[0][s], s);
+          sq_s[i * ROWS + ReadTile::row(warp, lane, s)] = rt.dequantise(d[1][s], s);
+        }
       }
     }
   }
@@ -383,6 +537,10 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
           token_out_rows<TI>(p, c, T, i)[r] = from_float<TI>(o);
           p.ring.u[slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + static_cast<int64_t>(phys(m + i)) * V +
                    c.v0 + r] = u;
+          if constexpr (RC::kTwoCopy)  // the value as given (an exact copy of the io-dtype input)
+            static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + c.hv * p.ring.v_stride_head +
+                                       static_cast<int64_t>(phys(m + i)) * V + c.v0 + r] =
+                from_float<TI>(vd_s[i * ROWS + r]);
         });
   }
   if (n < T) zero_token_rows<TI, ROWS>(p, c, T, n, 0);
@@ -390,6 +548,9 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head;
     for (int idx = tid; idx < n * kG; idx += kThreads)
       gout[static_cast<int64_t>(phys(m + idx / kG)) * kG + idx % kG] = gd_s[idx];
+    if constexpr (RC::kTwoCopy)
+      for (int i = tid; i < n; i += kThreads)
+        p.ring.beta[slot * p.ring.beta_stride_slot + c.hv * p.ring.beta_stride_head + phys(m + i)] = beta_s[i];
     if (c.hv % (p.num_v_heads / p.num_k_heads) == 0) {
       float* kout = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
       for (int idx = tid; idx < n * K; idx += kThreads)
@@ -398,8 +559,9 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS>)
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, cursors_after_verify(seen, flush, phys(m), n),
-                p.error_flag);
+    const bool moved = finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived,
+                                   cursors_after_verify(seen, flush, phys(m), n), p.error_flag);
+    bump_flushes<RC>(p.pool, slot, moved, flush);
   }
 }
 
