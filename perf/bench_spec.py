@@ -41,7 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mode_bytes  # noqa: E402
 from bench_common import capture, meta, read_bandwidth_TBps, replay_us_per_step, write_results  # noqa: E402
-from bench_decode import FAMILIES, SHAPES, stagger  # noqa: E402
+from bench_decode import FAMILIES, READ_DTYPES, SHAPES, fill_states, plain_format, stagger  # noqa: E402
 from spec_drafts import (  # noqa: E402
     TREES,
     chain_accepted,
@@ -72,10 +72,10 @@ def num_slots_for(fam, batch, extra=0):
 def replay_pool(fam, batch, rows, phases, max_draft=1):
     """A replay wrapper and a cache of random checkpoints; slots at a random point of their window
     with phases='staggered' (bench_decode.stagger), all at its start with 'lockstep'."""
-    w = fam.wrapper(batch, "replay", rows)
+    w = fam.wrapper(batch, "replay", rows, fmt=plain_format(fam.args, fam.args.read_dtype))
     n = num_slots_for(fam, batch)
     cache = w.create_cache(n, max_draft=max_draft)
-    cache.checkpoint.normal_(generator=fam.gen)
+    fill_states(cache, fam.gen)  # random states; load_state encodes a --read-dtype copy
     if phases == "staggered":
         stagger(cache, fam.gen)
     slots = torch.randperm(n, device="cuda", generator=fam.gen)[:batch].to(torch.int32)
@@ -157,22 +157,22 @@ def prewarm(args):
     specs = []
     for family in args.families:
         s = SHAPES[family][DEFAULT_SHAPES[family]]
-        st, io, L = args.state_dtype, args.io_dtype, args.window
+        st, io, L, rd = args.state_dtype, args.io_dtype, args.window, args.read_dtype
         chains = {verify_capacity(t) for t in args.drafts}
         trees = {verify_capacity(len(TREES[name])) for name in args.trees}
         for T in sorted(chains | trees):
             if family == "mamba2":
-                specs.append(mamba2_decode_spec("replay_verify", s["P"], s["N"], st, io, L, T))
+                specs.append(mamba2_decode_spec("replay_verify", s["P"], s["N"], st, io, L, T, read_dtype=rd))
                 if T in chains:
                     specs.append(mamba2_decode_spec("conventional_verify", s["P"], s["N"], st, io, T=T))
             else:
-                specs.append(gdn_decode_spec("replay_verify", s["K"], s["V"], st, io, L, family, T))
+                specs.append(gdn_decode_spec("replay_verify", s["K"], s["V"], st, io, L, family, T, read_dtype=rd))
                 if T in chains:
                     specs.append(gdn_decode_spec("conventional_verify", s["K"], s["V"], st, io, None, family, T))
         specs.append(
-            mamba2_decode_spec("replay_decode", s["P"], s["N"], st, io, L)
+            mamba2_decode_spec("replay_decode", s["P"], s["N"], st, io, L, read_dtype=rd)
             if family == "mamba2"
-            else gdn_decode_spec("replay_decode", s["K"], s["V"], st, io, L, family)
+            else gdn_decode_spec("replay_decode", s["K"], s["V"], st, io, L, family, read_dtype=rd)
         )
     with cf.ThreadPoolExecutor(16) as ex:
         list(ex.map(build, specs))
@@ -189,12 +189,14 @@ def spec_row(fam, family, batch, args, **fields) -> dict:
         "L": args.window,
         "state_dtype": str(args.state_dtype).removeprefix("torch."),
         "io_dtype": str(args.io_dtype).removeprefix("torch."),
-        "read_dtype": str(args.state_dtype).removeprefix("torch."),
-        "single_copy": True,
+        "read_dtype": args.read_dtype or str(args.state_dtype).removeprefix("torch."),
+        "single_copy": args.read_dtype is None,
         "acceptance": args.acceptance,
         "state_bytes_per_slot": fam.state_bytes(),
     }
     row.update(fields)
+    if row.get("kernel") == "conventional":  # no read copy: the state is read and written itself
+        row.update(read_dtype=row["state_dtype"], single_copy=True)
     return row
 
 
@@ -305,6 +307,12 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")
     ap.add_argument("--io-dtype", default="bfloat16")
+    ap.add_argument(
+        "--read-dtype",
+        choices=READ_DTYPES,
+        default=None,
+        help="a read copy beside the checkpoint for the replay rows (the conventional verify has none)",
+    )
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--name", default="spec_decode")

@@ -568,8 +568,10 @@ class GDNDecodeWrapper(_DecodeWrapper):
     it; no checkpoint, no v and beta kept). ``stochastic_rounding=True``: flushes round a bf16
     checkpoint (alone or beside an fp8 or nvfp4 copy) or the single copy stochastically (see
     Mamba2DecodeWrapper). The format selects the binary (names end in ``_read_fp8``,
-    ``_read_nvfp4``, ``_read_bf16``, ``_single``, ``_sr``); replay standard decode only so far (a
-    verify plan raises ValueError; the Mamba-2 verify has read copies).
+    ``_read_nvfp4``, ``_read_bf16``, ``_single``, ``_sr``). The verify (``plan(..., draft_len=T)``)
+    takes a read copy beside a float32 checkpoint (a non-flush verify reads the copy and keeps each
+    draft's v and beta; a flush verify recomputes the committed corrections from the checkpoint);
+    with a single copy, stochastic rounding or a 16-bit checkpoint a verify plan raises ValueError.
     ``create_cache`` allocates the copy and the extra ring arrays.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
