@@ -485,40 +485,9 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS, 
         }
       }
     }
-  } else if constexpr (RC::kEnabled && !RC::kBlockScaled) {
-    // Non-flush with an fp8 or bf16 copy: its values dequantised once (times E(Gc) per column),
-    // then every draft's two dot products, as from the checkpoint.
-    float lv[Tile::kPasses][ReadTile::kVpl][ReadTile::kVec];
-    rt.values(1.f, lv);
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-      for (int v = 0; v < ReadTile::kVpl; ++v)
-#pragma unroll
-        for (int e = 0; e < ReadTile::kVec; ++e) lv[s][v][e] *= tot_s[(ReadTile::col(lane, v) + e) % kG];
-    for (int i = 0; i < n; ++i) {
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        float dk = 0.f, dq = 0.f;
-#pragma unroll
-        for (int v = 0; v < ReadTile::kVpl; ++v)
-#pragma unroll
-          for (int e = 0; e < ReadTile::kVec; ++e) {
-            const int col = ReadTile::col(lane, v) + e;
-            dk = fmaf(lv[s][v][e], kx_s[i * K + col], dk);
-            dq = fmaf(lv[s][v][e], qx_s[i * K + col], dq);
-          }
-        dk = group_sum<ReadTile::kLanes>(dk);
-        dq = group_sum<ReadTile::kLanes>(dq);
-        if (ReadTile::row_leader(lane)) {
-          sk_s[i * ROWS + ReadTile::row(warp, lane, s)] = dk;
-          sq_s[i * ROWS + ReadTile::row(warp, lane, s)] = dq;
-        }
-      }
-    }
   } else if constexpr (RC::kEnabled) {
-    // Non-flush with an NVFP4 copy: each draft's two dot products with the copy's rows (block
-    // sums times block scales), weights E(Gc) . kx_i and E(Gc) . qx_i.
+    // Non-flush with a copy: each draft's two dot products with the copy's rows, weights
+    // E(Gc) . kx_i and E(Gc) . qx_i.
     for (int i = 0; i < n; ++i) {
       const float* kxi = kx_s + i * K;
       const float* qxi = qx_s + i * K;
