@@ -108,6 +108,21 @@ class Mamba2Spec:
         return cache.materialize(slots, A=self.A)
 
 
+def check_and_sync_read_copy(cache, ref, slots, what):
+    """after_launch hook of the read-copy verify tests: S_hp of ``slots`` within 2e-5 of the
+    reference pool's checkpoint, the copy the reference quantiser of the stored S_hp
+    (test_mamba2_read_copy.check_read_copy_encodes), then the kernel's dequantised copy becomes the
+    reference's S_lp (so outputs compare without the copy's rounding)."""
+    from .test_mamba2_read_copy import check_read_copy_encodes
+
+    if not slots:
+        return
+    e = rel_err(cache.checkpoint[slots].double().cpu(), ref.checkpoint[slots])
+    assert e <= 2e-5, f"{what}: S_hp rel err {e:.2e}"
+    check_read_copy_encodes(cache, slots, what)
+    ref.checkpoint_lp[slots] = cache.read_copy_values(slots).double().cpu()
+
+
 def run_spec_sequence(
     fam,
     *,

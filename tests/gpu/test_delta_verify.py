@@ -20,7 +20,7 @@ from replayssm.timing import capture
 
 from .common import rel_err, seeded_generator, snapshot, tolerances
 from .delta_spec import DeltaSpec
-from .spec_driver import DEV, run_spec_sequence
+from .spec_driver import DEV, check_and_sync_read_copy, run_spec_sequence
 
 pytestmark = pytest.mark.gpu
 
@@ -180,17 +180,6 @@ class TestDeltaVerifyReadCopy:
     random accepts, token trees with per-row counts (the commit copies the v and beta rings too),
     the tile kernel at 16 and 64 rows."""
 
-    @staticmethod
-    def sync_and_check(cache, ref, slots, what):
-        from .test_mamba2_read_copy import check_read_copy_encodes
-
-        if not slots:
-            return
-        e = rel_err(cache.checkpoint[slots].double().cpu(), ref.checkpoint[slots])
-        assert e <= 2e-5, f"{what}: S_hp rel err {e:.2e}"
-        check_read_copy_encodes(cache, slots, what)
-        ref.checkpoint_lp[slots] = cache.read_copy_values(slots).double().cpu()
-
     def run(self, cfg, read_dtype, **kw):
         gen = seeded_generator()
         return run_spec_sequence(
@@ -202,7 +191,7 @@ class TestDeltaVerifyReadCopy:
             gen=gen,
             wrapper_kw=dict(read_dtype=read_dtype),
             ref_kw=dict(read_format=read_format_name(read_dtype)),
-            after_launch=self.sync_and_check,
+            after_launch=check_and_sync_read_copy,
             **kw,
         )
 

@@ -18,7 +18,7 @@ from replayssm.reference import mamba2_step
 from replayssm.timing import capture
 
 from .common import rel_err, seeded_generator, snapshot, tolerances
-from .spec_driver import DEV, Mamba2Spec, run_spec_sequence
+from .spec_driver import DEV, Mamba2Spec, check_and_sync_read_copy, run_spec_sequence
 
 pytestmark = pytest.mark.gpu
 
@@ -322,17 +322,6 @@ class TestMamba2VerifyReadCopy:
     (test_mamba2_read_copy.check_read_copy_encodes). Chains with random accepts, token trees with
     per-row counts, the tile kernel at 16 and 64 rows."""
 
-    @staticmethod
-    def sync_and_check(cache, ref, slots, what):
-        from .test_mamba2_read_copy import check_read_copy_encodes
-
-        if not slots:
-            return
-        e = rel_err(cache.checkpoint[slots].double().cpu(), ref.checkpoint[slots])
-        assert e <= 2e-5, f"{what}: S_hp rel err {e:.2e}"
-        check_read_copy_encodes(cache, slots, what)
-        ref.checkpoint_lp[slots] = cache.read_copy_values(slots).double().cpu()
-
     def run(self, read_dtype, T, **kw):
         gen = seeded_generator()
         return run_spec_sequence(
@@ -344,7 +333,7 @@ class TestMamba2VerifyReadCopy:
             gen=gen,
             wrapper_kw=dict(read_dtype=read_dtype),
             ref_kw=dict(read_format=read_format_name(read_dtype)),
-            after_launch=self.sync_and_check,
+            after_launch=check_and_sync_read_copy,
             **kw,
         )
 
