@@ -305,11 +305,31 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v) unpack16<TS>(hp_raw[s][v], sv[s][v]);
-      // The window's exact corrections (into the u rows of the ring in shared memory).
-      exact_window_corrections<Tile, ROWS, L>(
-          m, sv, [&](int j) { return kx_s + j * K; }, A_s,
-          [&](int j, int r) -> float& { return u_s[phys(j) * ROWS + r]; },
-          [&](int j, int r) { return to_float(vr_s[j * ROWS + r]); }, [&](int j) { return br_s[j]; }, warp, lane, tid);
+      // The window's exact corrections: y_j = S_hp kx_j per row (into the u rows of the ring in
+      // shared memory, which the substitution then overwrites with u_j), then one thread per row.
+      for (int j = 0; j < m; ++j) {
+        float kxj[Tile::kVpl * kV];
+        Tile::load_columns(kxj, kx_s + j * K, lane);
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          float y = 0.f;
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) y = fmaf(sv[s][v][e], kxj[v * kV + e], y);
+          y = group_sum<Tile::kLanes>(y);
+          if (Tile::row_leader(lane)) u_s[phys(j) * ROWS + Tile::row(warp, lane, s)] = y;
+        }
+      }
+      __syncthreads();
+      if (tid < ROWS) {
+        const int r = tid;
+        forward_substitute(
+            m, A_s, L, [&](int j) { return u_s[phys(j) * ROWS + r]; },
+            [&](int j) { return to_float(vr_s[j * ROWS + r]); }, [&](int j) { return br_s[j]; },
+            [&](int i) { return u_s[phys(i) * ROWS + r]; }, [&](int j, float u) { u_s[phys(j) * ROWS + r] = u; });
+      }
+      __syncthreads();
     }
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {

@@ -139,40 +139,5 @@ __device__ __forceinline__ void window_channel_decays(int m, Key&& key, Decay&& 
   }
 }
 
-// The window's exact corrections for a tile of rows held in registers (the flush of a read copy):
-// y_j = S kx_j per row (kx(j): pointer to row j of the decayed keys E_j . k_j) into u(j, r), then
-// one thread per row (r = tid < ROWS) solves the forward substitution with the system A [L][L],
-// v(j, r) and beta(j), overwriting u(j, r) with u_j. u(j, r) returns a reference into shared
-// memory. Ends with a barrier (every thread of the CTA calls it).
-template <class Tile, int ROWS, int L, class Kx, class U, class V, class Beta>
-__device__ __forceinline__ void exact_window_corrections(int m,
-                                                         const float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec],
-                                                         Kx&& kx, const float* A, U&& u, V&& v, Beta&& beta, int warp,
-                                                         int lane, int tid) {
-  constexpr int kV = Tile::kVec;
-  for (int j = 0; j < m; ++j) {
-    float kxj[Tile::kVpl * kV];
-    Tile::load_columns(kxj, kx(j), lane);
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      float y = 0.f;
-#pragma unroll
-      for (int vv = 0; vv < Tile::kVpl; ++vv)
-#pragma unroll
-        for (int e = 0; e < kV; ++e) y = fmaf(sv[s][vv][e], kxj[vv * kV + e], y);
-      y = group_sum<Tile::kLanes>(y);
-      if (Tile::row_leader(lane)) u(j, Tile::row(warp, lane, s)) = y;
-    }
-  }
-  __syncthreads();
-  if (tid < ROWS) {
-    const int r = tid;
-    forward_substitute(
-        m, A, L, [&](int j) { return u(j, r); }, [&](int j) { return v(j, r); }, [&](int j) { return beta(j); },
-        [&](int i) { return u(i, r); }, [&](int j, float uj) { u(j, r) = uj; });
-  }
-  __syncthreads();
-}
-
 }  // namespace gdn
 }  // namespace replayssm
