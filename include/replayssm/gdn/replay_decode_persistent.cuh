@@ -41,6 +41,7 @@
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 #include "wy.cuh"
+#include "wy_mma.cuh"
 
 namespace replayssm {
 namespace gdn {
@@ -55,6 +56,15 @@ constexpr int delta_flush_rows() {
 template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct PersistentLayout {
   static constexpr int kFlushRows = delta_flush_rows<RC, ROWS>();
+  // A read-copy flush tile's two products on tensor cores (gdn/wy_mma.cuh) where its checkpoint
+  // is fp32 and the tile is 16 rows: then the tile's rows and the key rows sit K + 4 floats apart
+  // in shared memory (the MMA fragments' loads free of bank conflicts), and the unit buffer holds
+  // the products' scratch.
+  using FlushMma = WindowMma<K, L>;
+  static constexpr bool kMmaFlush =
+      RC::kTwoCopy && std::is_same_v<TS, float> && kFlushRows == FlushMma::kRows && FlushMma::kFits;
+  static constexpr int kKeyStride = kMmaFlush ? K + 4 : K;  // floats between key-ring rows (and KDA's gate rows)
+  static constexpr int kTileStride = kMmaFlush ? K + 4 : K;  // elements between a flush tile's rows in its stage
 
   // Unit buffer: header; q, k [K] io; key ring [L][K] fp32 (logical order; KDA: decayed in
   // place); k_j . k^, k_j . q^ [L + 1]; KDA only: g ring [L][K] fp32, this step's gate words [K]
@@ -66,10 +76,11 @@ struct PersistentLayout {
   static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
   static constexpr SmemRegion kQ = kHeader.then(K * sizeof(TI), 16);
   static constexpr SmemRegion kK = kQ.then(K * sizeof(TI), 16);
-  static constexpr SmemRegion kKeyRing = kK.then(static_cast<size_t>(L) * K * 4, 16);
+  static constexpr SmemRegion kKeyRing = kK.then(static_cast<size_t>(L) * kKeyStride * 4, 16);
   static constexpr SmemRegion kKDotK = kKeyRing.then((L + 1) * 4, 16);
   static constexpr SmemRegion kKDotQ = kKDotK.then((L + 1) * 4, 16);
-  static constexpr SmemRegion kGateRing = kKDotQ.then(static_cast<size_t>(L) * kChannelWords * 4, 16);
+  static constexpr SmemRegion kGateRing =
+      kKDotQ.then(static_cast<size_t>(L) * (PerChannelDecay ? kKeyStride : 0) * 4, 16);
   static constexpr SmemRegion kGateWords = kGateRing.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kBiasWords = kGateWords.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kALogWord = kBiasWords.then(4, 16);
@@ -77,7 +88,8 @@ struct PersistentLayout {
   static constexpr SmemRegion kKt = kCol.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kQt = kKt.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kPair = kQt.then(RC::kTwoCopy ? static_cast<size_t>(L) * L * 4 : 0, 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kPair, 128);
+  static constexpr SmemRegion kYScratch = kPair.then(kMmaFlush ? FlushMma::kScratchBytes : 0, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kYScratch, 128);
 
   // GDN non-flush dot products on tensor cores (common/mma_row_dots.cuh), bf16 q and k: 16-bit
   // and 8-bit read tiles of 16 rows per warp. The fragments of k and q are laid out per
@@ -103,7 +115,8 @@ struct PersistentLayout {
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
   static constexpr uint32_t kReadBytes = kScaleOffset + kScaleBytes;  // what a non-flush stage receives
-  static constexpr SmemRegion kTile = first_region(kTileBytes > kReadBytes ? kTileBytes : kReadBytes, 128);
+  static constexpr uint32_t kTileRegionBytes = RC::kSingle ? 0 : kFlushRows * kTileStride * sizeof(TS);
+  static constexpr SmemRegion kTile = first_region(kTileRegionBytes > kReadBytes ? kTileRegionBytes : kReadBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVRows = kURing.then(ROWS * sizeof(TI), 16);
   static constexpr SmemRegion kGRing = kVRows.then(L * 4, 16);
@@ -113,9 +126,10 @@ struct PersistentLayout {
 
   static_assert(kQ.aligned() && kK.aligned() && kKeyRing.aligned() && kKDotK.aligned() && kKDotQ.aligned() &&
                     kGateRing.aligned() && kGateWords.aligned() && kBiasWords.aligned() && kALogWord.aligned() &&
-                    kCol.aligned() && kKt.aligned() && kQt.aligned() && kPair.aligned(),
+                    kCol.aligned() && kKt.aligned() && kQt.aligned() && kPair.aligned() && kYScratch.aligned(),
                 "unit regions are 16-byte aligned (cp.async 16, float4 reads)");
-  static_assert(kTileBytes % 16 == 0 && kReadTileBytes % 16 == 0 && kScaleBytes % 16 == 0,
+  static_assert(kTileBytes % 16 == 0 && kReadTileBytes % 16 == 0 && kScaleBytes % 16 == 0 &&
+                    (kTileStride * sizeof(TS)) % 16 == 0,
                 "a bulk copy moves whole 16-byte blocks");
   static_assert(kURing.aligned() && kVRows.aligned() && kGRing.aligned() && kBetaRing.aligned() && kWords.aligned(),
                 "stage regions are 16-byte aligned (cp.async 16)");
@@ -197,6 +211,12 @@ struct PersistentReplay {
     float beta = 0.f, wj = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
   };
 
+  // Row v of value head hv's checkpoint in slot `slot`.
+  __device__ const TS* state_rows(int64_t slot, int hv, int v) const {
+    return static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
+           static_cast<int64_t>(v) * K;
+  }
+
   // ---- producer (one warp) ----
   __device__ void produce(int lane) const {
     const int R = p.ring.capacity;
@@ -222,14 +242,14 @@ struct PersistentReplay {
       float* Ur = reinterpret_cast<float*>(U + Layout::kKeyRing.offset);
       for (int i = lane; i < m * (K / 4); i += 32) {
         const int j = i / (K / 4), q = i % (K / 4);
-        cp_async16(Ur + j * K + q * 4, kring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
+        cp_async16(Ur + j * Layout::kKeyStride + q * 4, kring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
       }
       if constexpr (PerChannelDecay) {
         const float* gring = p.ring.g + slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
         float* Ug = reinterpret_cast<float*>(U + Layout::kGateRing.offset);
         for (int i = lane; i < m * (K / 4); i += 32) {
           const int j = i / (K / 4), q = i % (K / 4);
-          cp_async16(Ug + j * K + q * 4, gring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
+          cp_async16(Ug + j * Layout::kKeyStride + q * 4, gring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
         }
         uint32_t* Wg = reinterpret_cast<uint32_t*>(U + Layout::kGateWords.offset);
         uint32_t* Wb = reinterpret_cast<uint32_t*>(U + Layout::kBiasWords.offset);
@@ -268,13 +288,17 @@ struct PersistentReplay {
           }
         } else {
           const uint32_t bytes = static_cast<uint32_t>(rows) * K * sizeof(TS);
-          const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + hv * p.pool.stride_head +
-                          static_cast<int64_t>(v0) * K;
           mbar_arrive_expect_tx(bar, bytes + ring_bytes);  // the "+ 1" arrival of the stage's full barrier
-          bulk_copy_g2s(S + Layout::kTile.offset, src, bytes, bar);
+          if constexpr (Layout::kTileStride == K)
+            bulk_copy_g2s(S + Layout::kTile.offset, state_rows(slot, hv, v0), bytes, bar);
         }
       }
       __syncwarp();  // the bytes are announced before any lane's copy can land
+      if constexpr (Layout::kTileStride != K) {  // a read-copy flush tile with padded rows: one copy per row
+        if (exact && lane < rows)
+          bulk_copy_g2s(S + Layout::kTile.offset + static_cast<uint32_t>(lane) * Layout::kTileStride * sizeof(TS),
+                        state_rows(slot, hv, v0 + lane), static_cast<uint32_t>(K * sizeof(TS)), bar);
+      }
       if (!exact) {
         if (lane < m) {
           const float* ur = p.ring.u + slot * p.ring.u_stride_slot + hv * p.ring.u_stride_head +
@@ -383,18 +407,21 @@ struct PersistentReplay {
         if (exact) {
           // Read copy, flush: the g ring becomes a = exp(g), then A, kx_j (over the a ring), kd_j
           // in place and col, in product form.
-          for (int i = tid; i < m * K; i += kPersistentConsumers) Ug[i] = expf(Ug[i]);
+          for (int i = tid; i < m * K; i += kPersistentConsumers) {
+            float* a = Ug + (i / K) * Layout::kKeyStride + i % K;
+            *a = expf(*a);
+          }
           Layout::Pipeline::consumer_sync();
           auto key = [&](int j) {
-            return Ur + j * K;
+            return Ur + j * Layout::kKeyStride;
           };
           auto decay = [&](int j, int e) {
-            return Ug[j * K + e];
+            return Ug[j * Layout::kKeyStride + e];
           };
           window_pairs<L, kPersistentConsumerWarps, K>(m, key, decay, Upair, warp, lane);
           Layout::Pipeline::consumer_sync();  // the pairs read the undecayed keys and a
           window_channel_decays<L, kPersistentConsumers, K>(
-              m, key, decay, [&](int j) { return Ug + j * K; }, Ucol, tid);
+              m, key, decay, [&](int j) { return Ug + j * Layout::kKeyStride; }, Ucol, tid);
           for (int c = tid; c < K; c += kPersistentConsumers) {
             const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
             const float fac = expf(gm);
@@ -409,8 +436,8 @@ struct PersistentReplay {
             float sum = 0.f;
             for (int j = last; j >= 0; --j) {
               if (j < m) {
-                Ur[j * K + c] *= expf(sum);
-                sum += Ug[j * K + c];
+                Ur[j * Layout::kKeyStride + c] *= expf(sum);
+                sum += Ug[j * Layout::kKeyStride + c];
               } else {
                 sum += gm;
               }
@@ -427,7 +454,7 @@ struct PersistentReplay {
         // Read copy, flush: the key head's Gram matrix k_i . k_j (the tiles apply their value
         // head's decays while they solve).
         window_pairs<L, kPersistentConsumerWarps, K>(
-            m, [&](int j) { return Ur + j * K; }, [](int, int) { return 1.f; }, Upair, warp, lane);
+            m, [&](int j) { return Ur + j * Layout::kKeyStride; }, [](int, int) { return 1.f; }, Upair, warp, lane);
       }
       // k_j . k^ and k_j . q^ (KDA: decayed keys), one warp per record; j = m: k^ . q^.
 #pragma unroll
@@ -441,7 +468,7 @@ struct PersistentReplay {
         for (int i = 0; i < kCpl; ++i) {
           const int c = lane + 32 * i;
           if (c < K) {
-            const float kj = j == m ? kr[i] : Ur[j * K + c];
+            const float kj = j == m ? kr[i] : Ur[j * Layout::kKeyStride + c];
             a = fmaf(kj, kr[i], a);
             c2 = fmaf(kj, qr[i], c2);
           }
@@ -690,7 +717,7 @@ struct PersistentReplay {
         const float w = __shfl_sync(0xffffffffu, wj, j);
         float kj[G::kVpl][kV];
 #pragma unroll
-        for (int v = 0; v < G::kVpl; ++v) load_floats<float, kV>(Ur + j * K + G::col(lane, v), kj[v]);
+        for (int v = 0; v < G::kVpl; ++v) load_floats<float, kV>(Ur + j * Layout::kKeyStride + G::col(lane, v), kj[v]);
 #pragma unroll
         for (int s = 0; s < G::kPasses; ++s) {
           const float uj = w * Su[j * kRows + G::row(warp, lane, s)];
@@ -725,23 +752,28 @@ struct PersistentReplay {
 
   // A read-copy flush unit's tile (kFlushRows rows of value head tc.hv, one row per lane group):
   // the window's exact corrections from the fp32 checkpoint rows (gdn/wy.cuh), the fold, S_hp
-  // written and S_lp re-encoded, and the step's output from S_hp.
+  // written and S_lp re-encoded, and the step's output from S_hp. With kMmaFlush the two products
+  // run on tensor cores over the whole tile (gdn/wy_mma.cuh) and the fold lands in the stage; else
+  // each row group forms them on CUDA cores in registers.
   template <class Release>
   __device__ __forceinline__ void exact_flush_tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
                                                    const unsigned char* S, Release&& release, int warp,
                                                    int lane) const {
     using G = FlushTile;
     constexpr int kV = G::kVec;
+    constexpr int kKS = Layout::kKeyStride;
     const int64_t b = tc.b, slot = us.slot;
     const int hv = tc.hv, v0 = tc.v0, m = us.m;
     const unsigned char* U = uv.buffer;
-    const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
+    const TS* T = reinterpret_cast<const TS*>(S + Layout::kTile.offset);  // rows kTileStride apart
     const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kURing.offset);  // v ring rows [L][kFlushRows]
     const float* Sb = reinterpret_cast<const float*>(S + Layout::kBetaRing.offset);
     const TI* Sv = reinterpret_cast<const TI*>(S + Layout::kVRows.offset);
     const uint32_t* W = reinterpret_cast<const uint32_t*>(S + Layout::kWords.offset);
     const float* Ur = reinterpret_cast<const float*>(U + Layout::kKeyRing.offset);  // KDA: kd_j; GDN: k_j
     const float* Upair = reinterpret_cast<const float*>(U + Layout::kPair.offset);
+    const float* Ukx = PerChannelDecay ? reinterpret_cast<const float*>(U + Layout::kGateRing.offset) : Ur;
+    const float* Ucol = reinterpret_cast<const float*>(U + Layout::kCol.offset);
     const int r = G::row(warp, lane, 0);
 
     const float beta = stage_beta(W, b, hv);
@@ -760,54 +792,83 @@ struct PersistentReplay {
       fac = expf(gm);
     }
     const float v_cur = to_float(Sv[r]);
+    // The window's corrections of row `row` from its products y(j) = S_hp kx_j (undecayed by E_j
+    // for GDN): uw_j = u_j (GDN: times prod_{j<l<m} a_l, its fold weight). Every lane of the warp
+    // calls it (the decays are shuffled).
+    auto corrections = [&](int row, float (&uw)[L], auto&& y) {
+      forward_substitute_regs<L, !PerChannelDecay>(
+          m, uw,
+          [&](int j) {
+            float yj = y(j);
+            if constexpr (!PerChannelDecay) yj *= __shfl_sync(0xffffffffu, e_lane, j);
+            return yj;
+          },
+          [&](int j) { return __shfl_sync(0xffffffffu, a_lane, j); }, [&](int j, int i) { return Upair[j * L + i]; },
+          [&](int j) { return to_float(Svr[j * kFlushRows + row]); }, [&](int j) { return Sb[j]; });
+    };
+    auto column_factor = [&](int c) {
+      return PerChannelDecay ? Ucol[c] : ck;
+    };
 
-    float sv[G::kVpl][kV];
+    float sv[G::kVpl][kV];  // this lane's columns of row r, folded
+    if constexpr (Layout::kMmaFlush) {
+      using WM = typename Layout::FlushMma;
+      float* St = const_cast<float*>(T);
+      float* Yp = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Layout::kYScratch.offset);
+      WM::products(St, Layout::kTileStride, [&](int j) { return Ukx + j * kKS; }, m, Yp, warp, lane);
+      Layout::Pipeline::consumer_sync();
+      if (warp == 0) {  // one lane per row (lanes 16..31 repeat rows 0..15 for the shuffles)
+        const int row = lane % WM::kRows;
+        float uw[L];
+        corrections(row, uw, [&](int j) { return WM::product(Yp, row, j); });
+        __syncwarp();  // every lane has read its row's products before the weights replace them
+        if (lane < WM::kRows) {
 #pragma unroll
-    for (int v = 0; v < G::kVpl; ++v) unpack16<TS>(*reinterpret_cast<const uint4*>(T + r * K + G::col(lane, v)), sv[v]);
-
-    // The window's corrections of this row (every lane of the row's group solves it).
-    const float* Ukx = PerChannelDecay ? reinterpret_cast<const float*>(U + Layout::kGateRing.offset) : Ur;
-    float uw[L];  // u_j (GDN: times prod_{j<l<m} a_l, its fold weight)
-    forward_substitute_regs<L, !PerChannelDecay>(
-        m, uw,
-        [&](int j) {  // y_j = S_hp (E_j . k_j)
-          float kx[G::kVpl * kV];
-          G::load_columns(kx, Ukx + j * K, lane);
-          float y = 0.f;
-#pragma unroll
-          for (int v = 0; v < G::kVpl; ++v)
-#pragma unroll
-            for (int e = 0; e < kV; ++e) y = fmaf(sv[v][e], kx[v * kV + e], y);
-          y = group_sum<G::kLanes>(y);
-          if constexpr (!PerChannelDecay) y *= __shfl_sync(0xffffffffu, e_lane, j);
-          return y;
-        },
-        [&](int j) { return __shfl_sync(0xffffffffu, a_lane, j); }, [&](int j, int i) { return Upair[j * L + i]; },
-        [&](int j) { return to_float(Svr[j * kFlushRows + r]); }, [&](int j) { return Sb[j]; });
-    release();
-
-    // Fold: S' = S_hp Diag(col) + sum_j u_j kd_j^T (GDN: the weights are in uw, keys undecayed).
-    float col[G::kVpl][kV];
-#pragma unroll
-    for (int v = 0; v < G::kVpl; ++v) {
-      if constexpr (PerChannelDecay) {
-        load_floats<float, kV>(reinterpret_cast<const float*>(U + Layout::kCol.offset) + G::col(lane, v), col[v]);
-      } else {
-#pragma unroll
-        for (int e = 0; e < kV; ++e) col[v][e] = ck;
+          for (int j = 0; j < L; ++j) Yp[row * WM::kLdY + j] = uw[j];
+        }
       }
+      Layout::Pipeline::consumer_sync();
+      WM::fold(St, Layout::kTileStride, Yp, [&](int j) { return Ur + j * kKS; }, m, column_factor, warp, lane);
+      Layout::Pipeline::consumer_sync();
 #pragma unroll
-      for (int e = 0; e < kV; ++e) sv[v][e] *= col[v][e];
-    }
+      for (int v = 0; v < G::kVpl; ++v) load_floats<float, kV>(T + r * Layout::kTileStride + G::col(lane, v), sv[v]);
+      // The fold's stores went to the stage through the generic proxy; the next bulk copy into it
+      // (async proxy) must come after them.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+      release();
+    } else {
 #pragma unroll
-    for (int j = 0; j < L; ++j) {
-      if (j < m) {
-        float kj[G::kVpl * kV];
-        G::load_columns(kj, Ur + j * K, lane);
+      for (int v = 0; v < G::kVpl; ++v)
+        unpack16<TS>(*reinterpret_cast<const uint4*>(T + r * Layout::kTileStride + G::col(lane, v)), sv[v]);
+      // The window's corrections of this row (every lane of the row's group solves it).
+      float uw[L];
+      corrections(r, uw, [&](int j) {  // y_j = S_hp (E_j . k_j)
+        float kx[G::kVpl * kV];
+        G::load_columns(kx, Ukx + j * kKS, lane);
+        float y = 0.f;
 #pragma unroll
         for (int v = 0; v < G::kVpl; ++v)
 #pragma unroll
-          for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(uw[j], kj[v * kV + e], sv[v][e]);
+          for (int e = 0; e < kV; ++e) y = fmaf(sv[v][e], kx[v * kV + e], y);
+        return group_sum<G::kLanes>(y);
+      });
+      release();
+
+      // Fold: S' = S_hp Diag(col) + sum_j u_j kd_j^T (GDN: the weights are in uw, keys undecayed).
+#pragma unroll
+      for (int v = 0; v < G::kVpl; ++v)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sv[v][e] *= column_factor(G::col(lane, v) + e);
+#pragma unroll
+      for (int j = 0; j < L; ++j) {
+        if (j < m) {
+          float kj[G::kVpl * kV];
+          G::load_columns(kj, Ur + j * kKS, lane);
+#pragma unroll
+          for (int v = 0; v < G::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sv[v][e] = fmaf(uw[j], kj[v * kV + e], sv[v][e]);
+        }
       }
     }
 
