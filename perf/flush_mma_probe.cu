@@ -33,12 +33,17 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/flush_mma_probe perf/flush_mma_probe.cu && /tmp/flush_mma_probe
 #include <cuda_runtime.h>
 
+#include "../include/replayssm/common/mma_tf32.cuh"  // to_tf32, split_tf32, mma_tf32
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <random>
 #include <vector>
+
+using replayssm::mma_tf32;
+using replayssm::split_tf32;
 
 constexpr int K = 128, M = 16, R = 16;  // key channels, records, rows per tile
 constexpr int kPad = K + 4;  // row stride in shared memory (floats): 16 B shift per row
@@ -196,27 +201,6 @@ __global__ void __launch_bounds__(32 * kWarps) flush_cuda_cores(Problem p) {
 }
 
 // ---------------------------------------------------------------------- tensor cores
-__device__ __forceinline__ uint32_t tf32(float x) {
-  uint32_t r;
-  asm("cvt.rna.tf32.f32 %0, %1;" : "=r"(r) : "f"(x));
-  return r;
-}
-
-// x = hi + lo, both TF32 (hi: x rounded to TF32; lo: the rest, rounded again).
-__device__ __forceinline__ void split(float x, uint32_t& hi, uint32_t& lo) {
-  hi = tf32(x);
-  lo = tf32(x - __uint_as_float(hi));
-}
-
-// D += A B, m16n8k8, A row-major [16][8], B col-major [8][8], TF32 in, fp32 accumulate.
-__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
 using Rows = float[kPad];  // a row of a staged [16][kPad] array
 using Small = float[M + 1];  // a row of a [16][M + 1] array
 
@@ -228,15 +212,15 @@ __device__ __forceinline__ void products(const Rows* S, const Rows* key, int k_b
 #pragma unroll
   for (int k0 = k_begin; k0 < k_end; k0 += 8) {
     uint32_t ah[4], al[4];
-    split(S[g][k0 + c], ah[0], al[0]);
-    split(S[g + 8][k0 + c], ah[1], al[1]);
-    split(S[g][k0 + c + 4], ah[2], al[2]);
-    split(S[g + 8][k0 + c + 4], ah[3], al[3]);
+    split_tf32(S[g][k0 + c], ah[0], al[0]);
+    split_tf32(S[g + 8][k0 + c], ah[1], al[1]);
+    split_tf32(S[g][k0 + c + 4], ah[2], al[2]);
+    split_tf32(S[g + 8][k0 + c + 4], ah[3], al[3]);
 #pragma unroll
     for (int n = 0; n < 2; ++n) {  // B[k][n] = k_n[k]
       uint32_t b0h, b0l, b1h, b1l;
-      split(key[8 * n + g][k0 + c], b0h, b0l);
-      split(key[8 * n + g][k0 + c + 4], b1h, b1l);
+      split_tf32(key[8 * n + g][k0 + c], b0h, b0l);
+      split_tf32(key[8 * n + g][k0 + c + 4], b1h, b1l);
       mma_tf32(y[n], al, b0h, b1h);
       mma_tf32(y[n], ah, b0l, b1l);
       mma_tf32(y[n], ah, b0h, b1h);
@@ -258,10 +242,10 @@ __device__ __forceinline__ void fold(const Rows* S, const Rows* key, const Small
   uint32_t wh[2][4], wl[2][4];  // W's A fragments for records 0-7 and 8-15
 #pragma unroll
   for (int q = 0; q < 2; ++q) {
-    split(W[g][8 * q + c], wh[q][0], wl[q][0]);
-    split(W[g + 8][8 * q + c], wh[q][1], wl[q][1]);
-    split(W[g][8 * q + c + 4], wh[q][2], wl[q][2]);
-    split(W[g + 8][8 * q + c + 4], wh[q][3], wl[q][3]);
+    split_tf32(W[g][8 * q + c], wh[q][0], wl[q][0]);
+    split_tf32(W[g + 8][8 * q + c], wh[q][1], wl[q][1]);
+    split_tf32(W[g][8 * q + c + 4], wh[q][2], wl[q][2]);
+    split_tf32(W[g + 8][8 * q + c + 4], wh[q][3], wl[q][3]);
   }
 #pragma unroll 4
   for (int n0 = n_begin; n0 < n_end; n0 += 8) {
@@ -270,8 +254,8 @@ __device__ __forceinline__ void fold(const Rows* S, const Rows* key, const Small
 #pragma unroll
     for (int q = 0; q < 2; ++q) {  // B[k][n] = k_k[n]
       uint32_t b0h, b0l, b1h, b1l;
-      split(key[8 * q + c][n0 + g], b0h, b0l);
-      split(key[8 * q + c + 4][n0 + g], b1h, b1l);
+      split_tf32(key[8 * q + c][n0 + g], b0h, b0l);
+      split_tf32(key[8 * q + c + 4][n0 + g], b1h, b1l);
       mma_tf32(d, wl[q], b0h, b1h);
       mma_tf32(d, wh[q], b0l, b1l);
       mma_tf32(d, wh[q], b0h, b1h);
