@@ -88,7 +88,11 @@ struct PersistentLayout {
   static constexpr SmemRegion kKt = kCol.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kQt = kKt.then(kChannelWords * 4, 16);
   static constexpr SmemRegion kPair = kQt.then(RC::kTwoCopy ? static_cast<size_t>(L) * L * 4 : 0, 16);
-  static constexpr SmemRegion kYScratch = kPair.then(kMmaFlush ? FlushMma::kScratchBytes : 0, 16);
+  // The value head's solve matrix P (gdn/wy_mma.cuh), kMmaFlush: KDA's units are one value head,
+  // so P takes the place of the system it is solved from; GDN's key head shares its Gram matrix
+  // between value heads, so P has its own.
+  static constexpr SmemRegion kSolve = PerChannelDecay ? kPair : kPair.then(kMmaFlush ? FlushMma::kSolveBytes : 0, 16);
+  static constexpr SmemRegion kYScratch = kSolve.then(kMmaFlush ? FlushMma::kScratchBytes : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kYScratch, 128);
 
   // GDN non-flush dot products on tensor cores (common/mma_row_dots.cuh), bf16 q and k: 16-bit
@@ -126,7 +130,8 @@ struct PersistentLayout {
 
   static_assert(kQ.aligned() && kK.aligned() && kKeyRing.aligned() && kKDotK.aligned() && kKDotQ.aligned() &&
                     kGateRing.aligned() && kGateWords.aligned() && kBiasWords.aligned() && kALogWord.aligned() &&
-                    kCol.aligned() && kKt.aligned() && kQt.aligned() && kPair.aligned() && kYScratch.aligned(),
+                    kCol.aligned() && kKt.aligned() && kQt.aligned() && kPair.aligned() && kSolve.aligned() &&
+                    kYScratch.aligned(),
                 "unit regions are 16-byte aligned (cp.async 16, float4 reads)");
   static_assert(kTileBytes % 16 == 0 && kReadTileBytes % 16 == 0 && kScaleBytes % 16 == 0 &&
                     (kTileStride * sizeof(TS)) % 16 == 0,
@@ -813,22 +818,29 @@ struct PersistentReplay {
     float sv[G::kVpl][kV];  // this lane's columns of row r, folded
     if constexpr (Layout::kMmaFlush) {
       using WM = typename Layout::FlushMma;
+      unsigned char* Uw = const_cast<unsigned char*>(U);
       float* St = const_cast<float*>(T);
-      float* Yp = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Layout::kYScratch.offset);
+      float* Yp = reinterpret_cast<float*>(Uw + Layout::kYScratch.offset);
+      float* Pm = reinterpret_cast<float*>(Uw + Layout::kSolve.offset);
+      // A value head's first tile: warp 0 forms the head's solve matrix before its products (the
+      // products' barrier publishes it; the previous head's last reads of it came before that
+      // head's last fold barrier).
+      if (v0 == 0 && warp == 0)
+        WM::template solve_matrix<!PerChannelDecay>(
+            m, [&](int j) { return __shfl_sync(0xffffffffu, a_lane, j); },
+            [&](int j, int i) { return Upair[j * L + i]; }, [&](int j) { return Sb[j]; }, Pm, lane);
       WM::products(St, Layout::kTileStride, [&](int j) { return Ukx + j * kKS; }, m, Yp, warp, lane);
       Layout::Pipeline::consumer_sync();
-      if (warp == 0) {  // one lane per row (lanes 16..31 repeat rows 0..15 for the shuffles)
-        const int row = lane % WM::kRows;
-        float uw[L];
-        corrections(row, uw, [&](int j) { return WM::product(Yp, row, j); });
-        __syncwarp();  // every lane has read its row's products before the weights replace them
-        if (lane < WM::kRows) {
-#pragma unroll
-          for (int j = 0; j < L; ++j) Yp[row * WM::kLdY + j] = uw[j];
-        }
-      }
-      Layout::Pipeline::consumer_sync();
-      WM::fold(St, Layout::kTileStride, Yp, [&](int j) { return Ur + j * kKS; }, m, column_factor, warp, lane);
+      // The corrections' right-hand sides b_j = v_j - y_j (GDN: y_j times E_j), then W = B P.
+      typename WM::Weights wts;
+      WM::weights(
+          [&](int row, int j) {
+            float yj = WM::product(Yp, row, j);
+            if constexpr (!PerChannelDecay) yj *= __shfl_sync(0xffffffffu, e_lane, j);
+            return j < m ? to_float(Svr[j * kFlushRows + row]) - yj : 0.f;
+          },
+          Pm, wts, lane);
+      WM::fold(St, Layout::kTileStride, wts, [&](int j) { return Ur + j * kKS; }, m, column_factor, warp, lane);
       Layout::Pipeline::consumer_sync();
 #pragma unroll
       for (int v = 0; v < G::kVpl; ++v) load_floats<float, kV>(T + r * Layout::kTileStride + G::col(lane, v), sv[v]);
