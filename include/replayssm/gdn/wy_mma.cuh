@@ -59,19 +59,23 @@ struct WindowMma {
       const bool live = j < m;
       const float* srow = S + (8 * rb + g) * lds;
       const float* x = key(live ? j : 0);
-      double d[2] = {0., 0.};
+      // Four accumulators (one per element of a run), summed in a fixed order at the end: four
+      // independent chains of MMAs instead of one dependent chain of K / 4.
+      double d[4][2] = {};
 #pragma unroll 4
       for (int s = 0; s < K / 16; ++s) {
         const int k0 = 32 * (s / 2) + 8 * c + 4 * (s % 2);
         const float4 a = *reinterpret_cast<const float4*>(srow + k0);
         const float4 b = live ? *reinterpret_cast<const float4*>(x + k0) : make_float4(0.f, 0.f, 0.f, 0.f);
-        mma_f64(d, a.x, b.x);
-        mma_f64(d, a.y, b.y);
-        mma_f64(d, a.z, b.z);
-        mma_f64(d, a.w, b.w);
+        mma_f64(d[0], a.x, b.x);
+        mma_f64(d[1], a.y, b.y);
+        mma_f64(d[2], a.z, b.z);
+        mma_f64(d[3], a.w, b.w);
       }
+      const double y0 = (d[0][0] + d[1][0]) + (d[2][0] + d[3][0]);
+      const double y1 = (d[0][1] + d[1][1]) + (d[2][1] + d[3][1]);
       *reinterpret_cast<float2*>(Y + (8 * rb + g) * kLdY + 8 * jb + 2 * c) =
-          make_float2(static_cast<float>(d[0]), static_cast<float>(d[1]));
+          make_float2(static_cast<float>(y0), static_cast<float>(y1));
     }
   }
 
