@@ -209,11 +209,13 @@ struct PersistentReplay {
     float ks = 1.f, qs = 1.f;  // the norms' factors of k and q (k^ = ks k, q^ = qs q)
   };
 
-  // What every tile of one value head shares (tile() computes it at the head's first tile):
-  // beta, the per-record weights (lane j: record j) and the factors on the checkpoint.
+  // What every tile of one value head shares (tile() and exact_flush_tile() compute it at the
+  // head's first tile): beta, the per-record weights (lane j: record j) and the factors on the
+  // checkpoint. wj is record j's weight in a tile's ring part (tile()) or, in a two-copy flush
+  // tile, E_j = exp(g_0 + .. + g_j), with aj = exp(g_j) (GDN; KDA's decays are per channel).
   struct HeadScalars {
     int hv = -1;  // the value head these are of (-1: none yet in this unit)
-    float beta = 0.f, wj = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
+    float beta = 0.f, wj = 1.f, ck = 1.f, fac = 1.f, gm = 0.f, aj = 1.f;
   };
 
   // Row v of value head hv's checkpoint in slot `slot`.
@@ -510,7 +512,7 @@ struct PersistentReplay {
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       if constexpr (RC::kTwoCopy) {
         if (us.flush) {
-          exact_flush_tile(uv, us, tile_of(u, t, true), S, release, warp, lane);
+          exact_flush_tile(uv, hs, us, tile_of(u, t, true), S, release, warp, lane);
           return;
         }
       }
@@ -761,9 +763,9 @@ struct PersistentReplay {
   // run on tensor cores over the whole tile (gdn/wy_mma.cuh) and the fold lands in the stage; else
   // each row group forms them on CUDA cores in registers.
   template <class Release>
-  __device__ __forceinline__ void exact_flush_tile(const UnitValues& uv, const UnitState& us, const TileCoords& tc,
-                                                   const unsigned char* S, Release&& release, int warp,
-                                                   int lane) const {
+  __device__ __forceinline__ void exact_flush_tile(const UnitValues& uv, HeadScalars& hs, const UnitState& us,
+                                                   const TileCoords& tc, const unsigned char* S, Release&& release,
+                                                   int warp, int lane) const {
     using G = FlushTile;
     constexpr int kV = G::kVec;
     constexpr int kKS = Layout::kKeyStride;
@@ -781,21 +783,24 @@ struct PersistentReplay {
     const float* Ucol = reinterpret_cast<const float*>(U + Layout::kCol.offset);
     const int r = G::row(warp, lane, 0);
 
-    const float beta = stage_beta(W, b, hv);
-    // GDN (lane j = record j): a_j = exp(g_j), E_j = exp(g_0 + .. + g_j); the factor on the
-    // checkpoint exp(g_0 + .. + g_{m-1}); this step's log decay.
-    float a_lane = 1.f, e_lane = 1.f, ck = 1.f, fac = 1.f, gm = 0.f;
-    if constexpr (!PerChannelDecay) {
-      const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
-      gm = stage_log_decay(W, b, hv);
-      const float gj = lane < m ? Sg[lane] : 0.f;
-      a_lane = expf(gj);
-      e_lane = expf(warp_prefix_sum(gj, lane));
-      float incl, excl;
-      warp_suffix_sums(gj, lane, &incl, &excl);
-      ck = expf(__shfl_sync(0xffffffffu, incl, 0));
-      fac = expf(gm);
+    // Once per value head (its tiles follow one another): beta; GDN (lane j = record j):
+    // a_j = exp(g_j), E_j = exp(g_0 + .. + g_j), the factor on the checkpoint
+    // exp(g_0 + .. + g_{m-1}) and this step's log decay.
+    if (hs.hv != hv) {
+      hs = HeadScalars{hv, stage_beta(W, b, hv)};
+      if constexpr (!PerChannelDecay) {
+        const float* Sg = reinterpret_cast<const float*>(S + Layout::kGRing.offset);
+        hs.gm = stage_log_decay(W, b, hv);
+        const float gj = lane < m ? Sg[lane] : 0.f;
+        hs.aj = expf(gj);
+        hs.wj = expf(warp_prefix_sum(gj, lane));
+        float incl, excl;
+        warp_suffix_sums(gj, lane, &incl, &excl);
+        hs.ck = expf(__shfl_sync(0xffffffffu, incl, 0));
+        hs.fac = expf(hs.gm);
+      }
     }
+    const float beta = hs.beta, a_lane = hs.aj, e_lane = hs.wj, ck = hs.ck, fac = hs.fac, gm = hs.gm;
     const float v_cur = to_float(Sv[r]);
     // The window's corrections of row `row` from its products y(j) = S_hp kx_j (undecayed by E_j
     // for GDN): uw_j = u_j (GDN: times prod_{j<l<m} a_l, its fold weight). Every lane of the warp
