@@ -56,10 +56,10 @@ constexpr int delta_flush_rows() {
 template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct PersistentLayout {
   static constexpr int kFlushRows = delta_flush_rows<RC, ROWS>();
-  // A read-copy flush tile's two products on tensor cores (gdn/wy_mma.cuh) where its checkpoint
-  // is fp32 and the tile is 16 rows: then the tile's rows and the key rows sit K + 4 floats apart
-  // in shared memory (the MMA fragments' loads free of bank conflicts), and the unit buffer holds
-  // the products' scratch.
+  // A read-copy flush tile's products, solve and fold on the fp64 tensor cores (gdn/wy_mma.cuh)
+  // where its checkpoint is fp32, the tile is 16 rows and L is 16 or 32: then the tile's rows and
+  // the key rows sit K + 4 floats apart in shared memory (the MMA fragments' loads free of bank
+  // conflicts), and the unit buffer holds the products' scratch and the head's solve matrix.
   using FlushMma = WindowMma<K, L>;
   static constexpr bool kMmaFlush =
       RC::kTwoCopy && std::is_same_v<TS, float> && kFlushRows == FlushMma::kRows && FlushMma::kFits;
@@ -759,9 +759,10 @@ struct PersistentReplay {
 
   // A read-copy flush unit's tile (kFlushRows rows of value head tc.hv, one row per lane group):
   // the window's exact corrections from the fp32 checkpoint rows (gdn/wy.cuh), the fold, S_hp
-  // written and S_lp re-encoded, and the step's output from S_hp. With kMmaFlush the two products
-  // run on tensor cores over the whole tile (gdn/wy_mma.cuh) and the fold lands in the stage; else
-  // each row group forms them on CUDA cores in registers.
+  // written and S_lp re-encoded, and the step's output from S_hp. With kMmaFlush the products,
+  // the solve (W = B P, P formed once per value head) and the fold run on the fp64 tensor cores
+  // over the whole tile (gdn/wy_mma.cuh) and the fold lands in the stage; else each row group
+  // forms the products and solves its row on CUDA cores in registers.
   template <class Release>
   __device__ __forceinline__ void exact_flush_tile(const UnitValues& uv, HeadScalars& hs, const UnitState& us,
                                                    const TileCoords& tc, const unsigned char* S, Release&& release,
