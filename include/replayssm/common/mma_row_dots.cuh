@@ -80,6 +80,39 @@ struct MmaRowDots {
     }
   }
 
+  // Lay out vector d's B fragments from `vec`: N fp32 values (fp8 tiles only) as part `part` of
+  // a two-part f16 split, hi (part 0) = f16(x s) and lo (part 1) = f16(x s - hi) with one power
+  // of two s for both parts (the largest |x s| in [2^14, 2^15)), so that out[d] + out[d + 1]
+  // of the dots below is the dot product with x to about 22 bits (KDA: its vectors carry
+  // per-channel decays in fp32). One warp per part, every lane; the caller synchronises.
+  __device__ __forceinline__ static void set_vector_split(unsigned char* frag, int d, const float* vec, int part,
+                                                          int lane) {
+    static_assert(kFp8, "the split fp32 vector is for f16 MMAs of fp8 tiles");
+    uint2* b = reinterpret_cast<uint2*>(frag) + d * kMmas * 32;
+    float* unscale = reinterpret_cast<float*>(frag + static_cast<size_t>(D) * kMmas * 32 * 8);
+    const int g = lane / 4, c = lane % 4;
+    float amax = 0.f;
+    for (int n = lane; n < N; n += 32) amax = fmaxf(amax, fabsf(vec[n]));
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    int e = 0;
+    if (amax > 0.f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    const float scale = ldexpf(1.f, 15 - e);
+    if (lane == 0) unscale[d] = ldexpf(1.f, e - 15);
+    auto piece = [&](float x) {
+      const float xs = x * scale;
+      const float hi = __half2float(__float2half_rn(xs));
+      return part == 0 ? hi : xs - hi;
+    };
+#pragma unroll
+    for (int q = 0; q < kMmas; ++q) {
+      const float* v = vec + chunk(q, g, 0) * kChunkElems + 4 * c;
+      const __half2 lo = __floats2half2_rn(piece(v[0]), piece(v[1]));
+      const __half2 hi = __floats2half2_rn(piece(v[2]), piece(v[3]));
+      b[q * 32 + lane] = make_uint2(*reinterpret_cast<const uint32_t*>(&lo), *reinterpret_cast<const uint32_t*>(&hi));
+    }
+  }
+
   // out[d] = sum_n row[n] * vec_d[n] for row (lane % 16) of the 16 rows at `rows` (shared memory,
   // [16][N] TR, 128-byte aligned), before the row's own scale. Every lane of the warp calls it.
   // `frag`: the fragments set_vector laid out.

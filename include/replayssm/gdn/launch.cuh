@@ -44,7 +44,7 @@ template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, c
 struct ReplayDecode {
   using Params = DecodeParams;
   template <int ROWS>
-  using Persistent = typename PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>::Budget;
+  using Persistent = typename PersistentLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, RC>::Budget;
   template <int ROWS>
   using RingSmem = ReplayRingSmem<TI, K, L, ROWS, PerChannelDecay, RC>;
   // The persistent kernel exists at a tiling when its buffers fit two CTAs per SM (the compile-time

@@ -9,9 +9,9 @@
 // A stage holds one checkpoint tile (ROWS rows of V by K), its live u ring rows (one bulk copy
 // per record), v and gates.
 //
-// Per tile, a consumer warp forms its rows' checkpoint parts (GDN non-flush tiles of 16 rows per
-// warp with bf16 q, k: on tensor cores, common/mma_row_dots.cuh; else on CUDA cores through the
-// shared read-tile loader), their ring parts (records split over the lanes that share a row) and
+// Per tile, a consumer warp forms its rows' checkpoint parts (non-flush tiles of 16 rows per
+// warp on tensor cores, common/mma_row_dots.cuh: GDN with bf16 q, k; KDA's fp8 read copy with its
+// fp32 kt, qt split in two f16 parts each; else on CUDA cores through the shared read-tile loader), their ring parts (records split over the lanes that share a row) and
 // the epilogue, one lane per row (coalesced stores of o, u and v). What a value head's tiles
 // share (beta, the decay scan's weights) is computed at its first tile and kept (HeadScalars).
 //
@@ -53,7 +53,7 @@ constexpr int delta_flush_rows() {
   return RC::kTwoCopy && ROWS > 16 ? 16 : ROWS;
 }
 
-template <typename TS, typename TI, int K, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct PersistentLayout {
   static constexpr int kFlushRows = delta_flush_rows<RC, ROWS>();
   // A read-copy flush tile's products, solve and fold on the fp64 tensor cores (gdn/wy_mma.cuh)
@@ -95,15 +95,18 @@ struct PersistentLayout {
   static constexpr SmemRegion kYScratch = kSolve.then(kMmaFlush ? FlushMma::kScratchBytes : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kYScratch, 128);
 
-  // GDN non-flush dot products on tensor cores (common/mma_row_dots.cuh), bf16 q and k: 16-bit
-  // and 8-bit read tiles of 16 rows per warp. The fragments of k and q are laid out per
-  // non-flush unit in the key ring's place, once the unit's k_j . k^ and k_j . q^ are formed (a
-  // non-flush tile reads no key). KDA's vectors carry per-channel decays (fp32): CUDA cores.
+  // Non-flush dot products on tensor cores (common/mma_row_dots.cuh), read tiles of 16 rows per
+  // warp. GDN: k and q as given (bf16 io), for 16-bit and 8-bit tiles. KDA: kt and qt, which
+  // carry per-channel decays in fp32, each split in two f16 parts, for fp8 tiles. The fragments
+  // are laid out per non-flush unit in the key ring's place, once the unit's k_j . k^ and
+  // k_j . q^ are formed (a non-flush tile reads no key).
   using ReadElem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
+  static constexpr int kDotVectors = PerChannelDecay ? 4 : 2;  // KDA: kt hi, kt lo, qt hi, qt lo
   static constexpr bool mma_dots_fit() {
-    if constexpr (!PerChannelDecay && std::is_same_v<TI, __nv_bfloat16> && ROWS / kPersistentConsumerWarps == 16 &&
-                  kMmaRowDotsFit<ReadElem, K>) {
-      return MmaRowDots<ReadElem, K, 2>::kFragmentBytes <= kKeyRing.bytes;
+    constexpr bool kVectorsFit =
+        PerChannelDecay ? std::is_same_v<ReadElem, __nv_fp8_e4m3> : std::is_same_v<TI, __nv_bfloat16>;
+    if constexpr (kVectorsFit && ROWS / kPersistentConsumerWarps == 16 && kMmaRowDotsFit<ReadElem, K>) {
+      return MmaRowDots<ReadElem, K, kDotVectors>::kFragmentBytes <= kKeyRing.bytes;
     } else {
       return false;
     }
@@ -143,18 +146,22 @@ struct PersistentLayout {
   // With a read copy the tiles are small: three CTAs per SM (more warps to hide the consumers'
   // latency) where the buffers fit and the consumers' registers do (K <= 128, L <= 16: at K = 256
   // or L = 32 the flush's registers spill under the 3-CTA cap); else two, as without a read copy.
+  // KDA's units are one value head, V / ROWS non-flush tiles each (GDN's hold HV / HK heads, a
+  // runtime count: the default rule).
+  static constexpr int kUnitTiles = PerChannelDecay ? V / ROWS : 0;
   static constexpr int kCtasPerSm =
-      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3>::kFits ? 3 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
+      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3, kUnitTiles>::kFits ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kUnitTiles>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 struct PersistentReplay {
-  using Layout = PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>;
+  using Layout = PersistentLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, RC>;
   static constexpr int kFlushRows = Layout::kFlushRows;
   using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;  // what a non-flush tile is read as
   using ReadElem = typename Layout::ReadElem;
+  using Dots = MmaRowDots<ReadElem, K, Layout::kDotVectors>;  // the non-flush tensor-core dots (Layout::kMmaDots)
   using ReadTile = typename Read::Tile;
   // A flush unit's tile: the checkpoint's, or a single copy's (the read tiles).
   using FlushTile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, K, kFlushRows, kPersistentConsumerWarps>>;
@@ -500,9 +507,13 @@ struct PersistentReplay {
       uv.qs = qs;
       if constexpr (Layout::kMmaDots) {
         if (!flush) {  // every warp has read the keys (the barrier above): their place takes the fragments
-          if (warp < 2)
-            MmaRowDots<ReadElem, K, 2>::set_vector(Uw + Layout::kKeyRing.offset, warp,
-                                                   reinterpret_cast<const __nv_bfloat16*>(warp == 0 ? Uk : Uq), lane);
+          if constexpr (PerChannelDecay) {  // warp w: part w % 2 of kt (w < 2) or qt
+            const float* vec = reinterpret_cast<const float*>(U + (warp < 2 ? Layout::kKt.offset : Layout::kQt.offset));
+            Dots::set_vector_split(Uw + Layout::kKeyRing.offset, warp, vec, warp % 2, lane);
+          } else if (warp < 2) {
+            Dots::set_vector(Uw + Layout::kKeyRing.offset, warp,
+                             reinterpret_cast<const __nv_bfloat16*>(warp == 0 ? Uk : Uq), lane);
+          }
           Layout::Pipeline::consumer_sync();
         }
       }
@@ -658,18 +669,19 @@ struct PersistentReplay {
     if constexpr (Layout::kMmaDots) {
       if (!flush) {  // the warp's 16 rows on tensor cores: row lane % 16 lands in lane
         const int rw = warp * kRowsPerWarp + lane % kRowsPerWarp;
-        float dot[2];
-        MmaRowDots<ReadElem, K, 2>::dots(
-            S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
-            U + Layout::kKeyRing.offset, lane, dot);
+        float dot[Layout::kDotVectors];
+        Dots::dots(S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
+                   U + Layout::kKeyRing.offset, lane, dot);
+        // GDN: the vectors were k and q; KDA: kt and qt in two parts each (their factors folded in).
+        const float dk = PerChannelDecay ? dot[0] + dot[1] : uv.ks * dot[0];
+        const float dq = PerChannelDecay ? dot[Layout::kDotVectors - 2] + dot[Layout::kDotVectors - 1] : uv.qs * dot[1];
         float row_scale = 1.f;
         if constexpr (RC::kScaled)
           row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
         const float vl = to_float(Sv[rw]);
         release();
         const float f = fac * row_scale;
-        epilogue_rows<kRowsPerWarp>(us, tc, vl, f * (uv.ks * dot[0]), f * (uv.qs * dot[1]), rk, rq, beta, gm,
-                                    kq_current, warp, lane);
+        epilogue_rows<kRowsPerWarp>(us, tc, vl, f * dk, f * dq, rk, rq, beta, gm, kq_current, warp, lane);
         return;
       }
     }
@@ -965,7 +977,7 @@ struct PersistentReplay {
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
 __global__ void __launch_bounds__(kPersistentThreads,
-                                  (PersistentLayout<TS, TI, K, L, ROWS, PerChannelDecay, RC>::kCtasPerSm))
+                                  (PersistentLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, RC>::kCtasPerSm))
     replay_decode_persistent_kernel(const DecodeParams p) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
