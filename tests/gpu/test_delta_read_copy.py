@@ -229,6 +229,47 @@ class TestDeltaReadCopyDecode:
             assert torch.equal(a, b), "graph replay left another state than the eager step"
 
 
+QWEN3_NEXT = {**GDN, "HV": 32, "HK": 16}  # (the module is the same: head counts are runtime)
+KIMI_LINEAR = {**KDA, "HV": 32, "HK": 32}
+
+
+@pytest.mark.parametrize("cfg", [QWEN3_NEXT, KIMI_LINEAR], ids=["gdn_qwen3_next", "kda_kimi_linear"])
+def test_many_units_per_cta(cfg):
+    """The model head layouts at a batch whose units outnumber the resident CTAs, fp8 copy,
+    persistent kernel: rows in random phases (random subsets of the pool each step, a pad), so
+    the launches order their units by the flush hints, flushing rows first, and each CTA walks
+    many units (include/replayssm/common/row_order.cuh): outputs, S_hp and S_lp as above, the
+    work counter back at rest after every launch."""
+    gen = seeded_generator()
+    dev = torch.device("cuda")
+    num_slots, batch = 64, 48
+    w, cache = make(cfg, torch.float8_e4m3fn, True, num_slots, batch)
+    A_log, dt_bias = layer_weights(cfg, gen)
+    active = list(range(num_slots - 2))
+    S0 = torch.randn(len(active), cfg["HV"], cfg["V"], cfg["K"], device=dev, generator=gen) * 0.2
+    cache.load_state(active, S0)
+    model = start_model(cache, cfg, active, S0)
+    plan = []
+    for _ in range(2 * cfg["L"] + 3):
+        perm = torch.randperm(len(active), generator=gen, device=dev)[: batch - 1]
+        rows = torch.cat([torch.tensor(active, device=dev)[perm], torch.tensor([-1], device=dev)])
+        plan.append(rows[torch.randperm(batch, generator=gen, device=dev)].to(torch.int32))
+    ordered = 0
+    what = f"{cfg['family']} many units"
+    for step, slots in enumerate(plan):
+        before = cache.work_counter.clone()
+        flushing = int(before[4 + (int(before[2]) & 1)])  # slots flushing now, as the last launch counted
+        ordered += 0 < flushing < batch
+        run_steps(w, cache, model, cfg, [slots], gen, A_log, dt_bias, f"{what} step {step}")
+        units = batch * (cfg["HK"] if cfg["family"] == "gdn" else cfg["HV"])
+        assert w.persistent and units > w.schedule.grid, w.schedule
+        wc = cache.work_counter
+        assert int(wc[0]) == 0 and int(wc[1]) == 0, "the unit counter is back at rest"
+    assert ordered >= 10, f"only {ordered} launches had rows in mixed phases"
+    err = rel_err(cache.materialize(active), model.exact[active])
+    assert err <= STATE_TOL, f"{what}: materialize rel err {err:.2e}"
+
+
 OTHER_CFGS = [
     {**GDN, "L": 32, "V": 64},
     {**KDA, "L": 8, "K": 256, "V": 64, "HK": 4},
