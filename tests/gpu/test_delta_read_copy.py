@@ -256,12 +256,12 @@ def test_many_units_per_cta(cfg):
         plan.append(rows[torch.randperm(batch, generator=gen, device=dev)].to(torch.int32))
     ordered = 0
     what = f"{cfg['family']} many units"
+    units = batch * (cfg["HK"] if cfg["family"] == "gdn" else cfg["HV"])  # GDN: key heads; KDA: value heads
     for step, slots in enumerate(plan):
         before = cache.work_counter.clone()
         flushing = int(before[4 + (int(before[2]) & 1)])  # slots flushing now, as the last launch counted
         ordered += 0 < flushing < batch
         run_steps(w, cache, model, cfg, [slots], gen, A_log, dt_bias, f"{what} step {step}")
-        units = batch * (cfg["HK"] if cfg["family"] == "gdn" else cfg["HV"])
         assert w.persistent and units > w.schedule.grid, w.schedule
         wc = cache.work_counter
         assert int(wc[0]) == 0 and int(wc[1]) == 0, "the unit counter is back at rest"

@@ -57,12 +57,7 @@ struct MmaRowDots {
     if constexpr (kFp8) {
       float amax = 0.f;
       for (int n = lane; n < N; n += 32) amax = fmaxf(amax, fabsf(__bfloat162float(vec[n])));
-#pragma unroll
-      for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-      int e = 0;
-      if (amax > 0.f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-      const float scale = ldexpf(1.f, 15 - e);
-      if (lane == 0) unscale[d] = ldexpf(1.f, e - 15);
+      const float scale = power_of_two_scale(amax, unscale, d, lane);
 #pragma unroll
       for (int q = 0; q < kMmas; ++q) {
         // k = 2c, 2c + 1 <-> bytes 4c, 4c + 1 of the chunk; k = 2c + 8, 2c + 9 <-> bytes 4c + 2, 4c + 3.
@@ -93,12 +88,7 @@ struct MmaRowDots {
     const int g = lane / 4, c = lane % 4;
     float amax = 0.f;
     for (int n = lane; n < N; n += 32) amax = fmaxf(amax, fabsf(vec[n]));
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
-    int e = 0;
-    if (amax > 0.f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
-    const float scale = ldexpf(1.f, 15 - e);
-    if (lane == 0) unscale[d] = ldexpf(1.f, e - 15);
+    const float scale = power_of_two_scale(amax, unscale, d, lane);
     auto piece = [&](float x) {
       const float xs = x * scale;
       const float hi = __half2float(__float2half_rn(xs));
@@ -164,6 +154,19 @@ struct MmaRowDots {
   }
 
  private:
+  // The power of two s that puts a vector's largest magnitude in [2^14, 2^15) before it is
+  // rounded to f16, from each lane's part of the amax (every lane of the warp); lane 0 stores
+  // 1 / s as vector d's unscale.
+  __device__ __forceinline__ static float power_of_two_scale(float amax, float* unscale, int d, int lane) {
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
+    int e = 0;
+    if (amax > 0.f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    const float scale = ldexpf(1.f, 15 - e);
+    if (lane == 0) unscale[d] = ldexpf(1.f, e - 15);
+    return scale;
+  }
+
   __device__ __forceinline__ static void ldmatrix_x4(uint32_t (&r)[4], uint32_t addr) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])

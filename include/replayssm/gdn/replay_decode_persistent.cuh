@@ -10,9 +10,9 @@
 // per record), v and gates.
 //
 // Per tile, a consumer warp forms its rows' checkpoint parts (non-flush tiles of 16 rows per
-// warp on tensor cores, common/mma_row_dots.cuh: GDN with bf16 q, k; KDA's fp8 read copy with its
-// fp32 kt, qt split in two f16 parts each; else on CUDA cores through the shared read-tile loader), their ring parts (records split over the lanes that share a row) and
-// the epilogue, one lane per row (coalesced stores of o, u and v). What a value head's tiles
+// warp on tensor cores, common/mma_row_dots.cuh: GDN with bf16 q, k; KDA's fp8 read copy with
+// its fp32 kt, qt split in two f16 parts each; else on CUDA cores through the shared read-tile
+// loader), their ring parts (records split over the lanes that share a row) and the epilogue, one lane per row (coalesced stores of o, u and v). What a value head's tiles
 // share (beta, the decay scan's weights) is computed at its first tile and kept (HeadScalars).
 //
 // With a read copy (RC, common/read_copy.cuh) a non-flush unit's tiles are the read copy's
@@ -100,13 +100,17 @@ struct PersistentLayout {
   // carry per-channel decays in fp32, each split in two f16 parts, for fp8 tiles. The fragments
   // are laid out per non-flush unit in the key ring's place, once the unit's k_j . k^ and
   // k_j . q^ are formed (a non-flush tile reads no key).
+  // KDA: the two-copy fp8 module at K = 128, L <= 16 (what the GPU suites run); its other
+  // modules keep CUDA cores.
   using ReadElem = std::conditional_t<RC::kEnabled, typename RC::T, TS>;
   static constexpr int kDotVectors = PerChannelDecay ? 4 : 2;  // KDA: kt hi, kt lo, qt hi, qt lo
+  using Dots = MmaRowDots<ReadElem, K, kDotVectors>;
   static constexpr bool mma_dots_fit() {
-    constexpr bool kVectorsFit =
-        PerChannelDecay ? std::is_same_v<ReadElem, __nv_fp8_e4m3> : std::is_same_v<TI, __nv_bfloat16>;
+    constexpr bool kVectorsFit = PerChannelDecay
+                                     ? RC::kTwoCopy && std::is_same_v<ReadElem, __nv_fp8_e4m3> && K == 128 && L <= 16
+                                     : std::is_same_v<TI, __nv_bfloat16>;
     if constexpr (kVectorsFit && ROWS / kPersistentConsumerWarps == 16 && kMmaRowDotsFit<ReadElem, K>) {
-      return MmaRowDots<ReadElem, K, kDotVectors>::kFragmentBytes <= kKeyRing.bytes;
+      return Dots::kFragmentBytes <= kKeyRing.bytes;
     } else {
       return false;
     }
@@ -161,7 +165,7 @@ struct PersistentReplay {
   static constexpr int kFlushRows = Layout::kFlushRows;
   using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;  // what a non-flush tile is read as
   using ReadElem = typename Layout::ReadElem;
-  using Dots = MmaRowDots<ReadElem, K, Layout::kDotVectors>;  // the non-flush tensor-core dots (Layout::kMmaDots)
+  using Dots = typename Layout::Dots;  // the non-flush tensor-core dots (Layout::kMmaDots)
   using ReadTile = typename Read::Tile;
   // A flush unit's tile: the checkpoint's, or a single copy's (the read tiles).
   using FlushTile = std::conditional_t<RC::kSingle, ReadTile, StateTile<TS, K, kFlushRows, kPersistentConsumerWarps>>;
@@ -673,8 +677,14 @@ struct PersistentReplay {
         Dots::dots(S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
                    U + Layout::kKeyRing.offset, lane, dot);
         // GDN: the vectors were k and q; KDA: kt and qt in two parts each (their factors folded in).
-        const float dk = PerChannelDecay ? dot[0] + dot[1] : uv.ks * dot[0];
-        const float dq = PerChannelDecay ? dot[Layout::kDotVectors - 2] + dot[Layout::kDotVectors - 1] : uv.qs * dot[1];
+        float dk, dq;
+        if constexpr (PerChannelDecay) {
+          dk = dot[0] + dot[1];
+          dq = dot[2] + dot[3];
+        } else {
+          dk = uv.ks * dot[0];
+          dq = uv.qs * dot[1];
+        }
         float row_scale = 1.f;
         if constexpr (RC::kScaled)
           row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
