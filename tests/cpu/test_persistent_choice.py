@@ -176,20 +176,33 @@ class TestMamba2Plan:
         assert s.grid == 256 * self.H * self.P // 32
 
     @pytest.mark.parametrize("batch", [1, 8, 256])
-    def test_verify(self, modules, batch):
-        s = plan(modules["m2_verify"], batch, self.H, self.G, persistent=True, drafts=4)
+    def test_verify_tile(self, modules, batch):
+        s = plan(modules["m2_verify"], batch, self.H, self.G, persistent=False, drafts=4)
         assert s.kernel == "verify" and s.rows_per_cta == mamba2_tile_rows(self.P, batch, self.H)
         assert s.grid == batch * self.H * self.P // s.rows_per_cta and s.smem_bytes > 0
         with pytest.raises(PlanError, match="out of range"):
             plan(modules["m2_verify"], batch, self.H, self.G, drafts=5)  # beyond the draft capacity 4
 
+    @pytest.mark.parametrize("batch", [1, 8, 256])
+    def test_verify_persistent(self, modules, batch):
+        """Forced, or automatic from batch x H >= 1,024: 32-row fp32 tiles (16 KB), three CTAs per SM
+        at T = 4, units of at most 8 heads of a group, the tile verify for misaligned inputs."""
+        auto = plan(modules["m2_verify"], batch, self.H, self.G, drafts=4)
+        assert auto.persistent == (batch * self.H >= 1024)
+        s = plan(modules["m2_verify"], batch, self.H, self.G, persistent=True, drafts=4)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
+        group = self.H // self.G
+        assert s.heads_per_unit <= 8 and group % s.heads_per_unit == 0
+        assert s.main.ctas_per_sm == 3 and s.grid == min(batch * self.H // s.heads_per_unit, 132 * 3)
+        assert s.tile.kernel == "verify" and s.tile.rows_per_cta == mamba2_tile_rows(self.P, batch, self.H)
+
     def test_verify_shared_memory_is_the_devices(self, modules):
-        need = plan(modules["m2_verify"], 256, self.H, self.G, drafts=4).smem_bytes
+        need = plan(modules["m2_verify"], 256, self.H, self.G, persistent=False, drafts=4).smem_bytes
         tight = dict(H200_LIMITS, smem_per_block_optin=need - 1)
-        s = plan(modules["m2_verify"], 256, self.H, self.G, drafts=4, limits=tight)  # automatic: steps down
+        s = plan(modules["m2_verify"], 256, self.H, self.G, persistent=False, drafts=4, limits=tight)  # steps down
         assert s.rows_per_cta < 64 and s.fallback.startswith("tile_smem") and s.smem_bytes < need
         with pytest.raises(PlanError, match="shared memory"):
-            plan(modules["m2_verify"], 256, self.H, self.G, rows=64, drafts=4, limits=tight)  # forced: an error
+            plan(modules["m2_verify"], 256, self.H, self.G, False, rows=64, drafts=4, limits=tight)  # forced: an error
 
 
 # ---------------------------------------------------------------- GDN / KDA

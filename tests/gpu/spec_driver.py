@@ -43,9 +43,11 @@ class Mamba2Spec:
         self.A, self.D, self.dt_bias = layer_weights(cfg["H"], gen, DEV)
 
     def wrapper(self, algorithm, max_batch, **kw):
+        """cfg["persistent"] (absent: the plan's choice) forces the kernel, as the wrapper's keyword."""
         from replayssm import Mamba2DecodeWrapper
 
         c = self.cfg
+        kw.setdefault("persistent", c.get("persistent"))
         return Mamba2DecodeWrapper(
             c["H"],
             c["P"],
@@ -187,6 +189,8 @@ def run_spec_sequence(
             parents=torch.tensor(parents, dtype=torch.int32) if tree else None,
             draft_counts=torch.tensor(counts, dtype=torch.int32) if varlen else None,
         )
+        if cfg.get("persistent"):
+            assert w.schedule.kernel == "persistent", f"the verify was to run persistent: {w.schedule}"
         fam.run(w, cache, inp, out)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite verify outputs"

@@ -47,6 +47,15 @@ class TestMamba2VerifyConfigs:
         run_spec_sequence(Mamba2Spec(cfg, gen), steps=40, batch=5, num_slots=10, T=cfg["T"], gen=gen)
 
 
+# The persistent pipelined verify (replay_verify_persistent.cuh), forced at these small batches;
+# the driver checks that every verify plan runs it. Standard steps run the persistent decode.
+@pytest.mark.parametrize("cfg", [{**c, "persistent": True} for c in CONFIGS], ids=CONFIG_IDS)
+class TestMamba2PersistentVerifyConfigs:
+    def test_chain_random_accepts(self, cfg):
+        gen = seeded_generator()
+        run_spec_sequence(Mamba2Spec(cfg, gen), steps=40, batch=5, num_slots=10, T=cfg["T"], gen=gen)
+
+
 class TestMamba2VerifyFeatures:
     cfg = {**BASE, "T": 4}
 
@@ -56,7 +65,7 @@ class TestMamba2VerifyFeatures:
 
     def test_token_trees(self):
         gen = seeded_generator()
-        cfg = {**BASE, "T": 8}
+        cfg = {**self.cfg, "T": 8}
         run_spec_sequence(Mamba2Spec(cfg, gen), steps=40, batch=5, num_slots=10, T=8, gen=gen, tree=True, varlen=True)
 
     @pytest.mark.parametrize("rows", [16, 64])
@@ -110,6 +119,7 @@ class TestMamba2VerifyFeatures:
         inp = fam.inputs(num, T)
         out = fam.out_like(inp)
         w.plan(slots, draft_len=T)
+        assert w.schedule.kernel == ("persistent" if self.cfg.get("persistent") else "verify")
         fam.run(w, cache, inp, out)
         y = fam.ref_verify(ref, list(range(num)), inp, list(range(num)), T, None)
         tol, state_tol = tolerances(self.cfg)
@@ -133,11 +143,19 @@ class TestMamba2VerifyFeatures:
         assert cache.ring_bytes_per_slot() == H * R * P * 2 + G * R * N * 2 + H * R * 4 + 16
 
 
+class TestMamba2PersistentVerifyFeatures(TestMamba2VerifyFeatures):
+    """Every feature above on the persistent verify (its default 32-row tiles, and 16 and 64 rows)."""
+
+    cfg = {**BASE, "T": 4, "persistent": True}
+
+
 class TestMamba2VerifyGraphs:
+    cfg = {**BASE, "T": 4}
+
     def test_verify_and_commit_in_one_graph(self):
         """The whole verify + commit step captured once and replayed with new inputs and accepts."""
         gen = seeded_generator()
-        cfg = {**BASE, "T": 4}
+        cfg = self.cfg
         fam = Mamba2Spec(cfg, gen)
         batch, T, num = 4, 4, 6
         w = fam.wrapper("replay", batch)
@@ -150,6 +168,7 @@ class TestMamba2VerifyGraphs:
         out = fam.out_like(static)
         acc = torch.ones(batch, dtype=torch.int32, device=DEV)
         w.plan(slots, draft_len=T)
+        assert w.schedule.kernel == ("persistent" if cfg.get("persistent") else "verify")
         graph = capture(lambda: (fam.run(w, cache, static, out), w.commit(cache, num_accepted=acc)), warmup=0)
         tol, state_tol = tolerances(cfg)
         for step in range(3 * cfg["L"]):
@@ -167,6 +186,10 @@ class TestMamba2VerifyGraphs:
         e = rel_err(fam.materialize(cache, sl).cpu(), ref.materialize(sl))
         assert e <= state_tol
         assert cache.check_errors() == 0
+
+
+class TestMamba2PersistentVerifyGraphs(TestMamba2VerifyGraphs):
+    cfg = {**BASE, "T": 4, "persistent": True}
 
 
 class TestMamba2ConventionalVerify:
@@ -230,6 +253,7 @@ class TestMamba2VerifyBadInput:
 
     def _verify(self, **plan):
         self.w.plan(self.slots, draft_len=4, **plan)
+        assert self.w.schedule.kernel == ("persistent" if self.cfg.get("persistent") else "verify")
         inp = self.fam.inputs(3, 4)
         out = self.fam.out_like(inp)
         self.fam.run(self.w, self.cache, inp, out)
@@ -305,6 +329,10 @@ class TestMamba2VerifyBadInput:
         self.w.commit(self.cache, accepted_path=paths)
         assert self.cache.check_errors() == 8
         assert self.cache.ring_len.tolist()[:3] == [0, 0, 2]
+
+
+class TestMamba2PersistentVerifyBadInput(TestMamba2VerifyBadInput):
+    cfg = {**BASE, "T": 4, "persistent": True}
 
 
 READ_COPIES = [torch.float8_e4m3fn, torch.bfloat16, "nvfp4"]

@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "constants.h"
+#include "types.cuh"
 
 namespace replayssm {
 
@@ -64,6 +65,24 @@ __device__ __forceinline__ float path_sum(uint32_t mask, const float* vals, int 
   float s = 0.f;
   for (; mask != 0u; mask &= mask - 1u) s += vals[(__ffs(static_cast<int>(mask)) - 1) * stride];
   return s;
+}
+
+// Lane gl's part of the dot product of a record's B row (N io-dtype values) with a draft's C
+// row (N floats) when an 8-lane group forms it: 8 consecutive elements per lane and pass. The
+// verify kernels sum the group's parts (group_sum<8>) into their B . C coefficients.
+template <typename TI, int N>
+__device__ __forceinline__ float group8_dot_part(const TI* b, const float* c, int gl) {
+  static_assert(N % 64 == 0, "8 elements per lane of an 8-lane group");
+  float acc = 0.f;
+#pragma unroll
+  for (int k = gl * 8; k < N; k += 64) {
+    float bv[8], cv[8];
+    load_floats<TI, 8>(b + k, bv);
+    load_floats<float, 8>(c + k, cv);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) acc = fmaf(bv[e], cv[e], acc);
+  }
+  return acc;
 }
 
 }  // namespace replayssm

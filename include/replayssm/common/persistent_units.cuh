@@ -14,7 +14,13 @@
 
 namespace replayssm {
 
-enum UnitStatus : int32_t { kUnitActive = 0, kUnitPad = 1, kUnitOutOfRange = 2, kUnitBadCursor = 3 };
+enum UnitStatus : int32_t {
+  kUnitActive = 0,
+  kUnitPad = 1,
+  kUnitOutOfRange = 2,
+  kUnitBadCursor = 3,
+  kUnitBadDrafts = 4,  // a verify row's draft count or tree is invalid
+};
 
 // First bytes of every unit buffer: which unit the producer put there and what it read for it.
 struct UnitHeader {
@@ -108,6 +114,7 @@ __device__ __forceinline__ void skip_unit(int32_t* error_flag, int status) {
   if (threadIdx.x != 0) return;
   if (status == kUnitOutOfRange) raise_error(error_flag, kErrSlotOutOfRange);
   if (status == kUnitBadCursor) raise_error(error_flag, kErrCorruptCursor);
+  if (status == kUnitBadDrafts) raise_error(error_flag, kErrBadDrafts);
 }
 
 // Async copy of the 4-byte word holding a scalar argument's element (nothing when absent).

@@ -172,6 +172,13 @@ inline int32_t mamba2_persistent_rows(int32_t P, int32_t N, int32_t state_bytes)
   return largest_rows(P, static_cast<int64_t>(N) * state_bytes, 40 * 1024);
 }
 
+// Tile of the persistent verify: the largest tiling of P whose checkpoint tile is at most 16 KB
+// (P = 64, N = 128: 32 rows of fp32, 64 of bf16), so that two unit buffers (the drafts' inputs and
+// coefficient tables) and at least three stages fit each of two CTAs per SM.
+inline int32_t mamba2_verify_persistent_rows(int32_t P, int32_t N, int32_t state_bytes) {
+  return largest_rows(P, static_cast<int64_t>(N) * state_bytes, 16 * 1024);
+}
+
 // ---- GDN / KDA heuristics (H200 measurements; previously replayssm/ops/gdn.py) -----------------
 
 // Persistent pipelined replay step once there are enough units (GDN: batch rows x key heads;

@@ -14,6 +14,7 @@
 #include "replay_decode.cuh"
 #include "replay_decode_persistent.cuh"
 #include "replay_verify.cuh"
+#include "replay_verify_persistent.cuh"
 
 namespace replayssm {
 namespace mamba2 {
@@ -31,6 +32,41 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
          (in.z == nullptr || aligned16(in.z, e, in.z_stride_batch, p.batch, in.z_stride_head, p.nheads)) &&
          aligned16(in.B, e, in.B_stride_batch, p.batch, in.B_stride_group, p.ngroups) &&
          aligned16(in.C, e, in.C_stride_batch, p.batch, in.C_stride_group, p.ngroups);
+}
+
+// The same for a verify's T token rows per batch row (the persistent verify's cp.async copies).
+template <typename TI>
+inline bool persistent_verify_inputs_aligned(const VerifyParams& v) {
+  constexpr int e = sizeof(TI);
+  const DecodeParams& p = v.d;
+  const StepInputs& in = p.in;
+  const int64_t tokens = static_cast<int64_t>(p.batch) * v.drafts.T;
+  return aligned16(in.x, e, in.x_stride_batch, tokens, in.x_stride_head, p.nheads) &&
+         (in.z == nullptr || aligned16(in.z, e, in.z_stride_batch, tokens, in.z_stride_head, p.nheads)) &&
+         aligned16(in.B, e, in.B_stride_batch, tokens, in.B_stride_group, p.ngroups) &&
+         aligned16(in.C, e, in.C_stride_batch, tokens, in.C_stride_group, p.ngroups);
+}
+
+// The persistent part of a plan once the kernel's facts at `rows` are known (f; stages: its stage
+// buffers): the fallback when it cannot run on the device, else its launch with units of one
+// group's heads, a divisor of the group and at most max_heads(resident CTAs), split
+// (split_heads) so that there are enough units for the CTAs and enough tiles per unit for the
+// stages. The persistent kernels read their inputs with the cache's data: no PDL.
+template <int P, class MaxHeads>
+inline int plan_persistent_units(const PlanQuery& q, int32_t rows, const KernelFacts& f, int32_t stages,
+                                 MaxHeads&& max_heads, Schedule* s) {
+  int32_t ctas = 0;
+  s->fallback = persistent_fallback(q.limits, f, &ctas);
+  if (s->fallback != kFallbackNone) return 0;
+  const int64_t resident = static_cast<int64_t>(q.limits.sm_count) * ctas;
+  const int64_t batch = q.batch;
+  const int32_t group = q.heads / q.groups;
+  int32_t hpu = split_heads(group, P / rows, batch * q.groups, resident, stages + 1);
+  const int32_t most = max_heads(resident);
+  while (hpu > most || group % hpu) --hpu;
+  s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
+  s->pdl = 0;
+  return s->main.units < 0 ? kPlanBadQuery : 0;
 }
 
 // One op = one kernel family; `plan`, `launch` and `prepare` are what the module entry exports.
@@ -84,30 +120,19 @@ struct ReplayDecode {
       return cudaSuccess;
     });
     if (e) return e;
-    int32_t ctas = 0;
-    s->fallback = persistent_fallback(q.limits, f, &ctas);
-    if (s->fallback == kFallbackNone) {
-      const int64_t resident = static_cast<int64_t>(q.limits.sm_count) * ctas;
-      const int32_t group = q.heads / q.groups;
-      int32_t hpu = split_heads(group, P / rows, batch * q.groups, resident, stages + 1);
-      // A unit keeps per-head values for at most kMaxUnitHeads heads. With a read copy a flush unit
-      // costs several non-flush ones (it reads and writes the fp32 checkpoint), so units stay
-      // smaller (kReadCopyUnitHeads): when rows flush on different steps, flushing rows are handed
-      // out first (common/row_order.cuh), and a CTA that takes one late finishes at most one such
-      // unit behind the others. H200, fp8 copy, B = 256, lockstep / staggered µs per step: 4 heads
-      // 195.8 / 198.5, 8 heads 173.4 / 184.1, 16 heads 173.9 / 299.0 (flush units too long). With
-      // fewer than four such units per CTA (B = 64: 2.6) one flush unit is the step's tail (8 heads:
-      // 124.7 µs staggered against 81.6 with 4), so units halve there.
-      int32_t max_heads = kMaxUnitHeads;
-      if (RC::kEnabled)
-        max_heads =
-            batch * (q.heads / kReadCopyUnitHeads) >= 4 * resident ? kReadCopyUnitHeads : kReadCopyUnitHeads / 2;
-      while (hpu > max_heads || group % hpu) --hpu;
-      s->main = persistent_launch(rows, hpu, batch * (q.heads / hpu), q.limits, f, ctas);
-      s->pdl = 0;  // the persistent kernel reads its inputs with the cache's data: no PDL
-      if (s->main.units < 0) return kPlanBadQuery;
-    }
-    return 0;
+    // A unit keeps per-head values for at most kMaxUnitHeads heads. With a read copy a flush unit
+    // costs several non-flush ones (it reads and writes the fp32 checkpoint), so units stay
+    // smaller (kReadCopyUnitHeads): when rows flush on different steps, flushing rows are handed
+    // out first (common/row_order.cuh), and a CTA that takes one late finishes at most one such
+    // unit behind the others. H200, fp8 copy, B = 256, lockstep / staggered µs per step: 4 heads
+    // 195.8 / 198.5, 8 heads 173.4 / 184.1, 16 heads 173.9 / 299.0 (flush units too long). With
+    // fewer than four such units per CTA (B = 64: 2.6) one flush unit is the step's tail (8 heads:
+    // 124.7 µs staggered against 81.6 with 4), so units halve there.
+    auto max_heads = [&](int64_t resident) -> int32_t {
+      if (!RC::kEnabled) return kMaxUnitHeads;
+      return batch * (q.heads / kReadCopyUnitHeads) >= 4 * resident ? kReadCopyUnitHeads : kReadCopyUnitHeads / 2;
+    };
+    return plan_persistent_units<P>(q, rows, f, stages, max_heads, s);
   }
 
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
@@ -197,6 +222,14 @@ struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
   using Smem = VerifySmem<TI, N, ROWS, L, TMAX>;
+  template <int ROWS>
+  using Persistent = typename PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>::Budget;
+  // The persistent verify exists for the checkpoint alone (no read copy) at a tiling whose
+  // buffers fit two CTAs per SM.
+  template <int ROWS>
+  static constexpr bool kPersistentOk = !RC::kEnabled && Persistent<ROWS>::kFits &&
+                                        StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
+
   static int plan(PlanQuery q, Schedule* s) {
     if (const int e = check_query(q)) return e;
     if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
@@ -205,7 +238,7 @@ struct ReplayVerify {
     *s = Schedule{};
     // The automatic tiling steps down when its buffers (at the largest ring) exceed the device's
     // shared memory per block; a forced one is an error then.
-    const int e = plan_tiles<P>(
+    int e = plan_tiles<P>(
         q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, true), true,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
@@ -214,13 +247,50 @@ struct ReplayVerify {
         },
         &s->main, &s->fallback);
     s->tile = s->main;
-    return e;
+    if (e) return e;
+    const bool want = q.persistent == kPersistentAuto
+                          ? static_cast<int64_t>(q.batch) * q.heads >= kMamba2PersistentMinHeads
+                          : q.persistent == kPersistentOn;
+    if (!want) return 0;
+    const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_verify_persistent_rows(P, N, sizeof(TS));
+    KernelFacts f{};
+    int32_t stages = 0;
+    e = dispatch_rows<P>(rows, [&](auto r) -> cudaError_t {
+      constexpr int kRows = decltype(r)::value;
+      if constexpr (kPersistentOk<kRows>) {
+        stages = Persistent<kRows>::kStages;
+        return kernel_facts(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>, dev, q.limits,
+                            kPersistentThreads, Persistent<kRows>::kBytes, &f);
+      }
+      return cudaSuccess;
+    });
+    if (e) return e;
+    return plan_persistent_units<P>(
+        q, rows, f, stages, [](int64_t) { return PersistentVerifyLayout<TS, TI, N, L, 16, TMAX>::kUnitHeads; }, s);
   }
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
     if (!pool_matches_format<RC>(p.d.pool)) return cudaErrorInvalidValue;  // the pool carries this format's buffers
-    const KernelLaunch& k = s.main;
+    const KernelLaunch& k =
+        s.main.kernel == kKernelPersistent && persistent_verify_inputs_aligned<TI>(p) ? s.main : s.tile;
+    if (k.kernel == kKernelPersistent) {
+      const int group = p.d.ngroups > 0 ? p.d.nheads / p.d.ngroups : 0;
+      if (k.heads_per_unit < 1 || k.heads_per_unit > PersistentVerifyLayout<TS, TI, N, L, 16, TMAX>::kUnitHeads ||
+          group % k.heads_per_unit ||
+          static_cast<int64_t>(k.units) != static_cast<int64_t>(p.d.batch) * (p.d.nheads / k.heads_per_unit))
+        return cudaErrorInvalidValue;
+      return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
+        constexpr int kRows = decltype(rows)::value;
+        if constexpr (kPersistentOk<kRows>) {
+          VerifyParams q = p;
+          q.d.heads_per_unit = k.heads_per_unit;
+          return launch_planned(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>, q, k,
+                                Persistent<kRows>::kBytes, stream);
+        }
+        return cudaErrorInvalidValue;
+      });
+    }
     if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.nheads, P)) return cudaErrorInvalidValue;
     return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
@@ -235,7 +305,18 @@ struct ReplayVerify {
     return for_each_rows<P>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>);
-      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, bytes, optin);
+      cudaError_t err = opt_in_dynamic_smem(replay_verify_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, bytes, optin);
+      if constexpr (kPersistentOk<kRows>) {
+        // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
+        bool has_code = false;
+        if (err == cudaSuccess)
+          err = kernel_has_bulk_pipeline(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>, &has_code);
+        if (err == cudaSuccess && has_code)
+          err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Persistent<kRows>::kBytes));
+      }
+      return err;
     });
   }
 };
@@ -250,7 +331,7 @@ struct ConventionalVerify {
     if (const cudaError_t e = plan_limits(&q)) return e;
     const bool dev = !q.has_limits;
     *s = Schedule{};
-    const int e = plan_tiles<P>(
+    int e = plan_tiles<P>(
         q, kKernelVerify, mamba2_tile_rows(P, q.batch, q.heads, false), false,
         [&](auto rows, KernelFacts* f) {
           return kernel_facts(conventional_verify_kernel<TS, TI, P, N, decltype(rows)::value>, dev, q.limits, 128, 0,

@@ -202,15 +202,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       if (seen) {
         const TI* Bj = d < 0 ? Bring_s + phys(j) * N : Bd_s + d * N;
         w = d < 0 ? wcom_s[j] * expf(path_s[i]) : dd_s[d] * expf(path_s[i] - path_s[d]);
-        const float* Ci = C_s + i * N;
-#pragma unroll
-        for (int k = gl * 8; k < N; k += 64) {  // 8 consecutive elements per lane and pass
-          float b[8], cc[8];
-          load_floats<TI, 8>(Bj + k, b);
-          load_floats<float, 8>(Ci + k, cc);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) acc = fmaf(b[e], cc[e], acc);
-        }
+        acc = group8_dot_part<TI, N>(Bj, C_s + i * N, gl);
       }
       acc = group_sum<8>(acc);
       if (gl == 0 && pair < pairs) coef_s[i * kW + j] = w * acc;

@@ -1,0 +1,92 @@
+// Dot products of a warp's 8 fp32 rows with up to 16 bf16 vectors on tensor cores (mma.sync
+// m16n8k16, fp32 accumulation): the verify forms every draft's C_i . S_row from one read of the
+// checkpoint, and on CUDA cores that is T multiply-adds per state element.
+//
+// The vectors are the MMA's A operand (M = 16 vectors, zeros beyond the count), laid out once per
+// unit in shared memory; the rows are its B operand (N = 8 rows, K = the row's columns). Each
+// fp32 state value x is split into two bf16 parts, hi = bf16(x) and lo = bf16(x - hi), and both
+// parts go through the MMA: a product is then exact to about 2^-17 of |x| (a bf16 vector value is
+// exact), which is far below what a bf16 or fp16 output resolves. D[g][n] = vector g . row n.
+//
+// Rows are read from shared memory with a row stride of N + kRowPad floats: lane (g, c) reads
+// row g at columns 2c, 2c + 1 and 2c + 8, 2c + 9 of each 16-column step, and without the padding
+// all eight rows would fall on the same banks.
+#pragma once
+
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+namespace replayssm {
+
+template <int N, int TMAX>
+struct MmaSplitDots {
+  static_assert(N % 16 == 0 && TMAX >= 1 && TMAX <= 16, "16-column MMA steps, at most 16 vectors");
+  static constexpr int kSteps = N / 16;
+  static constexpr int kRowPad = 8;                  // floats of padding after each row in shared memory
+  static constexpr int kRowStride = N + kRowPad;     // floats
+  static constexpr int kHeld = TMAX > 8 ? 2 : 1;      // vectors a lane's results cover: g, g + 8
+  static constexpr size_t kFragmentBytes = static_cast<size_t>(kSteps) * 32 * sizeof(uint4);
+
+  // The A fragments of vectors 0 .. n - 1 (vec: [n][N] bf16 rows in shared memory, 4-byte
+  // aligned), zeros for the rest, into `frag` (kFragmentBytes). Threads tid of `threads`; the
+  // caller synchronises before dots() reads them.
+  __device__ __forceinline__ static void set_vectors(unsigned char* frag, const __nv_bfloat16* vec, int n, int tid,
+                                                     int threads) {
+    uint4* a = reinterpret_cast<uint4*>(frag);
+    for (int idx = tid; idx < kSteps * 32; idx += threads) {
+      const int q = idx / 32, lane = idx % 32, g = lane / 4, c = lane % 4;
+      auto word = [&](int row, int k) -> uint32_t {
+        return row < n ? *reinterpret_cast<const uint32_t*>(vec + row * N + 16 * q + k) : 0u;
+      };
+      a[idx] = make_uint4(word(g, 2 * c), word(g + 8, 2 * c), word(g, 2 * c + 8), word(g + 8, 2 * c + 8));
+    }
+  }
+
+  // out[k][e] = vector (lane / 4 + 8 k) . row (2 (lane % 4) + e) of the 8 rows at `rows` (shared
+  // memory, row stride kRowStride floats, 8-byte aligned). Every lane of the warp calls it.
+  __device__ __forceinline__ static void dots(const float* rows, const unsigned char* frag, int lane,
+                                              float (&out)[kHeld][2]) {
+    const uint4* af = reinterpret_cast<const uint4*>(frag);
+    const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) {
+      const float2 x0 = *reinterpret_cast<const float2*>(r + 16 * q);
+      const float2 x1 = *reinterpret_cast<const float2*>(r + 16 * q + 8);
+      uint32_t hi[2], lo[2];
+      split(x0, &hi[0], &lo[0]);
+      split(x1, &hi[1], &lo[1]);
+      const uint4 a = af[q * 32 + lane];
+      mma(acc, a, hi);
+      mma(acc, a, lo);
+    }
+    out[0][0] = acc[0];
+    out[0][1] = acc[1];
+    if constexpr (kHeld == 2) {
+      out[kHeld - 1][0] = acc[2];
+      out[kHeld - 1][1] = acc[3];
+    }
+  }
+
+ private:
+  __device__ __forceinline__ static uint32_t bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+  // x = hi + lo + (a residual below 2^-17 |x|), both parts as packed bf16 pairs (.x in the low half).
+  __device__ __forceinline__ static void split(float2 x, uint32_t* hi, uint32_t* lo) {
+    const __nv_bfloat162 h = __floats2bfloat162_rn(x.x, x.y);
+    const float2 hf = __bfloat1622float2(h);
+    *hi = bits(h);
+    *lo = bits(__floats2bfloat162_rn(x.x - hf.x, x.y - hf.y));
+  }
+
+  __device__ __forceinline__ static void mma(float (&c)[4], const uint4& a, const uint32_t (&b)[2]) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b[0]), "r"(b[1]));
+  }
+};
+
+}  // namespace replayssm

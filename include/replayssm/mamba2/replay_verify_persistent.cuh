@@ -1,0 +1,812 @@
+// ReplaySSM Mamba-2 verify, persistent and pipelined: the math of replay_verify.cuh (see its
+// header) on the standard step's skeleton (common/persistent.cuh, replay_decode_persistent.cuh).
+//
+// Work unit: one batch row and `heads_per_unit` (at most Layout::kUnitHeads) heads of one group.
+// What every tile of a unit shares is computed once per unit, at its start: the drafts' C in
+// fp32, the products B_j . C_i of every draft with every record it sees (committed B ring and the
+// drafts' own B), and per head the drafts' deltas, their path sums over the tree, the fold
+// weights of the committed records and the coefficient of every (draft, record) pair. The
+// producer warp reads the row's slot, cursors, draft count and tree, copies the shared inputs
+// and the live ring into a unit buffer, then streams the unit's checkpoint tiles (one bulk copy
+// each) into the stage ring with each tile's live x ring rows and the drafts' x and z rows. Each
+// consumer warp holds its rows of a tile in registers and forms all n draft outputs from them;
+// on a flush (m + n > L) it first folds the m committed records into its rows and writes them.
+//
+// Only the checkpoint format without a read copy runs here (NoReadCopy: fp32, bf16 or fp16
+// state); the plan gives read-copy modules the tile verify.
+#pragma once
+
+#include "../common/align.cuh"
+#include "../common/drafts.cuh"
+#include "../common/mma_split_dots.cuh"
+#include "../common/persistent.cuh"
+#include "../common/persistent_units.cuh"
+#include "../common/read_copy.cuh"
+#include "../common/state_tile.cuh"
+#include "cta.cuh"
+
+namespace replayssm {
+namespace mamba2 {
+
+// The row's drafts as the producer read them (after the UnitHeader in the unit buffer).
+template <int TMAX>
+struct DraftHeader {
+  int32_t n;           // drafts of the row (0 when the count or a parent is invalid)
+  uint32_t anc[TMAX];  // ancestor-or-self mask of each draft (common/drafts.cuh)
+};
+
+// Per draft of a head: the factor on S_c C_i (or on the folded state's) and the draft's delta.
+struct DraftValue {
+  float ck;
+  float delta;
+};
+
+// Per head of a unit: the committed records' total decay and the skip weight.
+struct VerifyHeadValue {
+  float tot;  // exp(A sum_{j<m} delta_j)
+  float D;
+};
+
+// Sums of TMAX values over an aligned group of kLanes lanes, scattered over the group
+// (reduce-scatter): each halving step exchanges half of a lane's values with the lane kLanes / 2,
+// kLanes / 4, ... away, so the group ends with kHeld = TMAX / splits values per lane (the drafts
+// first_draft(lane) .. + kHeld - 1) after TMAX - kHeld + log2(kDup) shuffles instead of
+// TMAX log2(kLanes); kDup lanes of the group hold the same drafts.
+template <int TMAX, int kLanes>
+struct DraftSplit {
+  static_assert((TMAX & (TMAX - 1)) == 0 && (kLanes & (kLanes - 1)) == 0, "powers of two");
+  static constexpr int kSplits = TMAX < kLanes ? TMAX : kLanes;  // groups the drafts are split into
+  static constexpr int kHeld = TMAX / kSplits;
+  static constexpr int kDup = kLanes / kSplits;
+
+  __device__ __forceinline__ static int first_draft(int lane) {
+    int first = 0;
+#pragma unroll
+    for (int off = kLanes / 2, k = TMAX; off >= kDup && k > 1; off /= 2, k /= 2)
+      if (lane & off) first += k / 2;
+    return first;
+  }
+
+  // v[0 .. TMAX): this lane's partial values of every draft; after: v[0 .. kHeld) the group's sums
+  // of drafts first_draft(lane) + k.
+  __device__ __forceinline__ static void sum(float (&v)[TMAX], int lane) { step<TMAX, kLanes / 2>(v, lane); }
+
+  template <int K, int OFF>
+  __device__ __forceinline__ static void step(float (&v)[TMAX], int lane) {
+    if constexpr (OFF >= 1) {
+      if constexpr (K > kHeld) {
+        const bool upper = (lane & OFF) != 0;
+#pragma unroll
+        for (int k = 0; k < K / 2; ++k) {
+          const float send = upper ? v[k] : v[k + K / 2];
+          const float keep = upper ? v[k + K / 2] : v[k];
+          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
+        }
+        step<K / 2, OFF / 2>(v, lane);
+      } else {
+#pragma unroll
+        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], OFF);
+        step<K, OFF / 2>(v, lane);
+      }
+    }
+  }
+};
+
+template <typename TS, typename TI, int N, int L, int ROWS, int TMAX>
+struct PersistentVerifyLayout {
+  // Heads per unit: each keeps a [TMAX][L + TMAX] coefficient table in the unit buffer.
+  static constexpr int kUnitHeads = TMAX <= 8 ? 8 : 4;
+  static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
+  // The drafts' dot products on tensor cores (common/mma_split_dots.cuh) for an fp32 checkpoint
+  // with bf16 io at 8 rows per consumer warp and at least 8 drafts (their cost does not grow with
+  // the drafts; H200, B = 256, round µs on CUDA cores / tensor cores: T = 4 427 / 485, T = 8
+  // 666 / 652, T = 16 1783 / 1199); the tile's rows are then padded in shared memory.
+  static constexpr bool kMmaDots = std::is_same_v<TS, float> && std::is_same_v<TI, __nv_bfloat16> &&
+                                   ROWS == 8 * kPersistentConsumerWarps && TMAX >= 8;
+  using Dots = MmaSplitDots<N, TMAX>;
+  static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : N;  // TS elements per row of the stage tile
+
+  // Unit buffer: header, drafts, drafts' C and B (io dtype), B ring [L][N] (live records, logical
+  // order), C in fp32, B . C [TMAX][kW]; per head: scalar words (A, D, dt_bias), the drafts' dt
+  // words, dt ring [L] (copied), and what the consumers compute: coefficients [TMAX][kW], fold
+  // weights [L], DraftValue [TMAX], VerifyHeadValue.
+  static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
+  static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
+  static constexpr SmemRegion kDrafts = kHeader.then(sizeof(DraftHeader<TMAX>), 16);
+  static constexpr SmemRegion kC = kDrafts.then(TMAX * N * sizeof(TI), 16);
+  static constexpr SmemRegion kBd = kC.then(TMAX * N * sizeof(TI), 16);
+  static constexpr SmemRegion kBRing = kBd.then(static_cast<size_t>(L) * N * sizeof(TI), 16);
+  static constexpr SmemRegion kCf = kBRing.then(TMAX * N * sizeof(float), 16);
+  static constexpr SmemRegion kBC = kCf.then(TMAX * kW * sizeof(float), 16);
+  static constexpr SmemRegion kHeadWords = kBC.then(kUnitHeads * 4 * sizeof(uint32_t), 16);
+  static constexpr SmemRegion kHeadDt = kHeadWords.then(kUnitHeads * TMAX * sizeof(uint32_t), 16);
+  static constexpr SmemRegion kHeadDtRing = kHeadDt.then(kUnitHeads * L * sizeof(float), 16);
+  static constexpr SmemRegion kHeadCoef = kHeadDtRing.then(kUnitHeads * TMAX * kW * sizeof(float), 16);
+  static constexpr SmemRegion kHeadFold = kHeadCoef.then(kUnitHeads * L * sizeof(float), 16);
+  static constexpr SmemRegion kHeadDraft = kHeadFold.then(kUnitHeads * TMAX * sizeof(DraftValue), 16);
+  static constexpr SmemRegion kHeadValue = kHeadDraft.then(kUnitHeads * sizeof(VerifyHeadValue), 16);
+  static constexpr SmemRegion kCFrag = kHeadValue.then(kMmaDots ? Dots::kFragmentBytes : 0, 16);  // C's A fragments
+  static constexpr size_t kUnitBytes = buffer_bytes(kCFrag, 128);
+
+  // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
+  // padded), x ring [L][ROWS], the drafts' x [TMAX][ROWS] and z [TMAX][ROWS] (io dtype).
+  static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);  // what the copies bring
+  static constexpr SmemRegion kTile = first_region(static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
+  static constexpr SmemRegion kXRing = kTile.then(static_cast<size_t>(L) * ROWS * sizeof(TI), 128);
+  static constexpr SmemRegion kXd = kXRing.then(TMAX * ROWS * sizeof(TI), 16);
+  static constexpr SmemRegion kZd = kXd.then(TMAX * ROWS * sizeof(TI), 16);
+  static constexpr size_t kStageBytes = buffer_bytes(kZd, 128);
+
+  static_assert(kC.aligned() && kBd.aligned() && kBRing.aligned() && kHeadWords.aligned() && kHeadDt.aligned() &&
+                    kHeadDtRing.aligned() && kXRing.aligned() && kXd.aligned() && kZd.aligned(),
+                "cp.async destinations are 16-byte aligned");
+  static_assert(kTileBytes % 16 == 0 && (kRowStride * sizeof(TS)) % 16 == 0, "bulk copies move whole 16-byte blocks");
+
+  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (more warps to hide the
+  // consumers' latency; their registers, a unit buffer and three stages fit), else two.
+  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
+  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
+};
+
+template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX>
+struct PersistentVerify {
+  using Layout = PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>;
+  using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;
+  static constexpr int kW = Layout::kW;
+  static constexpr int kChunks = P / ROWS;
+  static constexpr int kBVec = Vec16<TI>::kElems;
+  static constexpr int kNV = N / kBVec;  // 16-byte vectors per B/C row
+  static constexpr int kXV = ROWS / kBVec;  // 16-byte vectors per x-row chunk
+  static constexpr int kCols = Tile::kVpl * Tile::kVec;  // columns of a row one thread holds
+  static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
+  static_assert(N % 64 == 0, "the B . C products take 8 elements per lane of an 8-lane group");
+  static_assert(TMAX <= kMaxDrafts && L <= 32 && TMAX <= 32, "one lane per record and per draft");
+
+  const VerifyParams& vp;
+  const DecodeParams& p;
+  typename Layout::Pipeline pipe;
+  int heads_per_group;
+  int heads_per_unit;
+  int units_per_row;
+  int T;
+  int64_t units;
+
+  __device__ PersistentVerify(const VerifyParams& params, unsigned char* smem)
+      : vp(params),
+        p(params.d),
+        pipe(smem),
+        heads_per_group(params.d.nheads / params.d.ngroups),
+        heads_per_unit(params.d.heads_per_unit),
+        units_per_row(params.d.nheads / params.d.heads_per_unit),
+        T(params.drafts.T),
+        units(static_cast<int64_t>(params.d.batch) * units_per_row) {}
+
+  struct UnitCoords {
+    int64_t b;
+    int g;
+    int h0;
+    bool first;  // the group's first unit: appends the drafts' B records
+  };
+  __device__ UnitCoords unit_of(int64_t u) const {
+    UnitCoords c;
+    c.b = u / units_per_row;
+    c.h0 = static_cast<int>(u % units_per_row) * heads_per_unit;
+    c.g = c.h0 / heads_per_group;
+    c.first = c.h0 % heads_per_group == 0;
+    return c;
+  }
+  __device__ int tiles_per_unit() const { return heads_per_unit * kChunks; }
+
+  // Output row of token (b, i) for head h, first element p0.
+  __device__ TI* out_row(int64_t b, int i, int h, int p0) const {
+    return static_cast<TI*>(p.in.out) + (b * T + i) * p.in.out_stride_batch + h * p.in.out_stride_head + p0;
+  }
+
+  // ---- producer (one warp) ----
+  __device__ void produce(int lane) const {
+    const int R = p.ring.capacity;
+    UnitCursors cur;
+    int n = 0;
+
+    auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
+      const UnitCoords c = unit_of(u);
+      UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
+      if (cur.status != kUnitActive) return 0;
+      n = read_drafts(c.b, R, reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
+      if (n == 0) {
+        if (lane == 0) header->status = kUnitBadDrafts;
+        cur.status = kUnitBadDrafts;
+        return 0;
+      }
+      const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * T * p.in.C_stride_batch + c.g * p.in.C_stride_group;
+      const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * T * p.in.B_stride_batch + c.g * p.in.B_stride_group;
+      TI* UC = reinterpret_cast<TI*>(U + Layout::kC.offset);
+      TI* UB = reinterpret_cast<TI*>(U + Layout::kBd.offset);
+      for (int i = lane; i < n * kNV; i += 32) {
+        const int d = i / kNV, q = i % kNV;
+        cp_async16(UC + d * N + q * kBVec, Cp + d * p.in.C_stride_batch + q * kBVec);
+        cp_async16(UB + d * N + q * kBVec, Bp + d * p.in.B_stride_batch + q * kBVec);
+      }
+      const TI* Bring =
+          static_cast<const TI*>(p.ring.B) + cur.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
+      TI* UR = reinterpret_cast<TI*>(U + Layout::kBRing.offset);
+      for (int i = lane; i < cur.m * kNV; i += 32) {
+        const int j = i / kNV, q = i % kNV;
+        cp_async16(UR + j * N + q * kBVec, Bring + static_cast<int64_t>(cur.phys(j, R)) * N + q * kBVec);
+      }
+      uint32_t* HW = reinterpret_cast<uint32_t*>(U + Layout::kHeadWords.offset);
+      for (int k = lane; k < heads_per_unit * 4; k += 32) {
+        const int h = c.h0 + k / 4;
+        switch (k % 4) {
+          case 0: cp_async_scalar(&HW[k], p.in.A, h * p.in.A.stride0); break;
+          case 1: cp_async_scalar(&HW[k], p.in.D, h * p.in.D.stride0); break;
+          case 2: cp_async_scalar(&HW[k], p.in.dt_bias, h * p.in.dt_bias.stride0); break;
+          default: break;
+        }
+      }
+      uint32_t* HT = reinterpret_cast<uint32_t*>(U + Layout::kHeadDt.offset);
+      for (int k = lane; k < heads_per_unit * n; k += 32) {
+        const int i = k / n, d = k % n;
+        cp_async_scalar(&HT[i * TMAX + d], p.in.dt, (c.b * T + d) * p.in.dt.stride0 + (c.h0 + i) * p.in.dt.stride1);
+      }
+      float* HD = reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset);
+      const float* dr = p.ring.dt + cur.slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
+      for (int k = lane; k < heads_per_unit * cur.m; k += 32) {
+        const int i = k / cur.m, j = k % cur.m;
+        cp_async4(HD + i * L + j, dr + i * p.ring.dt_stride_head + cur.phys(j, R));
+      }
+      return tiles_per_unit();
+    };
+
+    auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
+      const UnitCoords c = unit_of(u);
+      const int h = c.h0 + t / kChunks, p0 = (t % kChunks) * ROWS, m = cur.m;
+      const int64_t slot = cur.slot;
+      const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+                      static_cast<int64_t>(p0) * N;
+      if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
+      if constexpr (Layout::kRowStride == N) {
+        if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+      } else {  // padded rows: one copy per row
+        __syncwarp();
+        TS* dst = reinterpret_cast<TS*>(S + Layout::kTile.offset);
+        for (int r = lane; r < ROWS; r += 32)
+          bulk_copy_g2s(dst + r * Layout::kRowStride, src + r * N, N * sizeof(TS), bar);
+      }
+      const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
+      TI* Sx = reinterpret_cast<TI*>(S + Layout::kXRing.offset);
+      for (int i = lane; i < m * kXV; i += 32) {
+        const int j = i / kXV, q = i % kXV;
+        cp_async16(Sx + j * ROWS + q * kBVec, xr + static_cast<int64_t>(cur.phys(j, R)) * P + q * kBVec);
+      }
+      const TI* xp = static_cast<const TI*>(p.in.x) + c.b * T * p.in.x_stride_batch + h * p.in.x_stride_head + p0;
+      TI* Sxd = reinterpret_cast<TI*>(S + Layout::kXd.offset);
+      for (int i = lane; i < n * kXV; i += 32) {
+        const int d = i / kXV, q = i % kXV;
+        cp_async16(Sxd + d * ROWS + q * kBVec, xp + d * p.in.x_stride_batch + q * kBVec);
+      }
+      if (p.in.z != nullptr) {
+        const TI* zp = static_cast<const TI*>(p.in.z) + c.b * T * p.in.z_stride_batch + h * p.in.z_stride_head + p0;
+        TI* Szd = reinterpret_cast<TI*>(S + Layout::kZd.offset);
+        for (int i = lane; i < n * kXV; i += 32) {
+          const int d = i / kXV, q = i % kXV;
+          cp_async16(Szd + d * ROWS + q * kBVec, zp + d * p.in.z_stride_batch + q * kBVec);
+        }
+      }
+    };
+
+    // Units in index order: no flush hints (a verify's flushes follow from its draft counts).
+    pipe.produce(units, WorkCounter{p.ring.work, units}, [](RowOrder&) {}, fill_unit, fill_stage);
+  }
+
+  // Producer warp, every lane: row b's draft count and tree into the unit buffer. Returns the
+  // count (warp-uniform), 0 when it or a parent is invalid (as load_draft_tree decides).
+  __device__ int read_drafts(int64_t b, int R, DraftHeader<TMAX>* dh, int lane) const {
+    const DraftArgs& d = vp.drafts;
+    int n = d.counts == nullptr ? d.T : d.counts[b];
+    bool ok = n >= 1 && n <= d.T && n <= TMAX && n <= L && n <= R - L;
+    int par = lane - 1;
+    if (d.parents != nullptr && lane < d.T && lane < TMAX) par = d.parents[b * d.parents_stride + lane];
+    uint32_t anc = 0u;
+#pragma unroll
+    for (int i = 0; i < TMAX; ++i) {
+      if (i >= n) break;
+      const int pi = __shfl_sync(0xffffffffu, par, i);
+      ok = ok && pi >= -1 && pi < i;
+      const uint32_t a = __shfl_sync(0xffffffffu, anc, pi > 0 ? pi : 0);
+      if (lane == i) anc = (1u << i) | (pi >= 0 ? a : 0u);
+    }
+    if (!ok) n = 0;
+    if (lane == 0) dh->n = n;
+    if (lane < TMAX) dh->anc[lane] = anc;
+    return n;
+  }
+
+  // ---- consumers (warps 0..3) ----
+  struct VerifyUnit {
+    const unsigned char* buffer = nullptr;
+    int64_t slot = 0;
+    int start = 0, m = 0, n = 0, me = 0;
+    int arrived = 0;
+    bool flush = false;
+    __device__ int phys(int j, int R) const {
+      const int q = start + j;
+      return q >= R ? q - R : q;
+    }
+  };
+
+  __device__ void consume(int tid) const {
+    const int warp = tid / 32, lane = tid % 32;
+    const int R = p.ring.capacity;
+    VerifyUnit vu;
+
+    auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
+      const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
+      const UnitCoords c = unit_of(u);
+      if (hd.status != kUnitActive) {
+        skip_unit(p.error_flag, hd.status);
+        for (int i = tid; i < heads_per_unit * T * P; i += kPersistentConsumers) {
+          const int h = c.h0 + i / (T * P), k = i % (T * P);
+          *out_row(c.b, k / P, h, k % P) = from_float<TI>(0.f);
+        }
+        return 0;
+      }
+      const DraftHeader<TMAX>* dh = reinterpret_cast<const DraftHeader<TMAX>*>(U + Layout::kDrafts.offset);
+      vu.buffer = U;
+      vu.slot = hd.slot;
+      vu.start = hd.start;
+      vu.m = hd.m;
+      vu.n = dh->n;
+      vu.flush = vu.m + vu.n > L;
+      vu.me = vu.flush ? 0 : vu.m;
+      if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
+      unsigned char* Uw = const_cast<unsigned char*>(U);
+      const TI* UC = reinterpret_cast<const TI*>(U + Layout::kC.offset);
+      float* Cf = reinterpret_cast<float*>(Uw + Layout::kCf.offset);
+      // C of drafts n .. TMAX - 1 as zeros: the tiles form every draft's dot products.
+      for (int i = tid; i < TMAX * N; i += kPersistentConsumers) Cf[i] = i < vu.n * N ? to_float(UC[i]) : 0.f;
+      if constexpr (Layout::kMmaDots)
+        Layout::Dots::set_vectors(Uw + Layout::kCFrag.offset, UC, vu.n, tid, kPersistentConsumers);
+      Layout::Pipeline::consumer_sync();
+      bc_products(U, dh, tid);
+      Layout::Pipeline::consumer_sync();
+      for (int i = warp; i < heads_per_unit; i += kPersistentConsumerWarps) head_values(U, dh, i, c, lane);
+      Layout::Pipeline::consumer_sync();
+      return tiles_per_unit();
+    };
+
+    auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
+      const UnitCoords c = unit_of(u);
+      if constexpr (Layout::kMmaDots) {
+        if (vu.flush) {
+          tile_mma<true>(vu, c, t, S, release, warp, lane, R);
+        } else {
+          tile_mma<false>(vu, c, t, S, release, warp, lane, R);
+        }
+      } else if (vu.flush) {
+        tile<true>(vu, c, t, S, release, warp, lane, R);
+      } else {
+        tile<false>(vu, c, t, S, release, warp, lane, R);
+      }
+    };
+
+    // The drafts' delta records of every head of the unit and (the group's first unit) their B records.
+    auto end_unit = [&](int64_t u, const unsigned char* U) {
+      const UnitCoords c = unit_of(u);
+      const DraftValue* dv = reinterpret_cast<const DraftValue*>(U + Layout::kHeadDraft.offset);
+      for (int k = tid; k < heads_per_unit * vu.n; k += kPersistentConsumers) {
+        const int i = k / vu.n, d = k % vu.n;
+        p.ring.dt[vu.slot * p.ring.dt_stride_slot + (c.h0 + i) * p.ring.dt_stride_head + vu.phys(vu.m + d, R)] =
+            dv[i * TMAX + d].delta;
+      }
+      if (!c.first) return;
+      const TI* UB = reinterpret_cast<const TI*>(U + Layout::kBd.offset);
+      TI* Bout = static_cast<TI*>(p.ring.B) + vu.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
+      for (int k = tid; k < vu.n * kNV; k += kPersistentConsumers) {
+        const int d = k / kNV, q = k % kNV;
+        *reinterpret_cast<uint4*>(Bout + static_cast<int64_t>(vu.phys(vu.m + d, R)) * N + q * kBVec) =
+            *reinterpret_cast<const uint4*>(UB + d * N + q * kBVec);
+      }
+    };
+
+    auto counted_in = [&](int64_t) {
+      const Cursors next = cursors_after_verify(Cursors{vu.start, vu.m, 0}, vu.flush, vu.phys(vu.m, R), vu.n);
+      finish_unit(p.ring, vu.slot, units_per_row, vu.arrived, next, p.error_flag);
+    };
+
+    pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
+  }
+
+  // B_j . C_i for every draft i and every record j it replays (committed j < me at column j; draft
+  // d <= i at column L + d), one 8-lane group per pair (the loop bound is uniform per warp: the
+  // group sums shuffle across the whole warp).
+  __device__ __forceinline__ void bc_products(const unsigned char* U, const DraftHeader<TMAX>* dh, int tid) const {
+    const int lane = tid % 32, warp = tid / 32, gl = lane % 8;
+    const int n = dh->n, m = reinterpret_cast<const UnitHeader*>(U)->m;
+    const int me = m + n > L ? 0 : m;
+    const int cols = me + n, pairs = n * cols;
+    const TI* UR = reinterpret_cast<const TI*>(U + Layout::kBRing.offset);
+    const TI* UB = reinterpret_cast<const TI*>(U + Layout::kBd.offset);
+    const float* Cf = reinterpret_cast<const float*>(U + Layout::kCf.offset);
+    float* BC = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Layout::kBC.offset);
+    for (int base = warp * 4; base < pairs; base += kPersistentConsumers / 8) {
+      const int pair = base + lane / 8;
+      const int i = pair / cols, j = pair % cols, d = j - me;
+      const bool seen = pair < pairs && (d < 0 || ((dh->anc[i] >> d) & 1u));
+      float acc = 0.f;
+      if (seen) {
+        acc = group8_dot_part<TI, N>(d < 0 ? UR + j * N : UB + d * N, Cf + i * N, gl);
+      }
+      acc = group_sum<8>(acc);
+      if (gl == 0 && pair < pairs) BC[i * kW + (d < 0 ? j : L + d)] = acc;
+    }
+  }
+
+  // Head i of the unit (one warp): the drafts' deltas (lane d = draft d), path sums, the committed
+  // records' fold weights w_j = delta_j exp(A sum_{j<k<m} delta_k) (lane j = record j), and the
+  // coefficient of every (draft, record) pair the drafts replay:
+  //   committed j < me: exp(path_i) w_j (B_j . C_i);   draft d in anc(i): delta_d exp(path_i - path_d) (B_d . C_i);
+  // other drafts get 0. ck_i = exp(path_i) (non-flush: times exp(A sum_j delta_j)).
+  __device__ __forceinline__ void head_values(const unsigned char* U, const DraftHeader<TMAX>* dh, int i,
+                                              const UnitCoords& c, int lane) const {
+    const UnitHeader* hd = reinterpret_cast<const UnitHeader*>(U);
+    const int h = c.h0 + i, m = hd->m, n = dh->n;
+    const bool flush = m + n > L;
+    const int me = flush ? 0 : m;
+    const uint32_t* W = reinterpret_cast<const uint32_t*>(U + Layout::kHeadWords.offset) + i * 4;
+    const uint32_t* DW = reinterpret_cast<const uint32_t*>(U + Layout::kHeadDt.offset) + i * TMAX;
+    const float* dring = reinterpret_cast<const float*>(U + Layout::kHeadDtRing.offset) + i * L;
+    const float* BC = reinterpret_cast<const float*>(U + Layout::kBC.offset);
+    unsigned char* Uw = const_cast<unsigned char*>(U);
+    float* coef = reinterpret_cast<float*>(Uw + Layout::kHeadCoef.offset) + i * TMAX * kW;
+    float* fold = reinterpret_cast<float*>(Uw + Layout::kHeadFold.offset) + i * L;
+    DraftValue* dv = reinterpret_cast<DraftValue*>(Uw + Layout::kHeadDraft.offset) + i * TMAX;
+
+    const float A = scalar_from_word(p.in.A, h * p.in.A.stride0, W[0]);
+    float dd = 0.f;  // lane d < n: draft d's delta
+    if (lane < n) {
+      dd = scalar_from_word(p.in.dt, (c.b * T + lane) * p.in.dt.stride0 + h * p.in.dt.stride1, DW[lane]);
+      if (p.in.dt_bias.ptr != nullptr) dd += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[2]);
+      if (p.dt_softplus) dd = softplus(dd);
+    }
+    const uint32_t anc = lane < n ? dh->anc[lane] : 0u;
+    float ps = 0.f;  // lane i < n: sum of delta over draft i's ancestors-or-self, in ascending order
+#pragma unroll
+    for (int d = 0; d < TMAX; ++d) {
+      const float v = __shfl_sync(0xffffffffu, dd, d);
+      if ((anc >> d) & 1u) ps += v;
+    }
+    const float path = A * ps;
+    const float dj = lane < m ? dring[lane] : 0.f;
+    float incl, excl;
+    warp_suffix_sums(dj, lane, &incl, &excl);
+    const float wj = lane < m ? dj * expf(A * excl) : 0.f;
+    const float tot = __shfl_sync(0xffffffffu, expf(A * incl), 0);
+    if (lane < m) fold[lane] = wj;
+    for (int k = 0; k < n; ++k) {
+      const float pk = __shfl_sync(0xffffffffu, path, k);
+      const uint32_t ak = __shfl_sync(0xffffffffu, anc, k);
+      const float ek = expf(pk);
+      const float* bc = BC + k * kW;
+      float* ck = coef + k * kW;
+      if (lane < me) ck[lane] = ek * wj * bc[lane];
+      if (lane < n) ck[L + lane] = ((ak >> lane) & 1u) ? dd * expf(pk - path) * bc[L + lane] : 0.f;
+      if (lane == k) dv[k] = DraftValue{ek * (flush ? 1.f : tot), dd};
+    }
+    if (lane == 0) {
+      VerifyHeadValue v;
+      v.tot = tot;
+      v.D = p.in.D.ptr == nullptr ? 0.f : scalar_from_word(p.in.D, h * p.in.D.stride0, W[1]);
+      reinterpret_cast<VerifyHeadValue*>(Uw + Layout::kHeadValue.offset)[i] = v;
+    }
+  }
+
+  // What a tile's warps read besides their rows: the tile's head (its index in the unit) and
+  // first row, the head's coefficients and values, and the stage's tile, x ring and drafts' x and z.
+  struct TileView {
+    int hi, h, p0;
+    const float* coef;  // [TMAX][kW]
+    const DraftValue* dv;  // [TMAX]
+    VerifyHeadValue hv;
+    const TI* Sx;  // [L][ROWS]
+    const TI* Sxd;  // [TMAX][ROWS]
+    const TI* Szd;  // [TMAX][ROWS]
+    TS* ST;  // [ROWS][kRowStride]
+  };
+  __device__ __forceinline__ TileView view_of(const VerifyUnit& vu, const UnitCoords& c, int t,
+                                              const unsigned char* S) const {
+    TileView v;
+    const unsigned char* U = vu.buffer;
+    v.hi = t / kChunks;
+    v.h = c.h0 + v.hi;
+    v.p0 = (t % kChunks) * ROWS;
+    v.coef = reinterpret_cast<const float*>(U + Layout::kHeadCoef.offset) + v.hi * TMAX * kW;
+    v.dv = reinterpret_cast<const DraftValue*>(U + Layout::kHeadDraft.offset) + v.hi * TMAX;
+    v.hv = reinterpret_cast<const VerifyHeadValue*>(U + Layout::kHeadValue.offset)[v.hi];
+    v.Sx = reinterpret_cast<const TI*>(S + Layout::kXRing.offset);
+    v.Sxd = reinterpret_cast<const TI*>(S + Layout::kXd.offset);
+    v.Szd = reinterpret_cast<const TI*>(S + Layout::kZd.offset);
+    v.ST = reinterpret_cast<TS*>(const_cast<unsigned char*>(S) + Layout::kTile.offset);
+    return v;
+  }
+
+  // Tile t of the unit (head c.h0 + t / kChunks, rows p0..) from stage S: this warp's rows.
+  // Every draft's dot products with the lane's columns are summed over the row's lane group by a
+  // reduce-scatter (DraftSplit), which leaves each lane the sums of kHeld drafts; the lane then
+  // adds those outputs' ring parts (its share of the records when kDup lanes hold the same drafts)
+  // and writes them.
+  template <bool kFlush, class Release>
+  __device__ __forceinline__ void tile(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
+                                       Release&& release, int warp, int lane, int R) const {
+    constexpr int kV = Tile::kVec;
+    using Split = DraftSplit<TMAX, Tile::kLanes>;
+    constexpr int kHeld = Split::kHeld, kDup = Split::kDup;
+    const TileView tv = view_of(vu, c, t, S);
+    const int m = vu.m, n = vu.n, me = vu.me;
+    const unsigned char* U = vu.buffer;
+    const int first = Split::first_draft(lane), sub = lane % kDup;
+
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+    load_rows<kFlush>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+
+    // Ring part of the lane's outputs (drafts first .. first + kHeld - 1 of its rows; the kDup lanes
+    // that hold them take records sub, sub + kDup, ...), and what the epilogue reads of the stage.
+    float rsum[Tile::kPasses][kHeld], xin[Tile::kPasses][kHeld], zin[Tile::kPasses][kHeld];
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+#pragma unroll
+      for (int k = 0; k < kHeld; ++k) {
+        const int i = first + k;
+        const float* ci = tv.coef + i * kW;
+        float acc = 0.f;
+#pragma unroll
+        for (int jj = 0; jj < L / kDup; ++jj) {
+          const int j = jj * kDup + sub;
+          if (j < me) acc = fmaf(ci[j], to_float(tv.Sx[j * ROWS + r]), acc);
+        }
+#pragma unroll
+        for (int dd = 0; dd < (TMAX + kDup - 1) / kDup; ++dd) {
+          const int d = dd * kDup + sub;
+          if (d < n) acc = fmaf(ci[L + d], to_float(tv.Sxd[d * ROWS + r]), acc);
+        }
+#pragma unroll
+        for (int off = 1; off < kDup; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+        rsum[s][k] = acc;
+        xin[s][k] = i < n ? to_float(tv.Sxd[i * ROWS + r]) : 0.f;
+        zin[s][k] = i < n && p.in.z != nullptr ? to_float(tv.Szd[i * ROWS + r]) : 0.f;
+      }
+    }
+    append_x_records(vu, tv.h, tv.p0, tv.Sxd, warp, lane, R);
+    release();
+
+    if constexpr (kFlush) store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, nullptr);
+
+    // Checkpoint part: every draft's partial dot products over the lane's columns (C rows of
+    // drafts n .. TMAX - 1 are zeros), then the reduce-scatter.
+    const float* Cf = reinterpret_cast<const float*>(U + Layout::kCf.offset);
+    float dots[Tile::kPasses][TMAX];
+#pragma unroll
+    for (int i = 0; i < TMAX; ++i) {
+      float Cv[kCols];
+      Tile::load_columns(Cv, Cf + i * N, lane);
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float dot = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], Cv[v * kV + e], dot);
+        dots[s][i] = dot;
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) Split::sum(dots[s], lane);
+
+    // Epilogue: outputs (zeros for drafts n .. T - 1), by one lane of each kDup.
+    if (sub == 0) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const int r = Tile::row(warp, lane, s);
+#pragma unroll
+        for (int k = 0; k < kHeld; ++k) {
+          const int i = first + k;
+          if (i < n) {
+            float y = fmaf(tv.dv[i].ck, dots[s][k], rsum[s][k]);
+            y = fmaf(tv.hv.D, xin[s][k], y);
+            if (p.in.z != nullptr) y *= silu_gate(zin[s][k]);
+            out_row(c.b, i, tv.h, tv.p0)[r] = from_float<TI>(y);
+          } else if (i < T) {
+            out_row(c.b, i, tv.h, tv.p0)[r] = from_float<TI>(0.f);
+          }
+        }
+      }
+    }
+  }
+
+  // This warp's rows of the stage tile as floats (StateTile layout); kFlush: with the m committed
+  // records folded in, S' = tot S_c + sum_j w_j x_j B_j^T.
+  template <bool kFlush>
+  __device__ __forceinline__ void load_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const unsigned char* U,
+                                            int hi, float tot, const TS* ST, const TI* Sx, int m, int warp,
+                                            int lane) const {
+    constexpr int kV = Tile::kVec;
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+        unpack16<TS>(
+            *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
+            sv[s][v]);
+    if constexpr (kFlush) {
+      const TI* UR = reinterpret_cast<const TI*>(U + Layout::kBRing.offset);
+      const float* fold = reinterpret_cast<const float*>(U + Layout::kHeadFold.offset) + hi * L;
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] *= tot;
+      for (int j = 0; j < m; ++j) {
+        float Bj[Tile::kVpl][kV];
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UR + j * N + Tile::col(lane, v), Bj[v]);
+        const float w = fold[j];
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          const float xw = w * to_float(Sx[j * ROWS + Tile::row(warp, lane, s)]);
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
+        }
+      }
+    }
+  }
+
+  // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
+  // read the stored state); `back` (not null): also write it over the stage tile's rows.
+  __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
+                                             int p0, int warp, int lane, TS* back) const {
+    TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+             static_cast<int64_t>(p0) * N;
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        const int r = Tile::row(warp, lane, s), col = Tile::col(lane, v);
+        const uint4 packed = pack16<TS>(sv[s][v]);
+        store_stream16(st + r * N + col, packed);
+        if (back != nullptr) *reinterpret_cast<uint4*>(back + r * Layout::kRowStride + col) = packed;
+        unpack16<TS>(packed, sv[s][v]);
+      }
+  }
+
+  // Tile t with the dot products on tensor cores (Layout::kMmaDots: 8 rows per warp). Lane (g, c)
+  // gets draft g's (and g + 8's) outputs of rows 2c and 2c + 1 of the warp's rows
+  // (MmaSplitDots), adds their ring parts and writes them. A flush folds the rows first
+  // (load_rows), stores them and writes them back over the stage's rows, which the MMAs read.
+  template <bool kFlush, class Release>
+  __device__ __forceinline__ void tile_mma(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
+                                           Release&& release, int warp, int lane, int R) const {
+    using Dots = typename Layout::Dots;
+    constexpr int kHeld = Dots::kHeld;
+    const TileView tv = view_of(vu, c, t, S);
+    const int m = vu.m, n = vu.n, me = vu.me;
+    const unsigned char* U = vu.buffer;
+
+    if constexpr (kFlush) {
+      float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
+      load_rows<true>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+      store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, tv.ST);
+      __syncwarp();
+    }
+    float dot[kHeld][2];
+    Dots::dots(tv.ST + warp * 8 * Layout::kRowStride, U + Layout::kCFrag.offset, lane, dot);
+
+    // Ring parts of the lane's outputs: drafts g + 8k, rows r0 and r0 + 1 (one x pair per record).
+    const int r0 = warp * 8 + 2 * (lane % 4);
+    float y[kHeld][2];
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int i = lane / 4 + 8 * k;
+      float a0 = 0.f, a1 = 0.f, x0 = 0.f, x1 = 0.f, z0 = 0.f, z1 = 0.f;
+      if (i < n) {
+        const float* ci = tv.coef + i * kW;
+#pragma unroll
+        for (int j = 0; j < L; ++j) {
+          if (j < me) {
+            const float w = ci[j];
+            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sx + j * ROWS + r0));
+            a0 = fmaf(w, x.x, a0);
+            a1 = fmaf(w, x.y, a1);
+          }
+        }
+#pragma unroll
+        for (int d = 0; d < TMAX; ++d) {
+          if (d < n) {
+            const float w = ci[L + d];
+            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + d * ROWS + r0));
+            a0 = fmaf(w, x.x, a0);
+            a1 = fmaf(w, x.y, a1);
+          }
+        }
+        const float2 xi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + i * ROWS + r0));
+        x0 = xi.x;
+        x1 = xi.y;
+        if (p.in.z != nullptr) {
+          const float2 zi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Szd + i * ROWS + r0));
+          z0 = zi.x;
+          z1 = zi.y;
+        }
+        const float ck = tv.dv[i].ck;
+        y[k][0] = fmaf(tv.hv.D, x0, fmaf(ck, dot[k][0], a0));
+        y[k][1] = fmaf(tv.hv.D, x1, fmaf(ck, dot[k][1], a1));
+        if (p.in.z != nullptr) {
+          y[k][0] *= silu_gate(z0);
+          y[k][1] *= silu_gate(z1);
+        }
+      }
+    }
+    append_x_records(vu, tv.h, tv.p0, tv.Sxd, warp, lane, R);
+    release();
+
+    // Outputs (zeros for drafts n .. T - 1).
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) {
+      const int i = lane / 4 + 8 * k;
+      if (i < T) {
+        TI* o = out_row(c.b, i, tv.h, tv.p0);
+        o[r0] = from_float<TI>(i < n ? y[k][0] : 0.f);
+        o[r0 + 1] = from_float<TI>(i < n ? y[k][1] : 0.f);
+      }
+    }
+  }
+
+  // The drafts' x records of this warp's rows (ring position start + m + d), from the stage.
+  __device__ __forceinline__ void append_x_records(const VerifyUnit& vu, int h, int p0, const TI* Sxd, int warp,
+                                                   int lane, int R) const {
+    constexpr int kRowsPerWarp = Tile::kRowsPerWarp;
+    TI* xr_out = static_cast<TI*>(p.ring.x) + vu.slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0 +
+                 warp * kRowsPerWarp;
+    const TI* src = Sxd + warp * kRowsPerWarp;
+    if constexpr (kRowsPerWarp % kBVec == 0) {  // whole 16-byte vectors per record
+      constexpr int kVecs = kRowsPerWarp / kBVec;
+      for (int k = lane; k < vu.n * kVecs; k += 32) {
+        const int d = k / kVecs, q = k % kVecs;
+        *reinterpret_cast<uint4*>(xr_out + static_cast<int64_t>(vu.phys(vu.m + d, R)) * P + q * kBVec) =
+            *reinterpret_cast<const uint4*>(src + d * ROWS + q * kBVec);
+      }
+    } else {
+      for (int k = lane; k < vu.n * kRowsPerWarp; k += 32) {
+        const int d = k / kRowsPerWarp, r = k % kRowsPerWarp;
+        xr_out[static_cast<int64_t>(vu.phys(vu.m + d, R)) * P + r] = src[d * ROWS + r];
+      }
+    }
+  }
+};
+
+template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX>
+__global__ void __launch_bounds__(kPersistentThreads, (PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>::kCtasPerSm))
+    replay_verify_persistent_kernel(const VerifyParams vp) {
+#if REPLAYSSM_HAS_BULK_PIPELINE
+  extern __shared__ __align__(128) unsigned char persistent_smem[];
+  const PersistentVerify<TS, TI, P, N, L, ROWS, TMAX> k(vp, persistent_smem);
+  if (threadIdx.x == 0) k.pipe.init(-1);  // no flush hints
+  __syncthreads();
+  if (threadIdx.x >= kPersistentConsumers) {
+    k.produce(threadIdx.x % 32);
+  } else {
+    k.consume(threadIdx.x);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) WorkCounter{vp.d.ring.work, k.units}.finish(false);
+#else
+  __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
+#endif
+}
+
+}  // namespace mamba2
+}  // namespace replayssm
