@@ -145,7 +145,9 @@ struct PersistentVerifyLayout {
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (more warps to hide the
   // consumers' latency; their registers, a unit buffer and three stages fit), else two.
   static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
+  // Three CTAs per SM: two unit buffers even at two stages, so the pipeline does not drain at a
+  // unit's start (PersistentBudget's kUnitTiles rule).
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 0>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
