@@ -48,11 +48,11 @@ constexpr int kUnitEmptyArrivals = kPersistentConsumers;
 
 // How many unit and stage buffers fit in one CTA's share of an SM (kCtasPerSm CTAs per SM, two by default: 228 KB of
 // shared memory per SM, 1 KB reserved per CTA). Two unit buffers when that costs no stage or
-// still leaves three, or (kUnitTiles > 0: every non-flush unit has that many tiles) still
-// leaves a stage per tile of a unit: with one, the producer cannot start the next unit (nor its
-// tiles) until the consumers finish the current one, and the pipeline drains at every unit
-// boundary, which costs most where units are short (KDA: a value head, two tiles).
-template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2, int kUnitTiles = 0>
+// still leaves kTwoUnitStages stages (at least two): with one, the producer cannot start the next
+// unit (nor its tiles) until the consumers finish the current one, and the pipeline drains at
+// every unit boundary. Three by default; a kernel whose units are short (KDA: a value head, two
+// tiles) or whose unit start is long (the Mamba-2 verify's coefficient tables) asks for fewer.
+template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2, int kTwoUnitStages = 3>
 struct PersistentBudget {
   static constexpr int kCtas = kCtasPerSm;  // CTAs meant to share an SM (the kernel's launch bound)
   static constexpr size_t kBudget = 228 * 1024 / kCtasPerSm - 1024;
@@ -64,10 +64,7 @@ struct PersistentBudget {
     return s < kMaxStages ? s : kMaxStages;
   }
   static constexpr int kUnits =
-      stages_with(2) >= 3 || (stages_with(2) >= 2 &&
-                              (stages_with(2) == stages_with(1) || (kUnitTiles > 0 && stages_with(2) >= kUnitTiles)))
-          ? 2
-          : 1;
+      stages_with(2) >= 2 && (stages_with(2) == stages_with(1) || stages_with(2) >= kTwoUnitStages) ? 2 : 1;
   static constexpr int kStages = stages_with(kUnits);
   static constexpr bool kFits = kStages >= 2;
 

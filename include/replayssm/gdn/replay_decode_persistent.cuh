@@ -150,12 +150,14 @@ struct PersistentLayout {
   // With a read copy the tiles are small: three CTAs per SM (more warps to hide the consumers'
   // latency) where the buffers fit and the consumers' registers do (K <= 128, L <= 16: at K = 256
   // or L = 32 the flush's registers spill under the 3-CTA cap); else two, as without a read copy.
-  // KDA's units are one value head, V / ROWS non-flush tiles each (GDN's hold HV / HK heads, a
-  // runtime count: the default rule).
-  static constexpr int kUnitTiles = PerChannelDecay ? V / ROWS : 0;
+  // KDA's units are one value head, V / ROWS non-flush tiles each: two unit buffers as long as a
+  // stage per tile of a unit remains (GDN's units hold HV / HK heads, a runtime count: the default
+  // rule).
+  static constexpr int kTwoUnitStages = PerChannelDecay && V / ROWS < 3 ? V / ROWS : 3;
   static constexpr int kCtasPerSm =
-      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3, kUnitTiles>::kFits ? 3 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kUnitTiles>;
+      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3, kTwoUnitStages>::kFits ? 3
+                                                                                                                 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kTwoUnitStages>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 

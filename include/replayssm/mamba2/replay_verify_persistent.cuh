@@ -21,7 +21,6 @@
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
-#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -143,11 +142,12 @@ struct PersistentVerifyLayout {
   static_assert(kTileBytes % 16 == 0 && (kRowStride * sizeof(TS)) % 16 == 0, "bulk copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (more warps to hide the
-  // consumers' latency; their registers, a unit buffer and three stages fit), else two.
+  // consumers' latency; their registers fit), else two. With three, two unit buffers even at two
+  // stages: a unit's start (its coefficient tables) is long, and with one buffer the pipeline
+  // drains there (H200, B = 256, T = 4: 428 µs per round with one buffer and three stages, 417
+  // with two and two). Two CTAs keep the default rule (not measured otherwise).
   static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
-  // Three CTAs per SM: two unit buffers even at two stages, so the pipeline does not drain at a
-  // unit's start (PersistentBudget's kUnitTiles rule).
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 0>;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
