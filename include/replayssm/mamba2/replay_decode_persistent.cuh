@@ -34,6 +34,7 @@
 #include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
+#include "persistent_units.cuh"
 
 namespace replayssm {
 namespace mamba2 {
@@ -129,7 +130,7 @@ struct HeadValue {
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
-struct PersistentReplay {
+struct PersistentReplay : GroupUnits {
   using Layout = PersistentLayout<TS, TI, N, L, ROWS, RC>;
   static constexpr int kFlushSplit = Layout::kFlushSplit;
   static constexpr int kFlushRows = Layout::kFlushRows;
@@ -155,34 +156,10 @@ struct PersistentReplay {
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
-  int heads_per_group;
-  int heads_per_unit;  // a divisor of heads_per_group, at most kMaxUnitHeads (the plan's choice)
-  int units_per_row;
-  int64_t units;
+  int64_t units;  // heads_per_unit (GroupUnits): at most kMaxUnitHeads
 
   __device__ PersistentReplay(const DecodeParams& params, unsigned char* smem)
-      : p(params),
-        pipe(smem),
-        heads_per_group(params.nheads / params.ngroups),
-        heads_per_unit(params.heads_per_unit),
-        units_per_row(params.nheads / params.heads_per_unit),
-        units(static_cast<int64_t>(params.batch) * units_per_row) {}
-
-  // Which rows and heads unit u covers.
-  struct UnitCoords {
-    int64_t b;   // batch row
-    int g;       // group
-    int h0;      // first head
-    bool first;  // the group's first unit: appends the group's B record
-  };
-  __device__ UnitCoords unit_of(int64_t u) const {
-    UnitCoords c;
-    c.b = u / units_per_row;
-    c.h0 = static_cast<int>(u % units_per_row) * heads_per_unit;
-    c.g = c.h0 / heads_per_group;
-    c.first = c.h0 % heads_per_group == 0;
-    return c;
-  }
+      : GroupUnits(params), p(params), pipe(smem), units(static_cast<int64_t>(params.batch) * units_per_row) {}
 
   // Tiles of a unit: per head, kChunks tiles of ROWS rows, or (flush) kChunks * kFlushSplit of kFlushRows.
   __device__ int tiles_per_unit(bool flush) const { return heads_per_unit * kChunks * (flush ? kFlushSplit : 1); }
@@ -226,13 +203,7 @@ struct PersistentReplay {
         cp_async16(UC + i * kBVec, Cp + i * kBVec);
         cp_async16(UB + i * kBVec, Bp + i * kBVec);
       }
-      const TI* Bring =
-          static_cast<const TI*>(p.ring.B) + cur.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
-      TI* UR = reinterpret_cast<TI*>(U + Layout::kBRing.offset);
-      for (int i = lane; i < cur.m * kNV; i += 32) {
-        const int j = i / kNV, q = i % kNV;
-        cp_async16(UR + j * N + q * kBVec, Bring + static_cast<int64_t>(cur.phys(j, R)) * N + q * kBVec);
-      }
+      copy_live_b_ring<TI, N>(reinterpret_cast<TI*>(U + Layout::kBRing.offset), p, cur, R, c.g, lane);
       // Each head's scalar words and live dt ring records.
       uint32_t* HW = reinterpret_cast<uint32_t*>(U + Layout::kHeadWords.offset);
       for (int k = lane; k < heads_per_unit * 4; k += 32) {
@@ -244,12 +215,8 @@ struct PersistentReplay {
           default: cp_async_scalar(&HW[k], p.in.dt_bias, h * p.in.dt_bias.stride0); break;
         }
       }
-      float* HD = reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset);
-      const float* dr = p.ring.dt + cur.slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
-      for (int k = lane; k < heads_per_unit * cur.m; k += 32) {
-        const int i = k / cur.m, j = k % cur.m;
-        cp_async4(HD + i * L + j, dr + i * p.ring.dt_stride_head + cur.phys(j, R));
-      }
+      copy_live_dt_ring<L>(reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset), p, cur, R, c.h0, heads_per_unit,
+                           lane);
       return tiles_per_unit(cur.m + 1 > L);
     };
 

@@ -23,6 +23,7 @@
 #include "../common/persistent_units.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
+#include "persistent_units.cuh"
 
 namespace replayssm {
 namespace mamba2 {
@@ -152,7 +153,7 @@ struct PersistentVerifyLayout {
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX>
-struct PersistentVerify {
+struct PersistentVerify : GroupUnits {
   using Layout = PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>;
   using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;
   static constexpr int kW = Layout::kW;
@@ -168,36 +169,16 @@ struct PersistentVerify {
   const VerifyParams& vp;
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
-  int heads_per_group;
-  int heads_per_unit;
-  int units_per_row;
   int T;
-  int64_t units;
+  int64_t units;  // heads_per_unit (GroupUnits): at most Layout::kUnitHeads
 
   __device__ PersistentVerify(const VerifyParams& params, unsigned char* smem)
-      : vp(params),
+      : GroupUnits(params.d),
+        vp(params),
         p(params.d),
         pipe(smem),
-        heads_per_group(params.d.nheads / params.d.ngroups),
-        heads_per_unit(params.d.heads_per_unit),
-        units_per_row(params.d.nheads / params.d.heads_per_unit),
         T(params.drafts.T),
         units(static_cast<int64_t>(params.d.batch) * units_per_row) {}
-
-  struct UnitCoords {
-    int64_t b;
-    int g;
-    int h0;
-    bool first;  // the group's first unit: appends the drafts' B records
-  };
-  __device__ UnitCoords unit_of(int64_t u) const {
-    UnitCoords c;
-    c.b = u / units_per_row;
-    c.h0 = static_cast<int>(u % units_per_row) * heads_per_unit;
-    c.g = c.h0 / heads_per_group;
-    c.first = c.h0 % heads_per_group == 0;
-    return c;
-  }
   __device__ int tiles_per_unit() const { return heads_per_unit * kChunks; }
 
   // Output row of token (b, i) for head h, first element p0.
@@ -231,13 +212,7 @@ struct PersistentVerify {
         cp_async16(UC + d * N + q * kBVec, Cp + d * p.in.C_stride_batch + q * kBVec);
         cp_async16(UB + d * N + q * kBVec, Bp + d * p.in.B_stride_batch + q * kBVec);
       }
-      const TI* Bring =
-          static_cast<const TI*>(p.ring.B) + cur.slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
-      TI* UR = reinterpret_cast<TI*>(U + Layout::kBRing.offset);
-      for (int i = lane; i < cur.m * kNV; i += 32) {
-        const int j = i / kNV, q = i % kNV;
-        cp_async16(UR + j * N + q * kBVec, Bring + static_cast<int64_t>(cur.phys(j, R)) * N + q * kBVec);
-      }
+      copy_live_b_ring<TI, N>(reinterpret_cast<TI*>(U + Layout::kBRing.offset), p, cur, R, c.g, lane);
       uint32_t* HW = reinterpret_cast<uint32_t*>(U + Layout::kHeadWords.offset);
       for (int k = lane; k < heads_per_unit * 4; k += 32) {
         const int h = c.h0 + k / 4;
@@ -253,12 +228,8 @@ struct PersistentVerify {
         const int i = k / n, d = k % n;
         cp_async_scalar(&HT[i * TMAX + d], p.in.dt, (c.b * T + d) * p.in.dt.stride0 + (c.h0 + i) * p.in.dt.stride1);
       }
-      float* HD = reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset);
-      const float* dr = p.ring.dt + cur.slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
-      for (int k = lane; k < heads_per_unit * cur.m; k += 32) {
-        const int i = k / cur.m, j = k % cur.m;
-        cp_async4(HD + i * L + j, dr + i * p.ring.dt_stride_head + cur.phys(j, R));
-      }
+      copy_live_dt_ring<L>(reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset), p, cur, R, c.h0, heads_per_unit,
+                           lane);
       return tiles_per_unit();
     };
 
