@@ -12,8 +12,9 @@
 // Per tile, a consumer warp forms its rows' checkpoint parts (non-flush tiles of 16 rows per
 // warp on tensor cores, common/mma_row_dots.cuh: GDN with bf16 q, k; KDA's fp8 read copy with
 // its fp32 kt, qt split in two f16 parts each; else on CUDA cores through the shared read-tile
-// loader), their ring parts (records split over the lanes that share a row) and the epilogue, one lane per row (coalesced stores of o, u and v). What a value head's tiles
-// share (beta, the decay scan's weights) is computed at its first tile and kept (HeadScalars).
+// loader), their ring parts (records split over the lanes that share a row) and the epilogue,
+// one lane per row (coalesced stores of o, u and v). What a value head's tiles share (beta, the
+// decay scan's weights) is computed at its first tile and kept (HeadScalars).
 //
 // With a read copy (RC, common/read_copy.cuh) a non-flush unit's tiles are the read copy's
 // (ROWS x K codes and the rows' scales: ReadCopyTile). A flush unit's tiles are the fp32

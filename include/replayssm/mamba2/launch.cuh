@@ -265,8 +265,7 @@ struct ReplayVerify {
       return cudaSuccess;
     });
     if (e) return e;
-    return plan_persistent_units<P>(
-        q, rows, f, stages, [](int64_t) { return PersistentVerifyLayout<TS, TI, N, L, 16, TMAX>::kUnitHeads; }, s);
+    return plan_persistent_units<P>(q, rows, f, stages, [](int64_t) { return verify_unit_heads(TMAX); }, s);
   }
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
@@ -276,8 +275,7 @@ struct ReplayVerify {
         s.main.kernel == kKernelPersistent && persistent_verify_inputs_aligned<TI>(p) ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       const int group = p.d.ngroups > 0 ? p.d.nheads / p.d.ngroups : 0;
-      if (k.heads_per_unit < 1 || k.heads_per_unit > PersistentVerifyLayout<TS, TI, N, L, 16, TMAX>::kUnitHeads ||
-          group % k.heads_per_unit ||
+      if (k.heads_per_unit < 1 || k.heads_per_unit > verify_unit_heads(TMAX) || group % k.heads_per_unit ||
           static_cast<int64_t>(k.units) != static_cast<int64_t>(p.d.batch) * (p.d.nheads / k.heads_per_unit))
         return cudaErrorInvalidValue;
       return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) -> cudaError_t {

@@ -92,10 +92,13 @@ struct DraftSplit {
   }
 };
 
+// Most heads in one unit of a verify of TMAX drafts: each keeps a [TMAX][L + TMAX] coefficient
+// table in the unit buffer.
+constexpr int verify_unit_heads(int TMAX) { return TMAX <= 8 ? 8 : 4; }
+
 template <typename TS, typename TI, int N, int L, int ROWS, int TMAX>
 struct PersistentVerifyLayout {
-  // Heads per unit: each keeps a [TMAX][L + TMAX] coefficient table in the unit buffer.
-  static constexpr int kUnitHeads = TMAX <= 8 ? 8 : 4;
+  static constexpr int kUnitHeads = verify_unit_heads(TMAX);
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   // The drafts' dot products on tensor cores (common/mma_split_dots.cuh) for an fp32 checkpoint
   // with bf16 io at 8 rows per consumer warp and at least 8 drafts (their cost does not grow with
@@ -170,7 +173,7 @@ struct PersistentVerify : GroupUnits {
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
   int T;
-  int64_t units;  // heads_per_unit (GroupUnits): at most Layout::kUnitHeads
+  int64_t units;  // heads_per_unit (GroupUnits): at most verify_unit_heads(TMAX)
 
   __device__ PersistentVerify(const VerifyParams& params, unsigned char* smem)
       : GroupUnits(params.d),
