@@ -60,6 +60,10 @@ def draft_inputs(fam, batch, T):
     return {k: v.view(batch, T, *v.shape[1:]) for k, v in fam.inputs(batch * T).items()}
 
 
+#: --verify-kernels: the wrapper's persistent keyword for each choice.
+VERIFY_KERNELS = {"auto": None, "persistent": True, "tile": False}
+
+
 def draft_out(fam, batch, T):
     o = fam.out(batch * T)
     return o.view(batch, T, *o.shape[1:])
@@ -69,10 +73,11 @@ def num_slots_for(fam, batch, extra=0):
     return max(2 * batch, int(4 * 60e6 // fam.state_bytes()), 16) + extra
 
 
-def replay_pool(fam, batch, rows, phases, max_draft=1):
+def replay_pool(fam, batch, rows, phases, max_draft=1, persistent=None):
     """A replay wrapper and a cache of random checkpoints; slots at a random point of their window
-    with phases='staggered' (bench_decode.stagger), all at its start with 'lockstep'."""
-    w = fam.wrapper(batch, "replay", rows, fmt=plain_format(fam.args, fam.args.read_dtype))
+    with phases='staggered' (bench_decode.stagger), all at its start with 'lockstep'. persistent:
+    the wrapper's keyword (None: the plan's choice)."""
+    w = fam.wrapper(batch, "replay", rows, persistent=persistent, fmt=plain_format(fam.args, fam.args.read_dtype))
     n = num_slots_for(fam, batch)
     cache = w.create_cache(n, max_draft=max_draft)
     fill_states(cache, fam.gen)  # random states; load_state encodes a --read-dtype copy
@@ -109,11 +114,15 @@ def mean_committed(draws: list[torch.Tensor]) -> float:
     return float(torch.stack([committed_tokens(a) for a in draws]).mean())
 
 
-def bench_replay_verify(fam, batch, T, rounds, reps, rows=None, *, phases="lockstep", acceptance=0.7, parents=None):
-    """µs per verify + commit round of T drafts (a chain, or the token tree ``parents``), and the
-    mean tokens a round commits under the acceptance model of perf/spec_drafts.py."""
-    w, cache, slots = replay_pool(fam, batch, rows, phases, max_draft=T)
+def bench_replay_verify(
+    fam, batch, T, rounds, reps, rows=None, *, phases="lockstep", acceptance=0.7, parents=None, persistent=None
+):
+    """µs per verify + commit round of T drafts (a chain, or the token tree ``parents``), the
+    mean tokens a round commits under the acceptance model of perf/spec_drafts.py, the ring's
+    bytes per slot, the tiling and the verify kernel the plan ran (schedule.kernel)."""
+    w, cache, slots = replay_pool(fam, batch, rows, phases, max_draft=T, persistent=persistent)
     w.plan(slots, draft_len=T, parents=parents)
+    kernel = w.schedule.kernel
     acc = acceptance_draws(fam.args.seed, batch, T, rounds, acceptance, parents)
     mean_tokens = mean_committed(acc)
     acc = [a.cuda() for a in acc]
@@ -131,7 +140,7 @@ def bench_replay_verify(fam, batch, T, rounds, reps, rows=None, *, phases="locks
     g = capture(body)
     us = replay_us_per_step(g, rounds, reps=1, trials=reps)
     assert cache.check_errors() == 0
-    return us, mean_tokens, cache.ring_bytes_per_slot(), w._rows
+    return us, mean_tokens, cache.ring_bytes_per_slot(), w._rows, kernel
 
 
 def bench_conventional_verify(fam, batch, T, rounds, reps):
@@ -214,7 +223,9 @@ def add_rates(row: dict, us_standard: float) -> dict:
 def describe(r: dict) -> str:
     what = r["tree"] if r["mode"] == "tree" else f"T={r['T']:2d}"
     return (
-        f"{r['family']:6s} B={r['batch']:4d} {r['mode']:4s} {what:9s} {r['kernel']:12s} {r['phases'] or '-':9s} "
+        f"{r['family']:6s} B={r['batch']:4d} {r['mode']:4s} {what:9s} {r['kernel']:12s} "
+        f"{r.get('verify_kernel', ''):10s} "
+        f"{r['phases'] or '-':9s} "
         f"round={r['us_per_step']:9.2f}us ({r['round_over_step']:.2f}x step {r['us_standard_step']:.2f}) "
         f"accepted={r['mean_accepted']:.2f} tokens {r['tokens_ratio']:.2f}x"
     )
@@ -255,36 +266,40 @@ def bench_batch(fam, family, batch, args) -> list[dict]:
         shapes = [("spec", T, None, None) for T in args.drafts]
         shapes += [("tree", len(TREES[n]), n, TREES[n]) for n in args.trees]
         for mode, T, tree, parents in shapes:
-            sweep = {}
-            for tiling in args.rows or [None]:
-                sweep[tiling] = bench_replay_verify(
-                    fam,
-                    batch,
-                    T,
-                    args.rounds,
-                    args.reps,
-                    tiling,
-                    phases=ph,
-                    acceptance=args.acceptance,
+            for choice in args.verify_kernels:
+                sweep = {}
+                for tiling in args.rows or [None]:
+                    sweep[tiling] = bench_replay_verify(
+                        fam,
+                        batch,
+                        T,
+                        args.rounds,
+                        args.reps,
+                        tiling,
+                        phases=ph,
+                        acceptance=args.acceptance,
+                        parents=parents,
+                        persistent=VERIFY_KERNELS[choice],
+                    )
+                best = min(sweep, key=lambda r: sweep[r][0])
+                us, mean_tokens, ring_bytes, rows_used, kernel = sweep[best]
+                r = spec_row(fam, family, batch, args, mode=mode, kernel="replayssm", T=T, phases=ph, tree=tree)
+                r.update(
                     parents=parents,
+                    us_per_step=us,
+                    mean_accepted=mean_tokens,
+                    ring_bytes_per_slot=ring_bytes,
+                    verify_kernel=kernel,
+                    verify_kernel_asked=choice,
+                    verify_rows_per_cta=rows_used,
+                    verify_rows_sweep_us={str(sweep[t][3]): sweep[t][0] for t in sweep},
                 )
-            best = min(sweep, key=lambda r: sweep[r][0])
-            us, mean_tokens, ring_bytes, rows_used = sweep[best]
-            r = spec_row(fam, family, batch, args, mode=mode, kernel="replayssm", T=T, phases=ph, tree=tree)
-            r.update(
-                parents=parents,
-                us_per_step=us,
-                mean_accepted=mean_tokens,
-                ring_bytes_per_slot=ring_bytes,
-                verify_rows_per_cta=rows_used,
-                verify_rows_sweep_us={str(sweep[t][3]): sweep[t][0] for t in sweep},
-            )
-            if mode == "spec":  # the snapshot baseline at the same T, from this run
-                r["us_conventional_verify"] = conv[T]
-                r["conventional_over_replay"] = conv[T] / us
-            out.append(add_rates(r, std[ph]))
-            print(describe(out[-1]), flush=True)
-            torch.cuda.empty_cache()
+                if mode == "spec":  # the snapshot baseline at the same T, from this run
+                    r["us_conventional_verify"] = conv[T]
+                    r["conventional_over_replay"] = conv[T] / us
+                out.append(add_rates(r, std[ph]))
+                print(describe(out[-1]), flush=True)
+                torch.cuda.empty_cache()
     return out
 
 
@@ -303,6 +318,13 @@ def parse_args(argv=None) -> argparse.Namespace:
         type=int,
         default=None,
         help="rows-per-CTA tilings of the replay verify to sweep (best reported; default: heuristic)",
+    )
+    ap.add_argument(
+        "--verify-kernels",
+        nargs="+",
+        choices=list(VERIFY_KERNELS),
+        default=["auto"],
+        help="replay verify kernels to run side by side: the plan's choice, or forced (rows carry verify_kernel)",
     )
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")

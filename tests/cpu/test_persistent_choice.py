@@ -39,6 +39,9 @@ SPECS = {
     "kda": gdn_decode_spec("replay_decode", 128, 128, F32, BF16, L=16, family="kda"),
     "kda_k256_L32": gdn_decode_spec("replay_decode", 256, 128, F32, BF16, L=32, family="kda"),  # too large
     "gdn_conv_verify": gdn_decode_spec("conventional_verify", 128, 128, F32, BF16, family="gdn", T=4),
+    "gdn_verify": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=4),
+    "kda_verify_T8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=8, family="kda"),
+    "gdn_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16),
 }
 
 
@@ -230,6 +233,34 @@ class TestDeltaPlan:
     def test_kda_k256_L32_falls_back(self, modules):
         s = plan(modules["kda_k256_L32"], 256, 32, 32, persistent=True)
         assert s.kernel == "tile" and s.fallback.startswith("layout")
+
+    @pytest.mark.parametrize("batch", [1, 8, 32, 256])
+    def test_gdn_verify_persistent(self, modules, batch):
+        """Automatic from batch x HV >= 1,024 or forced: 32-row fp32 tiles (16 KB), three CTAs per SM
+        at T = 4, units of a key head's value heads (at most 4), the tile verify otherwise."""
+        HV, HK = 32, 16
+        auto = plan(modules["gdn_verify"], batch, HV, HK, drafts=4)
+        assert auto.persistent == (batch * HV >= 1024)
+        s = plan(modules["gdn_verify"], batch, HV, HK, persistent=True, drafts=4)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
+        assert s.heads_per_unit == 2 and s.main.ctas_per_sm == 3
+        assert s.grid == min(batch * HV // 2, 132 * 3)
+        assert s.tile.kernel == "verify" and s.tile.rows_per_cta == delta_tile_rows(128, 128, batch, HV)
+        t = plan(modules["gdn_verify"], batch, HV, HK, persistent=False, drafts=4)
+        assert t.kernel == "verify" and t.grid == batch * HV * 128 // t.rows_per_cta
+        eight = plan(modules["gdn_verify"], batch, 32, 4, persistent=True, drafts=4)  # 8 value heads per key head
+        assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * 3)
+
+    def test_kda_verify_units_are_value_heads(self, modules):
+        s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)
+        assert s.kernel == "persistent" and s.heads_per_unit == 1 and s.main.ctas_per_sm == 2
+        assert s.grid == min(64 * 32, 132 * 2)
+        wide = plan(modules["kda_verify_T8"], 64, 32, 32, rows=64, drafts=8)  # 32 KB tiles: buffers do not fit
+        assert wide.kernel == "verify" and wide.fallback.startswith("layout")
+
+    def test_sixteen_drafts_keep_the_tile_verify(self, modules):
+        s = plan(modules["gdn_verify_T16"], 256, 32, 16, persistent=True, drafts=16)
+        assert s.kernel == "verify" and s.fallback.startswith("layout")
 
     def test_conventional_verify(self, modules):
         s = plan(modules["gdn_conv_verify"], 8, 32, 16, drafts=4)

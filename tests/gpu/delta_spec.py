@@ -18,9 +18,12 @@ class DeltaSpec:
         self.kda = cfg["family"] == "kda"
 
     def wrapper(self, algorithm, max_batch, **kw):
+        """cfg["persistent"] (absent: the plan's choice) forces the replay kernel, as the wrapper's keyword."""
         from replayssm import GDNDecodeWrapper, KDADecodeWrapper
 
         c = self.cfg
+        if algorithm == "replay":
+            kw.setdefault("persistent", c.get("persistent"))
         cls = KDADecodeWrapper if self.kda else GDNDecodeWrapper
         return cls(
             c["HV"],

@@ -62,8 +62,22 @@ class TestDeltaVerifyConfigs:
         run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=cfg["T"], gen=gen)
 
 
-@pytest.mark.parametrize("cfg", [{**BASE, "T": 8}, {**KDA, "T": 8}], ids=["gdn", "kda"])
-class TestDeltaVerifyFeatures:
+# The persistent pipelined verify (replay_verify_persistent.cuh), forced at these small batches;
+# the driver checks that every verify plan runs it. It serves up to 8 drafts without a read copy
+# (T = 16 and KDA's K = 256 keep the tile verify); standard steps run the persistent decode.
+PERSISTENT = [(c, i) for c, i in zip(CONFIGS, CONFIG_IDS) if c["T"] <= 8]
+
+
+@pytest.mark.parametrize("cfg", [{**c, "persistent": True} for c, _ in PERSISTENT], ids=[i for _, i in PERSISTENT])
+class TestDeltaPersistentVerifyConfigs:
+    def test_chain_random_accepts(self, cfg):
+        gen = seeded_generator()
+        run_spec_sequence(DeltaSpec(cfg, gen), steps=30, batch=4, num_slots=8, T=cfg["T"], gen=gen)
+
+
+class DeltaVerifyFeatures:
+    """Features of both verify kernels (collected through the parametrized classes below)."""
+
     def test_trees_and_per_row_counts(self, cfg):
         gen = seeded_generator()
         run_spec_sequence(DeltaSpec(cfg, gen), steps=40, batch=5, num_slots=9, T=8, gen=gen, tree=True, varlen=True)
@@ -96,6 +110,7 @@ class TestDeltaVerifyFeatures:
         out = fam.out_like(static)
         path = torch.full((batch, T), -1, dtype=torch.int32, device=DEV)
         w.plan(slots, draft_len=T, parents=parents)
+        assert w.schedule.kernel == ("persistent" if cfg.get("persistent") else "verify")
         graph = capture(lambda: (fam.run(w, cache, static, out), w.commit(cache, accepted_path=path)), warmup=0)
         tol, state_tol = tolerances(cfg)
         choices = [[0], [0, 1], [0, 2, 5], [0, 1, 4], [6, 7], [6], [0, 1, 3]]
@@ -156,6 +171,29 @@ class TestDeltaVerifyFeatures:
                 else:
                     assert (out[b, i] == 0).all() and (snap == 0).all()
         assert torch.equal(cache.checkpoint[:batch], S0)
+
+
+@pytest.mark.parametrize("cfg", [{**BASE, "T": 8}, {**KDA, "T": 8}], ids=["gdn", "kda"])
+class TestDeltaVerifyFeatures(DeltaVerifyFeatures):
+    pass
+
+
+@pytest.mark.parametrize(
+    "cfg", [{**BASE, "T": 8, "persistent": True}, {**KDA, "T": 8, "persistent": True}], ids=["gdn", "kda"]
+)
+class TestDeltaPersistentVerifyFeatures(DeltaVerifyFeatures):
+    """Every feature above on the persistent verify (its default 32-row tiles, and 16 and 64 rows)."""
+
+    test_conventional_per_draft_snapshots = None  # the baseline kernel has no persistent form
+
+    @pytest.mark.parametrize("rows", [16, 64])
+    def test_every_tiling(self, cfg, rows):
+        if cfg["family"] == "kda" and rows == 64:  # KDA's unit buffer and two 32 KB stages exceed a CTA's share
+            w = DeltaSpec(cfg, seeded_generator()).wrapper("replay", 4, rows_per_cta=64)
+            w.plan(torch.arange(4, dtype=torch.int32, device=DEV), draft_len=8)
+            assert w.schedule.kernel == "verify" and "do not fit" in w.schedule.fallback
+            return
+        super().test_every_tiling(cfg, rows)
 
 
 #: Read copies of the verify tests (beside the fp32 checkpoint; ids as test_delta_read_copy names them).

@@ -200,6 +200,17 @@ inline int32_t delta_persistent_rows(int32_t V, int32_t K, int32_t state_bytes) 
   return largest_rows(V, static_cast<int64_t>(K) * state_bytes, 32 * 1024);
 }
 
+// Persistent pipelined verify once there are enough value heads to stream (B = 32 at HV = 32),
+// as the Mamba-2 verify's rule (not measured separately yet).
+constexpr int64_t kDeltaVerifyPersistentMinHeads = 1024;
+
+// Tile of the persistent verify: the largest tiling of V whose checkpoint tile is at most 16 KB
+// (K = V = 128: 32 rows of fp32, 64 of bf16), so that two unit buffers (the drafts' vectors and
+// coefficient tables) and stages fit each CTA, as mamba2_verify_persistent_rows.
+inline int32_t delta_verify_persistent_rows(int32_t V, int32_t K, int32_t state_bytes) {
+  return largest_rows(V, static_cast<int64_t>(K) * state_bytes, 16 * 1024);
+}
+
 // Whether a launch may be a programmatic dependent launch: the caller asked for it (PlanQuery::pdl),
 // the device has it (sm_90 and newer) and the kernel waits for its prerequisites before it reads
 // the step's inputs or writes anything (kernels that do: common/pdl.cuh).

@@ -15,6 +15,7 @@
 #include "replay_decode.cuh"
 #include "replay_decode_persistent.cuh"
 #include "replay_verify.cuh"
+#include "replay_verify_persistent.cuh"
 
 namespace replayssm {
 namespace gdn {
@@ -30,6 +31,18 @@ inline bool persistent_inputs_aligned(const DecodeParams& p) {
   return aligned16(in.q, e, in.q_stride_batch, p.batch, in.q_stride_head, p.num_k_heads) &&
          aligned16(in.k, e, in.k_stride_batch, p.batch, in.k_stride_head, p.num_k_heads) &&
          aligned16(in.v, e, in.v_stride_batch, p.batch, in.v_stride_head, p.num_v_heads);
+}
+
+// The same for a verify's T token rows per batch row (the persistent verify's cp.async copies).
+template <typename TI>
+inline bool persistent_verify_inputs_aligned(const VerifyParams& v) {
+  constexpr int e = sizeof(TI);
+  const DecodeParams& p = v.d;
+  const StepInputs& in = p.in;
+  const int64_t tokens = static_cast<int64_t>(p.batch) * v.drafts.T;
+  return aligned16(in.q, e, in.q_stride_batch, tokens, in.q_stride_head, p.num_k_heads) &&
+         aligned16(in.k, e, in.k_stride_batch, tokens, in.k_stride_head, p.num_k_heads) &&
+         aligned16(in.v, e, in.v_stride_batch, tokens, in.v_stride_head, p.num_v_heads);
 }
 
 // The pool and ring carry exactly the buffers a module of format RC needs (with two copies, the
@@ -177,12 +190,28 @@ struct ConventionalDecode {
 };
 
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
-// Commit), for state format RC.
+// Commit), for state format RC: the tile verify, and the persistent verify for the checkpoint
+// alone once there are enough value heads (or when asked).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
   using Smem = VerifySmem<TI, K, ROWS, L, PerChannelDecay, RC>;
+  template <int ROWS>
+  using Persistent = typename PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>::Budget;
+  // The persistent verify exists for the checkpoint alone (no read copy) and up to 8 drafts at a
+  // tiling whose buffers fit two CTAs per SM. At 16 drafts ptxas (CUDA 13.0) fails to allocate
+  // the non-flush tile's registers ("register allocation failed with register count of 7"), so
+  // T = 16 keeps the tile verify.
+  template <int ROWS>
+  static constexpr bool kPersistentOk = !RC::kEnabled && TMAX <= 8 && Persistent<ROWS>::kFits &&
+                                        StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
+
+  // Work units of the persistent verify: a row's value heads in groups of delta_verify_unit_heads.
+  static int64_t units(int64_t batch, int num_v_heads, int num_k_heads) {
+    return batch * (num_v_heads / delta_verify_unit_heads(num_v_heads / num_k_heads, PerChannelDecay));
+  }
+
   static int plan(PlanQuery q, Schedule* s) {
     if (const int e = check_query(q)) return e;
     if (q.drafts < 1 || q.drafts > TMAX) return kPlanBadQuery;
@@ -191,7 +220,7 @@ struct ReplayVerify {
     *s = Schedule{};
     // The automatic tiling steps down when its buffers (at the largest ring and TMAX drafts)
     // exceed the device's shared memory per block; a forced one is an error then.
-    const int e = plan_tiles<V>(
+    int e = plan_tiles<V>(
         q, kKernelVerify, delta_tile_rows(V, K, q.batch, q.heads), true,
         [&](auto rows, KernelFacts* f) {
           constexpr int kRows = decltype(rows)::value;
@@ -200,13 +229,49 @@ struct ReplayVerify {
         },
         &s->main, &s->fallback);
     s->tile = s->main;
-    return e;
+    if (e) return e;
+    const bool want = q.persistent == kPersistentAuto
+                          ? static_cast<int64_t>(q.batch) * q.heads >= kDeltaVerifyPersistentMinHeads
+                          : q.persistent == kPersistentOn;
+    if (!want) return 0;
+    const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_verify_persistent_rows(V, K, sizeof(TS));
+    KernelFacts f{};
+    e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
+      constexpr int kRows = decltype(r)::value;
+      if constexpr (kPersistentOk<kRows>) {
+        return kernel_facts(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, dev,
+                            q.limits, kPersistentThreads, Persistent<kRows>::kBytes, &f);
+      }
+      return cudaSuccess;
+    });
+    if (e) return e;
+    int32_t ctas = 0;
+    s->fallback = persistent_fallback(q.limits, f, &ctas);
+    if (s->fallback == kFallbackNone) {
+      const int32_t hpu = delta_verify_unit_heads(q.heads / q.groups, PerChannelDecay);
+      s->main = persistent_launch(rows, hpu, units(q.batch, q.heads, q.groups), q.limits, f, ctas);
+      if (s->main.units < 0) return kPlanBadQuery;
+    }
+    return 0;
   }
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
     if (!buffers_match<RC>(p.d.pool, p.d.ring)) return cudaErrorInvalidValue;
-    const KernelLaunch& k = s.main;
+    const KernelLaunch& k =
+        s.main.kernel == kKernelPersistent && persistent_verify_inputs_aligned<TI>(p) ? s.main : s.tile;
+    if (k.kernel == kKernelPersistent) {
+      if (static_cast<int64_t>(k.units) != units(p.d.batch, p.d.num_v_heads, p.d.num_k_heads))
+        return cudaErrorInvalidValue;
+      return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
+        constexpr int kRows = decltype(rows)::value;
+        if constexpr (kPersistentOk<kRows>) {
+          return launch_planned(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, p, k,
+                                Persistent<kRows>::kBytes, stream);
+        }
+        return cudaErrorInvalidValue;
+      });
+    }
     if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
     return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
@@ -221,7 +286,20 @@ struct ReplayVerify {
     return for_each_rows<V>([&](auto rows) {
       constexpr int kRows = decltype(rows)::value;
       const size_t bytes = Smem<kRows>::bytes(kMaxRingCapacity<L>, TMAX);
-      return opt_in_dynamic_smem(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, bytes, optin);
+      cudaError_t err =
+          opt_in_dynamic_smem(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, bytes, optin);
+      if constexpr (kPersistentOk<kRows>) {
+        // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
+        bool has_code = false;
+        if (err == cudaSuccess)
+          err = kernel_has_bulk_pipeline(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>,
+                                         &has_code);
+        if (err == cudaSuccess && has_code)
+          err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>,
+                                     cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                     static_cast<int>(Persistent<kRows>::kBytes));
+      }
+      return err;
     });
   }
 };

@@ -17,9 +17,9 @@
 #pragma once
 
 #include "../common/align.cuh"
-#include "../common/drafts.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
+#include "../common/persistent_drafts.cuh"
 #include "../common/persistent_units.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
@@ -27,13 +27,6 @@
 
 namespace replayssm {
 namespace mamba2 {
-
-// The row's drafts as the producer read them (after the UnitHeader in the unit buffer).
-template <int TMAX>
-struct DraftHeader {
-  int32_t n;           // drafts of the row (0 when the count or a parent is invalid)
-  uint32_t anc[TMAX];  // ancestor-or-self mask of each draft (common/drafts.cuh)
-};
 
 // Per draft of a head: the factor on S_c C_i (or on the folded state's) and the draft's delta.
 struct DraftValue {
@@ -45,51 +38,6 @@ struct DraftValue {
 struct VerifyHeadValue {
   float tot;  // exp(A sum_{j<m} delta_j)
   float D;
-};
-
-// Sums of TMAX values over an aligned group of kLanes lanes, scattered over the group
-// (reduce-scatter): each halving step exchanges half of a lane's values with the lane kLanes / 2,
-// kLanes / 4, ... away, so the group ends with kHeld = TMAX / splits values per lane (the drafts
-// first_draft(lane) .. + kHeld - 1) after TMAX - kHeld + log2(kDup) shuffles instead of
-// TMAX log2(kLanes); kDup lanes of the group hold the same drafts.
-template <int TMAX, int kLanes>
-struct DraftSplit {
-  static_assert((TMAX & (TMAX - 1)) == 0 && (kLanes & (kLanes - 1)) == 0, "powers of two");
-  static constexpr int kSplits = TMAX < kLanes ? TMAX : kLanes;  // groups the drafts are split into
-  static constexpr int kHeld = TMAX / kSplits;
-  static constexpr int kDup = kLanes / kSplits;
-
-  __device__ __forceinline__ static int first_draft(int lane) {
-    int first = 0;
-#pragma unroll
-    for (int off = kLanes / 2, k = TMAX; off >= kDup && k > 1; off /= 2, k /= 2)
-      if (lane & off) first += k / 2;
-    return first;
-  }
-
-  // v[0 .. TMAX): this lane's partial values of every draft; after: v[0 .. kHeld) the group's sums
-  // of drafts first_draft(lane) + k.
-  __device__ __forceinline__ static void sum(float (&v)[TMAX], int lane) { step<TMAX, kLanes / 2>(v, lane); }
-
-  template <int K, int OFF>
-  __device__ __forceinline__ static void step(float (&v)[TMAX], int lane) {
-    if constexpr (OFF >= 1) {
-      if constexpr (K > kHeld) {
-        const bool upper = (lane & OFF) != 0;
-#pragma unroll
-        for (int k = 0; k < K / 2; ++k) {
-          const float send = upper ? v[k] : v[k + K / 2];
-          const float keep = upper ? v[k + K / 2] : v[k];
-          v[k] = keep + __shfl_xor_sync(0xffffffffu, send, OFF);
-        }
-        step<K / 2, OFF / 2>(v, lane);
-      } else {
-#pragma unroll
-        for (int k = 0; k < K; ++k) v[k] += __shfl_xor_sync(0xffffffffu, v[k], OFF);
-        step<K, OFF / 2>(v, lane);
-      }
-    }
-  }
 };
 
 // Most heads in one unit of a verify of TMAX drafts: each keeps a [TMAX][L + TMAX] coefficient
@@ -200,7 +148,8 @@ struct PersistentVerify : GroupUnits {
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
       read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
       if (cur.status != kUnitActive) return 0;
-      n = read_drafts(c.b, R, reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
+      n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
+                                  reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
       if (n == 0) {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
@@ -275,29 +224,6 @@ struct PersistentVerify : GroupUnits {
 
     // Units in index order: no flush hints (a verify's flushes follow from its draft counts).
     pipe.produce(units, WorkCounter{p.ring.work, units}, [](RowOrder&) {}, fill_unit, fill_stage);
-  }
-
-  // Producer warp, every lane: row b's draft count and tree into the unit buffer. Returns the
-  // count (warp-uniform), 0 when it or a parent is invalid (as load_draft_tree decides).
-  __device__ int read_drafts(int64_t b, int R, DraftHeader<TMAX>* dh, int lane) const {
-    const DraftArgs& d = vp.drafts;
-    int n = d.counts == nullptr ? d.T : d.counts[b];
-    bool ok = n >= 1 && n <= d.T && n <= TMAX && n <= L && n <= R - L;
-    int par = lane - 1;
-    if (d.parents != nullptr && lane < d.T && lane < TMAX) par = d.parents[b * d.parents_stride + lane];
-    uint32_t anc = 0u;
-#pragma unroll
-    for (int i = 0; i < TMAX; ++i) {
-      if (i >= n) break;
-      const int pi = __shfl_sync(0xffffffffu, par, i);
-      ok = ok && pi >= -1 && pi < i;
-      const uint32_t a = __shfl_sync(0xffffffffu, anc, pi > 0 ? pi : 0);
-      if (lane == i) anc = (1u << i) | (pi >= 0 ? a : 0u);
-    }
-    if (!ok) n = 0;
-    if (lane == 0) dh->n = n;
-    if (lane < TMAX) dh->anc[lane] = anc;
-    return n;
   }
 
   // ---- consumers (warps 0..3) ----

@@ -1,0 +1,870 @@
+// ReplaySSM Gated DeltaNet / KDA verify, persistent and pipelined: the math of replay_verify.cuh
+// (see its header) on the standard step's skeleton (common/persistent.cuh,
+// replay_decode_persistent.cuh).
+//
+// Work unit: one batch row and `heads` value heads of one key head (GDN: the key head's value
+// heads, at most kUnitHeads per unit; KDA, whose decays are per key channel: one value head).
+// What every tile of a unit shares is computed once per unit, at its start:
+//   - the drafts' normalised keys k^_i and queries q^_i (the tiles' 2T vectors);
+//   - GDN: the products of every draft's k^_i and q^_i with each record it sees (committed
+//     keys k_j, its ancestors' k^_d), once per key head; per value head the scalar decays (path
+//     sums over the tree, the committed records' fold weights) that turn them into the
+//     coefficients of every (draft, record) pair;
+//   - KDA: the per-channel decays: the committed keys decayed in place (kd_j), the factor E(Gc)
+//     on the checkpoint, the path sums P_i, the tiles' vectors E(Gc + P_i) . k^_i (flush:
+//     E(P_i) . k^_i) and the pair coefficients with their per-channel decays.
+// The producer warp reads the row's slot, cursors, draft count and tree, copies the drafts'
+// q and k, the live key ring (KDA: and gate ring) and the gate words into a unit buffer, then
+// streams the unit's checkpoint tiles (one bulk copy each) into the stage ring with each tile's
+// live u ring rows (one bulk copy per record) and the drafts' v rows.
+//
+// Per tile, a consumer warp holds its rows in registers; a flush (m + n > L) first folds the m
+// committed records into them and writes them. Every draft's two dot products S~ k^_i and
+// S~ q^_i are formed from one read of the rows (T at a time, summed over a row's lane group by a
+// reduce-scatter, common/persistent_drafts.cuh), each lane adds the ring part of the sums it
+// holds, and the sums of row l are gathered into lane l, which runs the drafts' triangular
+// recursion u_i = beta_i (v_i - S~_i k^_i) along the tree and stores o_i and u_i.
+//
+// Only the checkpoint format without a read copy runs here (NoReadCopy: fp32, bf16 or fp16
+// state); the plan gives read-copy modules the tile verify.
+#pragma once
+
+#include "../common/align.cuh"
+#include "../common/persistent.cuh"
+#include "../common/persistent_drafts.cuh"
+#include "../common/persistent_units.cuh"
+#include "../common/state_tile.cuh"
+#include "cta.cuh"
+
+namespace replayssm {
+namespace gdn {
+
+// Value heads of one unit of the persistent verify: KDA one; GDN the largest divisor of the key
+// head's HV / HK value heads up to four (each keeps its coefficient tables in the unit buffer).
+constexpr int kDeltaVerifyUnitHeads = 4;
+__host__ __device__ constexpr int delta_verify_unit_heads(int ratio, bool per_channel_decay) {
+  int h = per_channel_decay || ratio < 1 ? 1 : (ratio < kDeltaVerifyUnitHeads ? ratio : kDeltaVerifyUnitHeads);
+  while (h > 1 && ratio % h) --h;
+  return h;
+}
+
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+struct PersistentVerifyLayout {
+  static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
+  static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
+  static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
+  static constexpr int kG = PerChannelDecay ? K : 1;  // log decays per draft and head
+
+  // Unit buffer: header, drafts, the drafts' q and k (io dtype), the tiles' vectors [2 TMAX][K]
+  // fp32 (zeros past the row's drafts), the drafts' key norm factors, the key ring [L][K] fp32
+  // (live records, logical order; KDA: decayed in place), KDA: the gate ring [L][K] fp32, the
+  // dt_bias words [K], the path sums [TMAX][K] and E(Gc) [K]; the drafts' gate words (turned into
+  // their log decays in place: KDA [TMAX][K], GDN [heads][TMAX]); GDN: the products [2 TMAX][kW],
+  // per head the A_log and dt_bias words and the g ring [L]; per head the beta words [TMAX] and
+  // what the consumers compute: coefficients [2 TMAX][kW], factors on the tile's dot products
+  // [2 TMAX], betas [TMAX], GDN's fold weights [L] and E(Gc).
+  static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
+  static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
+  static constexpr SmemRegion kDrafts = kHeader.then(sizeof(DraftHeader<TMAX>), 16);
+  static constexpr SmemRegion kQ = kDrafts.then(TMAX * K * sizeof(TI), 16);
+  static constexpr SmemRegion kK = kQ.then(TMAX * K * sizeof(TI), 16);
+  static constexpr SmemRegion kVec = kK.then(static_cast<size_t>(kVecs) * K * 4, 16);
+  static constexpr SmemRegion kNorm = kVec.then(TMAX * 4, 16);
+  static constexpr SmemRegion kKeyRing = kNorm.then(static_cast<size_t>(L) * K * 4, 16);
+  static constexpr SmemRegion kGateRing = kKeyRing.then(PerChannelDecay ? static_cast<size_t>(L) * K * 4 : 0, 16);
+  static constexpr SmemRegion kBiasWords = kGateRing.then(PerChannelDecay ? K * 4 : 0, 16);
+  static constexpr SmemRegion kPath = kBiasWords.then(PerChannelDecay ? TMAX * K * 4 : 0, 16);
+  static constexpr SmemRegion kCol = kPath.then(PerChannelDecay ? K * 4 : 0, 16);
+  static constexpr SmemRegion kDraftGates = kCol.then(static_cast<size_t>(kUnitHeads) * TMAX * kG * 4, 16);
+  static constexpr SmemRegion kDots = kDraftGates.then(PerChannelDecay ? 0 : kVecs * kW * 4, 16);
+  static constexpr SmemRegion kHeadWords = kDots.then(kUnitHeads * 4 * 4, 16);
+  static constexpr SmemRegion kHeadGRing = kHeadWords.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
+  static constexpr SmemRegion kBetaWords = kHeadGRing.then(kUnitHeads * TMAX * 4, 16);
+  static constexpr SmemRegion kCoef = kBetaWords.then(static_cast<size_t>(kUnitHeads) * kVecs * kW * 4, 16);
+  static constexpr SmemRegion kFac = kCoef.then(kUnitHeads * kVecs * 4, 16);
+  static constexpr SmemRegion kBeta = kFac.then(kUnitHeads * TMAX * 4, 16);
+  static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
+  static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kTot, 128);
+
+  // Stage buffer: the checkpoint tile [ROWS][K] TS (one bulk copy), u ring rows [L][ROWS] fp32
+  // (one bulk copy per live record) and the drafts' v rows [TMAX][ROWS] (io dtype).
+  static constexpr uint32_t kTileBytes = ROWS * K * sizeof(TS);
+  static constexpr SmemRegion kTile = first_region(kTileBytes, 128);
+  static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
+  static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
+  static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
+
+  static_assert(kQ.aligned() && kK.aligned() && kVec.aligned() && kKeyRing.aligned() && kGateRing.aligned() &&
+                    kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
+                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned(),
+                "cp.async and bulk-copy destinations are 16-byte aligned");
+  static_assert(kTileBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
+                "copies move whole 16-byte blocks");
+
+  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB, as the Mamba-2 verify (two
+  // unit buffers at two stages: a unit's start is long), else two with the default rule.
+  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
+  using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
+};
+
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+struct PersistentVerify {
+  using Layout = PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>;
+  using Tile = StateTile<TS, K, ROWS, kPersistentConsumerWarps>;
+  // The drafts' dot products are summed kBatch at a time (at most a row group's 8 lanes' worth).
+  static constexpr int kBatch = TMAX < Tile::kLanes ? TMAX : Tile::kLanes;
+  static constexpr int kBatches = TMAX / kBatch;
+  using Split = DraftSplit<kBatch, Tile::kLanes>;
+  static constexpr int kW = Layout::kW;
+  static constexpr int kG = Layout::kG;
+  static constexpr int kChunks = V / ROWS;
+  static constexpr int kIV = Vec16<TI>::kElems;
+  static constexpr int kKV = K / kIV;  // 16-byte vectors per q/k row
+  static constexpr int kRV = ROWS / kIV;  // 16-byte vectors per v-row chunk
+  static constexpr int kCols = Tile::kVpl * Tile::kVec;  // columns of a row one thread holds
+  static constexpr int kRowsPerWarp = Tile::kRowsPerWarp;
+  static_assert(ROWS % kIV == 0, "a v-row chunk must be whole 16-byte vectors");
+  static_assert(K % 64 == 0, "the pair products take 8 elements per lane of an 8-lane group");
+  static_assert(TMAX <= kMaxDrafts && L <= 32, "one lane per record and per draft");
+  static_assert(kRowsPerWarp <= 32, "a consumer warp's rows fit a lane each");
+
+  const VerifyParams& vp;
+  const DecodeParams& p;
+  typename Layout::Pipeline pipe;
+  int T;
+  int ratio;  // value heads per key head
+  int heads;  // value heads per unit (delta_verify_unit_heads)
+  int units_per_row;
+  int64_t units;
+
+  __device__ PersistentVerify(const VerifyParams& params, unsigned char* smem)
+      : vp(params),
+        p(params.d),
+        pipe(smem),
+        T(params.drafts.T),
+        ratio(params.d.num_v_heads / params.d.num_k_heads),
+        heads(delta_verify_unit_heads(params.d.num_v_heads / params.d.num_k_heads, PerChannelDecay)),
+        units_per_row(params.d.num_v_heads / heads),
+        units(static_cast<int64_t>(params.d.batch) * units_per_row) {}
+
+  struct UnitCoords {
+    int64_t b;  // batch row
+    int h0;     // first value head
+    int hk;     // their key head
+  };
+  __device__ UnitCoords unit_of(int64_t u) const {
+    UnitCoords c;
+    c.b = u / units_per_row;
+    c.h0 = static_cast<int>(u % units_per_row) * heads;
+    c.hk = c.h0 / ratio;
+    return c;
+  }
+  __device__ int tiles_per_unit() const { return heads * kChunks; }
+
+  // Output row of token (b, i) for value head h, first element v0.
+  __device__ TI* out_row(int64_t b, int i, int h, int v0) const {
+    return static_cast<TI*>(p.in.out) + (b * T + i) * p.in.out_stride_batch + h * p.in.out_stride_head + v0;
+  }
+  // Region r of a unit buffer as fp32 values or 4-byte words.
+  __device__ static float* floats(const unsigned char* U, SmemRegion r) {
+    return reinterpret_cast<float*>(const_cast<unsigned char*>(U) + r.offset);
+  }
+  __device__ static uint32_t* words(const unsigned char* U, SmemRegion r) {
+    return reinterpret_cast<uint32_t*>(const_cast<unsigned char*>(U) + r.offset);
+  }
+
+  // ---- producer (one warp) ----
+  __device__ void produce(int lane) const {
+    const int R = p.ring.capacity;
+    UnitCursors cur;
+    int n = 0;
+
+    auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
+      const UnitCoords c = unit_of(u);
+      UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
+      if (cur.status != kUnitActive) return 0;
+      n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
+                                  reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
+      if (n == 0) {
+        if (lane == 0) header->status = kUnitBadDrafts;
+        cur.status = kUnitBadDrafts;
+        return 0;
+      }
+      const int64_t bt0 = c.b * T;
+      const int64_t slot = cur.slot, m = cur.m;
+      const TI* qp = static_cast<const TI*>(p.in.q) + bt0 * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
+      const TI* kp = static_cast<const TI*>(p.in.k) + bt0 * p.in.k_stride_batch + c.hk * p.in.k_stride_head;
+      TI* UQ = reinterpret_cast<TI*>(U + Layout::kQ.offset);
+      TI* UK = reinterpret_cast<TI*>(U + Layout::kK.offset);
+      for (int i = lane; i < n * kKV; i += 32) {
+        const int d = i / kKV, q = i % kKV;
+        cp_async16(UQ + d * K + q * kIV, qp + d * p.in.q_stride_batch + q * kIV);
+        cp_async16(UK + d * K + q * kIV, kp + d * p.in.k_stride_batch + q * kIV);
+      }
+      const float* kring = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
+      float* UR = floats(U, Layout::kKeyRing);
+      for (int i = lane; i < m * (K / 4); i += 32) {
+        const int j = i / (K / 4), q = i % (K / 4);
+        cp_async16(UR + j * K + q * 4, kring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
+      }
+      const ScalarArg& gate = p.in.g.ptr != nullptr ? p.in.g : p.in.a;
+      const bool derived = p.in.g.ptr == nullptr;  // g = -exp(A_log) softplus(a + dt_bias)
+      uint32_t* DG = words(U, Layout::kDraftGates);
+      uint32_t* HW = words(U, Layout::kHeadWords);
+      if constexpr (PerChannelDecay) {
+        const float* gring = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
+        float* UG = floats(U, Layout::kGateRing);
+        for (int i = lane; i < m * (K / 4); i += 32) {
+          const int j = i / (K / 4), q = i % (K / 4);
+          cp_async16(UG + j * K + q * 4, gring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
+        }
+        for (int i = lane; i < n * K; i += 32) {
+          const int d = i / K, e = i % K;
+          cp_async_scalar(&DG[i], gate, (bt0 + d) * gate.stride0 + c.h0 * gate.stride1 + e);
+        }
+        if (derived) {
+          uint32_t* BW = words(U, Layout::kBiasWords);
+          for (int e = lane; e < K; e += 32) cp_async_scalar(&BW[e], p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e);
+          if (lane == 0) cp_async_scalar(&HW[0], p.in.A_log, c.h0 * p.in.A_log.stride0);
+        }
+      } else {
+        for (int k = lane; k < heads * n; k += 32) {
+          const int i = k / n, d = k % n;
+          cp_async_scalar(&DG[i * TMAX + d], gate, (bt0 + d) * gate.stride0 + (c.h0 + i) * gate.stride1);
+        }
+        if (derived) {
+          for (int k = lane; k < heads * 2; k += 32) {
+            const int h = c.h0 + k / 2;
+            if (k % 2 == 0) {
+              cp_async_scalar(&HW[(k / 2) * 4], p.in.A_log, h * p.in.A_log.stride0);
+            } else {
+              cp_async_scalar(&HW[(k / 2) * 4 + 1], p.in.dt_bias, h * p.in.dt_bias.stride0);
+            }
+          }
+        }
+        float* HG = floats(U, Layout::kHeadGRing);
+        for (int k = lane; k < heads * m; k += 32) {
+          const int i = k / m, j = k % m;
+          cp_async4(&HG[i * L + j],
+                    p.ring.g + slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + cur.phys(j, R));
+        }
+      }
+      const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
+      uint32_t* BWd = words(U, Layout::kBetaWords);
+      for (int k = lane; k < heads * n; k += 32) {
+        const int i = k / n, d = k % n;
+        cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
+      }
+      return tiles_per_unit();
+    };
+
+    auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
+      const UnitCoords c = unit_of(u);
+      const int h = c.h0 + t / kChunks, v0 = (t % kChunks) * ROWS, m = cur.m;
+      const int64_t slot = cur.slot;
+      const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+                      static_cast<int64_t>(v0) * K;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(bar, Layout::kTileBytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
+        bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+      }
+      __syncwarp();  // the bytes are announced before any lane's copy can land
+      if (lane < m) {
+        const float* ur = p.ring.u + slot * p.ring.u_stride_slot + h * p.ring.u_stride_head +
+                          static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
+        bulk_copy_g2s(S + Layout::kURing.offset + static_cast<uint32_t>(lane) * ROWS * 4u, ur, ROWS * 4u, bar);
+      }
+      const TI* vp_ = static_cast<const TI*>(p.in.v) + c.b * T * p.in.v_stride_batch + h * p.in.v_stride_head + v0;
+      TI* Svd = reinterpret_cast<TI*>(S + Layout::kVd.offset);
+      for (int i = lane; i < n * kRV; i += 32) {
+        const int d = i / kRV, q = i % kRV;
+        cp_async16(Svd + d * ROWS + q * kIV, vp_ + d * p.in.v_stride_batch + q * kIV);
+      }
+    };
+
+    // Units in index order: no flush hints (a verify's flushes follow from its draft counts).
+    pipe.produce(units, WorkCounter{p.ring.work, units}, [](RowOrder&) {}, fill_unit, fill_stage);
+  }
+
+  // ---- consumers (warps 0..3) ----
+  struct VerifyUnit {
+    const unsigned char* buffer = nullptr;
+    int64_t slot = 0;
+    int start = 0, m = 0, n = 0, me = 0;
+    int arrived = 0;
+    bool flush = false;
+    __device__ int phys(int j, int R) const {
+      const int q = start + j;
+      return q >= R ? q - R : q;
+    }
+  };
+
+  __device__ void consume(int tid) const {
+    const int warp = tid / 32, lane = tid % 32;
+    const int R = p.ring.capacity;
+    VerifyUnit vu;
+
+    auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
+      const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
+      const UnitCoords c = unit_of(u);
+      if (hd.status != kUnitActive) {
+        skip_unit(p.error_flag, hd.status);
+        for (int i = tid; i < heads * T * V; i += kPersistentConsumers) {
+          const int h = c.h0 + i / (T * V), k = i % (T * V);
+          *out_row(c.b, k / V, h, k % V) = from_float<TI>(0.f);
+        }
+        return 0;
+      }
+      const DraftHeader<TMAX>* dh = reinterpret_cast<const DraftHeader<TMAX>*>(U + Layout::kDrafts.offset);
+      vu.buffer = U;
+      vu.slot = hd.slot;
+      vu.start = hd.start;
+      vu.m = hd.m;
+      vu.n = dh->n;
+      vu.flush = vu.m + vu.n > L;
+      vu.me = vu.flush ? 0 : vu.m;
+      if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
+      draft_vectors(U, vu.n, warp, lane);
+      Layout::Pipeline::consumer_sync();
+      if constexpr (PerChannelDecay) {
+        channel_decays(U, dh, vu, c, tid);
+        Layout::Pipeline::consumer_sync();
+        channel_pairs(U, dh, vu, tid);
+      } else {
+        key_products(U, dh, vu, tid);
+        Layout::Pipeline::consumer_sync();
+        for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
+      }
+      Layout::Pipeline::consumer_sync();
+      return tiles_per_unit();
+    };
+
+    auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
+      const UnitCoords c = unit_of(u);
+      if (vu.flush) {
+        tile<true>(vu, c, t, S, release, warp, lane, R);
+      } else {
+        tile<false>(vu, c, t, S, release, warp, lane, R);
+      }
+    };
+
+    // The drafts' key records (the key head's first unit) and their log decays.
+    auto end_unit = [&](int64_t u, const unsigned char* U) {
+      const UnitCoords c = unit_of(u);
+      const int n = vu.n;
+      const float* DG = floats(U, Layout::kDraftGates);
+      if constexpr (PerChannelDecay) {
+        float* gout = p.ring.g + vu.slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
+        for (int k = tid; k < n * K; k += kPersistentConsumers)
+          gout[static_cast<int64_t>(vu.phys(vu.m + k / K, R)) * K + k % K] = DG[k];
+      } else {
+        for (int k = tid; k < heads * n; k += kPersistentConsumers) {
+          const int i = k / n, d = k % n;
+          p.ring.g[vu.slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + vu.phys(vu.m + d, R)] =
+              DG[i * TMAX + d];
+        }
+      }
+      if (c.h0 % ratio != 0) return;
+      const TI* UK = reinterpret_cast<const TI*>(U + Layout::kK.offset);
+      const float* ks = floats(U, Layout::kNorm);
+      float* kout = p.ring.k + vu.slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
+      for (int k = tid; k < n * K; k += kPersistentConsumers) {
+        const int d = k / K;
+        kout[static_cast<int64_t>(vu.phys(vu.m + d, R)) * K + k % K] = to_float(UK[k]) * ks[d];
+      }
+    };
+
+    auto counted_in = [&](int64_t) {
+      const Cursors next = cursors_after_verify(Cursors{vu.start, vu.m, 0}, vu.flush, vu.phys(vu.m, R), vu.n);
+      finish_unit(p.ring, vu.slot, units_per_row, vu.arrived, next, p.error_flag);
+    };
+
+    pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
+  }
+
+  // One warp per draft: the normalised keys and queries into the tiles' vectors (zeros for drafts
+  // n .. TMAX - 1, whose dot products the tiles form too) and the key norm factors.
+  __device__ __forceinline__ void draft_vectors(const unsigned char* U, int n, int warp, int lane) const {
+    constexpr int kCpl = K / 32;
+    const TI* UQ = reinterpret_cast<const TI*>(U + Layout::kQ.offset);
+    const TI* UK = reinterpret_cast<const TI*>(U + Layout::kK.offset);
+    float* vec = floats(U, Layout::kVec);
+    for (int d = warp; d < TMAX; d += kPersistentConsumerWarps) {
+      if (d >= n) {
+        for (int e = lane; e < K; e += 32) vec[d * K + e] = vec[(TMAX + d) * K + e] = 0.f;
+        continue;
+      }
+      float q[kCpl], k[kCpl];
+      float sq = 0.f, sk = 0.f;
+#pragma unroll
+      for (int i = 0; i < kCpl; ++i) {
+        q[i] = to_float(UQ[d * K + lane + 32 * i]);
+        k[i] = to_float(UK[d * K + lane + 32 * i]);
+        sq = fmaf(q[i], q[i], sq);
+        sk = fmaf(k[i], k[i], sk);
+      }
+      sq = group_sum<32>(sq);
+      sk = group_sum<32>(sk);
+      const float qs = (p.use_l2norm ? 1.f / sqrtf(sq + 1e-6f) : 1.f) * p.scale;
+      const float ks = p.use_l2norm ? 1.f / sqrtf(sk + 1e-6f) : 1.f;
+#pragma unroll
+      for (int i = 0; i < kCpl; ++i) {
+        vec[d * K + lane + 32 * i] = k[i] * ks;
+        vec[(TMAX + d) * K + lane + 32 * i] = q[i] * qs;
+      }
+      if (lane == 0) floats(U, Layout::kNorm)[d] = ks;
+    }
+  }
+
+  // The pairs (draft i, column j) a draft replays, one 8-lane group per pair (the loop bound is
+  // uniform per warp: the group sums shuffle across the whole warp): committed j < me at column
+  // j, draft d in anc(i) at column L + d. f(i, j, d, gl) returns the group lane's parts of the
+  // key and query products; store(i, col, d, key_part, query_part) keeps the group's sums.
+  template <class Parts, class Store>
+  __device__ __forceinline__ void for_each_pair(const DraftHeader<TMAX>* dh, const VerifyUnit& vu, int tid,
+                                                Parts&& parts, Store&& store) const {
+    const int lane = tid % 32, warp = tid / 32, gl = lane % 8;
+    const int n = vu.n, me = vu.me;
+    const int cols = me + n, pairs = n * cols;
+    for (int base = warp * 4; base < pairs; base += kPersistentConsumers / 8) {
+      const int pair = base + lane / 8;
+      const int i = pair / cols, j = pair % cols, d = j - me;
+      const bool seen = pair < pairs && (d < 0 || ((dh->anc[i] >> d) & 1u));
+      float ak = 0.f, aq = 0.f;
+      if (seen) parts(i, j, d, gl, &ak, &aq);
+      ak = group_sum<8>(ak);
+      aq = group_sum<8>(aq);
+      if (gl == 0 && pair < pairs) store(i, d < 0 ? j : L + d, d, seen ? ak : 0.f, seen ? aq : 0.f);
+    }
+  }
+
+  // GDN: the key head's products k_j . k^_i, k_j . q^_i (committed) and k^_d . k^_i, k^_d . q^_i
+  // (drafts), undecayed (each value head applies its scalar decays).
+  __device__ __forceinline__ void key_products(const unsigned char* U, const DraftHeader<TMAX>* dh,
+                                               const VerifyUnit& vu, int tid) const {
+    const float* vec = floats(U, Layout::kVec);
+    const float* UR = floats(U, Layout::kKeyRing);
+    float* D = floats(U, Layout::kDots);
+    for_each_pair(
+        dh, vu, tid,
+        [&](int i, int j, int d, int gl, float* ak, float* aq) {
+          const float* key = d < 0 ? UR + j * K : vec + d * K;
+          *ak = group8_dot_part<float, K>(key, vec + i * K, gl);
+          *aq = group8_dot_part<float, K>(key, vec + (TMAX + i) * K, gl);
+        },
+        [&](int i, int col, int, float ak, float aq) {
+          D[i * kW + col] = ak;
+          D[(TMAX + i) * kW + col] = aq;
+        });
+  }
+
+  // GDN, value head i of the unit (one warp): the drafts' log decays and betas (lane d = draft d),
+  // path sums, the committed records' fold weights w_j = exp(sum_{j<k<m} g_k) (lane j = record j)
+  // and the coefficient of every (draft, record) pair:
+  //   committed j < me: exp(P_i) w_j (k_j . x_i);   draft d in anc(i): exp(P_i - P_d) (k^_d . x_i)
+  // (x_i = k^_i, whose own column is 0, or q^_i); the factors on the tile's products are exp(P_i),
+  // times E(Gc) without a flush.
+  __device__ __forceinline__ void head_values(const unsigned char* U, const DraftHeader<TMAX>* dh, const VerifyUnit& vu,
+                                              const UnitCoords& c, int i, int lane) const {
+    const int h = c.h0 + i, m = vu.m, n = vu.n, me = vu.me;
+    const int64_t bt0 = c.b * T;
+    const uint32_t* HW = words(U, Layout::kHeadWords) + i * 4;
+    uint32_t* DGw = words(U, Layout::kDraftGates) + i * TMAX;
+    const uint32_t* BWd = words(U, Layout::kBetaWords) + i * TMAX;
+    const float* gring = floats(U, Layout::kHeadGRing) + i * L;
+    const float* D = floats(U, Layout::kDots);
+    float* coef = floats(U, Layout::kCoef) + i * Layout::kVecs * kW;
+    float* fac = floats(U, Layout::kFac) + i * Layout::kVecs;
+
+    float gd = 0.f, beta = 0.f;  // lane d < n: draft d's log decay and beta
+    if (lane < n) {
+      gd = word_log_decay(DGw[lane], HW, bt0 + lane, h);
+      beta = word_beta(BWd[lane], bt0 + lane, h);
+      DGw[lane] = __float_as_uint(gd);  // for the append
+      floats(U, Layout::kBeta)[i * TMAX + lane] = beta;
+    }
+    const uint32_t anc = lane < n ? dh->anc[lane] : 0u;
+    float path = 0.f;  // lane i < n: sum of g over draft i's ancestors-or-self, in ascending order
+#pragma unroll
+    for (int d = 0; d < TMAX; ++d) {
+      const float v = __shfl_sync(0xffffffffu, gd, d);
+      if ((anc >> d) & 1u) path += v;
+    }
+    const float gj = lane < m ? gring[lane] : 0.f;
+    float incl, excl;
+    warp_suffix_sums(gj, lane, &incl, &excl);
+    const float wj = lane < m ? expf(excl) : 0.f;
+    const float tot = __shfl_sync(0xffffffffu, expf(incl), 0);
+    if (lane < m) floats(U, Layout::kFold)[i * L + lane] = wj;
+    for (int k = 0; k < n; ++k) {
+      const float pk = __shfl_sync(0xffffffffu, path, k);
+      const uint32_t ak = __shfl_sync(0xffffffffu, anc, k);
+      const float ek = expf(pk);
+      float* ck = coef + k * kW;
+      float* cq = coef + (TMAX + k) * kW;
+      if (lane < me) {
+        ck[lane] = ek * wj * D[k * kW + lane];
+        cq[lane] = ek * wj * D[(TMAX + k) * kW + lane];
+      }
+      if (lane < n) {
+        const bool seen = (ak >> lane) & 1u;
+        const float w = seen ? expf(pk - path) : 0.f;
+        ck[L + lane] = lane == k ? 0.f : w * D[k * kW + L + lane];
+        cq[L + lane] = w * D[(TMAX + k) * kW + L + lane];
+      }
+      if (lane == k) fac[k] = fac[TMAX + k] = ek * (vu.flush ? 1.f : tot);
+    }
+    if (lane == 0) floats(U, Layout::kTot)[i] = tot;
+  }
+
+  // KDA (one value head), one thread per key channel: the drafts' log decays (in place of their
+  // gate words), path sums P_i, the committed keys decayed in place kd_j = E(sum_{j<k<m} g_k) . k_j,
+  // E(Gc), and the betas (warp 0).
+  __device__ __forceinline__ void channel_decays(const unsigned char* U, const DraftHeader<TMAX>* dh,
+                                                 const VerifyUnit& vu, const UnitCoords& c, int tid) const {
+    const int m = vu.m, n = vu.n;
+    const int64_t bt0 = c.b * T;
+    uint32_t* DGw = words(U, Layout::kDraftGates);
+    const uint32_t* BW = words(U, Layout::kBiasWords);
+    const uint32_t* HW = words(U, Layout::kHeadWords);
+    float* UR = floats(U, Layout::kKeyRing);
+    const float* UG = floats(U, Layout::kGateRing);
+    float* path = floats(U, Layout::kPath);
+    float* col = floats(U, Layout::kCol);
+    const bool derived = p.in.g.ptr == nullptr;
+    const float negA = derived ? -expf(scalar_from_word(p.in.A_log, c.h0 * p.in.A_log.stride0, HW[0])) : 0.f;
+    for (int e = tid; e < K; e += kPersistentConsumers) {
+      float g[TMAX];
+#pragma unroll
+      for (int d = 0; d < TMAX; ++d) {
+        g[d] = 0.f;
+        if (d < n) {
+          const uint32_t w = DGw[d * K + e];
+          if (derived) {
+            float x = scalar_from_word(p.in.a, (bt0 + d) * p.in.a.stride0 + c.h0 * p.in.a.stride1 + e, w);
+            if (p.in.dt_bias.ptr != nullptr)
+              x += scalar_from_word(p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e, BW[e]);
+            g[d] = negA * softplus(x);
+          } else {
+            g[d] = scalar_from_word(p.in.g, (bt0 + d) * p.in.g.stride0 + c.h0 * p.in.g.stride1 + e, w);
+          }
+          DGw[d * K + e] = __float_as_uint(g[d]);  // for the append
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < TMAX; ++i) {
+        float s = 0.f;
+        if (i < n) {
+          const uint32_t anc = dh->anc[i];
+#pragma unroll
+          for (int d = 0; d <= i; ++d)
+            if ((anc >> d) & 1u) s += g[d];
+        }
+        path[i * K + e] = s;
+      }
+      float sum = 0.f;  // sum_{j<k<m} g_k[e]
+      for (int j = m - 1; j >= 0; --j) {
+        UR[j * K + e] *= expf(sum);
+        sum += UG[j * K + e];
+      }
+      col[e] = expf(sum);
+    }
+    if (tid < n) floats(U, Layout::kBeta)[tid] = word_beta(words(U, Layout::kBetaWords)[tid], bt0 + tid, c.h0);
+    if (tid < TMAX) {
+      float* fac = floats(U, Layout::kFac);
+      fac[tid] = fac[TMAX + tid] = 1.f;  // the decays are in the vectors
+    }
+  }
+
+  // KDA: the coefficients of every (draft, record) pair, then the tiles' vectors.
+  //   draft d in anc(i): ((E(P_i - P_d) . k^_d) . x_i) (x_i = k^_i, whose own column is 0, or q^_i);
+  //   committed j < me: kd_j . (E(P_i) . x_i);
+  // the vectors become E(P_i) . x_i, times E(Gc) without a flush (a flush's tiles hold the folded
+  // state). Every consumer thread calls it (barriers inside).
+  __device__ __forceinline__ void channel_pairs(const unsigned char* U, const DraftHeader<TMAX>* dh,
+                                                const VerifyUnit& vu, int tid) const {
+    float* vec = floats(U, Layout::kVec);
+    const float* UR = floats(U, Layout::kKeyRing);
+    const float* path = floats(U, Layout::kPath);
+    const float* col = floats(U, Layout::kCol);
+    float* coef = floats(U, Layout::kCoef);
+    auto store = [&](int i, int cl, int d, float ak, float aq) {
+      coef[i * kW + cl] = d == i ? 0.f : ak;
+      coef[(TMAX + i) * kW + cl] = aq;
+    };
+    // Draft columns from the undecayed vectors.
+    for_each_pair(
+        dh, vu, tid,
+        [&](int i, int j, int d, int gl, float* ak, float* aq) {
+          if (d < 0) return;
+#pragma unroll
+          for (int k = gl * 8; k < K; k += 64) {
+#pragma unroll
+            for (int e = 0; e < 8; ++e) {
+              const float w = expf(path[i * K + k + e] - path[d * K + k + e]) * vec[d * K + k + e];
+              *ak = fmaf(w, vec[i * K + k + e], *ak);
+              *aq = fmaf(w, vec[(TMAX + i) * K + k + e], *aq);
+            }
+          }
+        },
+        [&](int i, int cl, int d, float ak, float aq) {
+          if (d >= 0) store(i, cl, d, ak, aq);
+        });
+    Layout::Pipeline::consumer_sync();
+    for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
+      const float x = expf(path[k]);
+      vec[k] *= x;
+      vec[TMAX * K + k] *= x;
+    }
+    Layout::Pipeline::consumer_sync();
+    // Committed columns from the decayed keys and vectors.
+    for_each_pair(
+        dh, vu, tid,
+        [&](int i, int j, int d, int gl, float* ak, float* aq) {
+          if (d >= 0) return;
+          *ak = group8_dot_part<float, K>(UR + j * K, vec + i * K, gl);
+          *aq = group8_dot_part<float, K>(UR + j * K, vec + (TMAX + i) * K, gl);
+        },
+        [&](int i, int cl, int d, float ak, float aq) {
+          if (d < 0) store(i, cl, d, ak, aq);
+        });
+    if (!vu.flush) {
+      Layout::Pipeline::consumer_sync();
+      for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
+        vec[k] *= col[k % K];
+        vec[TMAX * K + k] *= col[k % K];
+      }
+    }
+  }
+
+  // GDN: a draft's log decay from its gate word: given, or -exp(A_log) softplus(a + dt_bias)
+  // (HW: the head's A_log and dt_bias words).
+  __device__ __forceinline__ float word_log_decay(uint32_t w, const uint32_t* HW, int64_t row, int h) const {
+    if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, row * p.in.g.stride0 + h * p.in.g.stride1, w);
+    float x = scalar_from_word(p.in.a, row * p.in.a.stride0 + h * p.in.a.stride1, w);
+    if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, HW[1]);
+    return -expf(scalar_from_word(p.in.A_log, h * p.in.A_log.stride0, HW[0])) * softplus(x);
+  }
+  __device__ __forceinline__ float word_beta(uint32_t w, int64_t row, int h) const {
+    const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
+    const float x = scalar_from_word(bt, row * bt.stride0 + h * bt.stride1, w);
+    return p.in.beta.ptr == nullptr ? 1.f / (1.f + expf(-x)) : x;
+  }
+
+  // Tile t of the unit (value head c.h0 + t / kChunks, rows v0..) from stage S: this warp's rows.
+  // kFlush: the committed records are folded in and the rows written first. Then, for the keys
+  // and then the queries, every draft's dot products with the lane's columns (vectors of drafts
+  // n .. TMAX - 1 are zeros), their reduce-scatter over the row's lane group, the ring parts of
+  // the sums the lane holds, and the gather of row l's sums into lane l; lane l then solves its
+  // row's drafts in tree order and stores their outputs and corrections.
+  template <bool kFlush, class Release>
+  __device__ __forceinline__ void tile(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
+                                       Release&& release, int warp, int lane, int R) const {
+    constexpr int kV = Tile::kVec;
+    constexpr int kHeld = Split::kHeld, kDup = Split::kDup;
+    const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
+    const int m = vu.m, n = vu.n, me = vu.me;
+    const unsigned char* U = vu.buffer;
+    const float* coef = floats(U, Layout::kCoef) + hi * Layout::kVecs * kW;
+    const float* fac = floats(U, Layout::kFac) + hi * Layout::kVecs;
+    const float* vec = floats(U, Layout::kVec);
+    const float* Su = reinterpret_cast<const float*>(S + Layout::kURing.offset);
+    const TI* Svd = reinterpret_cast<const TI*>(S + Layout::kVd.offset);
+    const TS* ST = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
+    const int first = Split::first_draft(lane), sub = lane % kDup;
+    const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves (lanes < kRowsPerWarp)
+    const int rl = warp * kRowsPerWarp + l;
+
+    float sv[Tile::kPasses][Tile::kVpl][kV];
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+        unpack16<TS>(*reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * K + Tile::col(lane, v)), sv[s][v]);
+    if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
+
+    // Ring parts of the lane's sums (keys, then queries, kBatch drafts at a time; drafts
+    // first .. first + kHeld - 1 of the batch of its rows; the kDup lanes that hold them take
+    // records sub, sub + kDup, ...), and row l's v.
+    float rsum[2][kBatches][Tile::kPasses][kHeld];
+#pragma unroll
+    for (int part = 0; part < 2; ++part)
+#pragma unroll
+      for (int bi = 0; bi < kBatches; ++bi)
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          const int r = Tile::row(warp, lane, s);
+#pragma unroll
+          for (int k = 0; k < kHeld; ++k) {
+            const float* ci = coef + (part * TMAX + bi * kBatch + first + k) * kW;
+            float acc = 0.f;
+#pragma unroll
+            for (int jj = 0; jj < (L + kDup - 1) / kDup; ++jj) {
+              const int j = jj * kDup + sub;
+              if (j < me) acc = fmaf(ci[j], Su[j * ROWS + r], acc);
+            }
+#pragma unroll
+            for (int off = 1; off < kDup; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+            rsum[part][bi][s][k] = acc;
+          }
+        }
+    float vrow[TMAX];
+#pragma unroll
+    for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
+    release();
+
+    if constexpr (kFlush) store_rows(sv, vu.slot, h, v0, warp, lane);
+
+    // Every draft's products with the rows, summed and gathered into the row's lane.
+    float sums[2][TMAX];
+#pragma unroll
+    for (int part = 0; part < 2; ++part)
+#pragma unroll
+      for (int bi = 0; bi < kBatches; ++bi) {
+        float dots[Tile::kPasses][kBatch];
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          float x[kCols];
+          Tile::load_columns(x, vec + (part * TMAX + bi * kBatch + i) * K, lane);
+#pragma unroll
+          for (int s = 0; s < Tile::kPasses; ++s) {
+            float dot = 0.f;
+#pragma unroll
+            for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+              for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], x[v * kV + e], dot);
+            dots[s][i] = dot;
+          }
+        }
+#pragma unroll
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          Split::sum(dots[s], lane);
+#pragma unroll
+          for (int k = 0; k < kHeld; ++k)
+            dots[s][k] = fmaf(fac[part * TMAX + bi * kBatch + first + k], dots[s][k], rsum[part][bi][s][k]);
+        }
+      // Row l's sums: its pass l / kRowsPerPass, its group l % kRowsPerPass of that pass.
+#pragma unroll
+        for (int i = 0; i < kBatch; ++i) {
+          const int src = (l % Tile::kRowsPerPass) * Tile::kLanes + Split::holder(i);
+          float got = 0.f;
+#pragma unroll
+          for (int s = 0; s < Tile::kPasses; ++s) {
+            const float x = __shfl_sync(0xffffffffu, dots[s][i % kHeld], src);
+            if (l / Tile::kRowsPerPass == s) got = x;
+          }
+          sums[part][bi * kBatch + i] = got;
+        }
+      }
+
+    // The drafts of row l in order (a parent before its children): u_i = beta_i (v_i - S~_i k^_i),
+    // o_i = S~_i q^_i + u_i (k^_i . q^_i), with the ancestors' corrections (other drafts'
+    // coefficients are 0).
+    const float* beta = floats(U, Layout::kBeta) + hi * TMAX;
+    float ud[TMAX];
+    float* uout = p.ring.u + vu.slot * p.ring.u_stride_slot + h * p.ring.u_stride_head + v0 + rl;
+#pragma unroll
+    for (int i = 0; i < TMAX; ++i) {
+      ud[i] = 0.f;
+      if (i < n) {
+        const float* ck = coef + i * kW + L;
+        const float* cq = coef + (TMAX + i) * kW + L;
+        float sk = sums[0][i], sq = sums[1][i];
+#pragma unroll
+        for (int d = 0; d < i; ++d) {
+          sk = fmaf(ck[d], ud[d], sk);
+          sq = fmaf(cq[d], ud[d], sq);
+        }
+        ud[i] = beta[i] * (vrow[i] - sk);
+        const float o = fmaf(cq[i], ud[i], sq);
+        if (lane < kRowsPerWarp) {
+          out_row(c.b, i, h, v0)[rl] = from_float<TI>(o);
+          uout[static_cast<int64_t>(vu.phys(m + i, R)) * V] = ud[i];
+        }
+      } else if (i < T && lane < kRowsPerWarp) {
+        out_row(c.b, i, h, v0)[rl] = from_float<TI>(0.f);
+      }
+    }
+  }
+
+  // A flush: this warp's rows of the stage tile with the m committed records folded in,
+  // S' = S_c Diag(E(Gc)) + sum_j u_j kd_j^T (GDN: kd_j = w_j k_j with the head's fold weights).
+  __device__ __forceinline__ void fold_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const unsigned char* U,
+                                            int hi, const float* Su, int m, int warp, int lane) const {
+    constexpr int kV = Tile::kVec;
+    const float* UR = floats(U, Layout::kKeyRing);
+    float colf[Tile::kVpl][kV];
+#pragma unroll
+    for (int v = 0; v < Tile::kVpl; ++v) {
+      if constexpr (PerChannelDecay) {
+        load_floats<float, kV>(floats(U, Layout::kCol) + Tile::col(lane, v), colf[v]);
+      } else {
+#pragma unroll
+        for (int e = 0; e < kV; ++e) colf[v][e] = floats(U, Layout::kTot)[hi];
+      }
+    }
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) sv[s][v][e] *= colf[v][e];
+    for (int j = 0; j < m; ++j) {
+      float kj[Tile::kVpl][kV];
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) load_floats<float, kV>(UR + j * K + Tile::col(lane, v), kj[v]);
+      const float w = PerChannelDecay ? 1.f : floats(U, Layout::kFold)[hi * L + j];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const float uj = w * Su[j * ROWS + Tile::row(warp, lane, s)];
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[v][e], sv[s][v][e]);
+      }
+    }
+  }
+
+  // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
+  // read the stored state).
+  __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
+                                             int v0, int warp, int lane) const {
+    TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
+             static_cast<int64_t>(v0) * K;
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        const uint4 packed = pack16<TS>(sv[s][v]);
+        store_stream16(st + Tile::row(warp, lane, s) * K + Tile::col(lane, v), packed);
+        unpack16<TS>(packed, sv[s][v]);
+      }
+  }
+};
+
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+__global__ void __launch_bounds__(kPersistentThreads,
+                                  (PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>::kCtasPerSm))
+    replay_verify_persistent_kernel(const VerifyParams vp) {
+#if REPLAYSSM_HAS_BULK_PIPELINE
+  extern __shared__ __align__(128) unsigned char persistent_smem[];
+  const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX> k(vp, persistent_smem);
+  if (threadIdx.x == 0) k.pipe.init(-1);  // no flush hints
+  __syncthreads();
+  if (threadIdx.x >= kPersistentConsumers) {
+    k.produce(threadIdx.x % 32);
+  } else {
+    k.consume(threadIdx.x);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) WorkCounter{vp.d.ring.work, k.units}.finish(false);
+#else
+  __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
+#endif
+}
+
+}  // namespace gdn
+}  // namespace replayssm
