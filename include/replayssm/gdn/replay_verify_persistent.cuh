@@ -22,8 +22,9 @@
 // committed records into them and writes them. Every draft's two dot products S~ k^_i and
 // S~ q^_i are formed from one read of the rows (T at a time, summed over a row's lane group by a
 // reduce-scatter, common/persistent_drafts.cuh), each lane adds the ring part of the sums it
-// holds, and the sums of row l are gathered into lane l, which runs the drafts' triangular
-// recursion u_i = beta_i (v_i - S~_i k^_i) along the tree and stores o_i and u_i.
+// holds, and the sums of row l are gathered into the lanes l + 8 g (8 rows per warp), which
+// solve its drafts' triangular recursion u_i = beta_i (v_i - S~_i k^_i) along the tree in closed
+// form (per head matrices formed once per unit) and store o_i and u_i.
 //
 // Only the checkpoint format without a read copy runs here (NoReadCopy: fp32, bf16 or fp16
 // state); the plan gives read-copy modules the tile verify.
@@ -62,7 +63,8 @@ struct PersistentVerifyLayout {
   // their log decays in place: KDA [TMAX][K], GDN [heads][TMAX]); GDN: the products [2 TMAX][kW],
   // per head the A_log and dt_bias words and the g ring [L]; per head the beta words [TMAX] and
   // what the consumers compute: coefficients [2 TMAX][kW], factors on the tile's dot products
-  // [2 TMAX], betas [TMAX], GDN's fold weights [L] and E(Gc).
+  // [2 TMAX], betas [TMAX], GDN's fold weights [L] and E(Gc), and the drafts' solve matrices
+  // M and N [TMAX][TMAX] (draft_solve).
   static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
   static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
   static constexpr SmemRegion kDrafts = kHeader.then(sizeof(DraftHeader<TMAX>), 16);
@@ -85,7 +87,8 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kBeta = kFac.then(kUnitHeads * TMAX * 4, 16);
   static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kTot, 128);
+  static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kSolve, 128);
 
   // Stage buffer: the checkpoint tile [ROWS][K] TS (one bulk copy), u ring rows [L][ROWS] fp32
   // (one bulk copy per live record) and the drafts' v rows [TMAX][ROWS] (io dtype).
@@ -338,6 +341,8 @@ struct PersistentVerify {
         Layout::Pipeline::consumer_sync();
         for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
       }
+      Layout::Pipeline::consumer_sync();
+      for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
       Layout::Pipeline::consumer_sync();
       return tiles_per_unit();
     };
@@ -640,6 +645,45 @@ struct PersistentVerify {
     }
   }
 
+  // Head i of the unit (one warp; lane d = column d): the drafts' triangular recursion in closed
+  // form. With w_d = v_d - (S~_d k^_d without the drafts' corrections) per row, C the drafts' key
+  // coefficients and Q their query coefficients (tree-masked, Q with its diagonal k^_i . q^_i),
+  //   u = M w,  M = (I + diag(beta) C)^-1 diag(beta)   (lower triangular),
+  //   o = s_q + N w,  N = Q M,
+  // so a tile's rows solve their drafts with independent multiply-adds (draft_outputs). Entries
+  // of drafts n .. TMAX - 1 are 0.
+  __device__ __forceinline__ void draft_solve(const unsigned char* U, int n, int i, int lane) const {
+    const float* coef = floats(U, Layout::kCoef) + i * Layout::kVecs * kW + L;
+    const float* beta = floats(U, Layout::kBeta) + i * TMAX;
+    float* M = floats(U, Layout::kSolve) + i * 2 * TMAX * TMAX;
+    float* N = M + TMAX * TMAX;
+    const int d = lane;
+    float mc[TMAX];  // column d of M
+#pragma unroll
+    for (int r = 0; r < TMAX; ++r) {
+      mc[r] = 0.f;
+      if (r < n && r >= d) {
+        float acc = 0.f;
+#pragma unroll
+        for (int e = 0; e < r; ++e) acc = fmaf(coef[r * kW + e], mc[e], acc);  // mc[e] = 0 for e < d
+        const float b = beta[r];
+        mc[r] = r == d ? b : -b * acc;
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < TMAX; ++r) {
+      float acc = 0.f;
+      if (r < n) {
+#pragma unroll
+        for (int e = 0; e <= r; ++e) acc = fmaf(coef[(TMAX + r) * kW + e], mc[e], acc);
+      }
+      if (d < TMAX) {
+        M[r * TMAX + d] = mc[r];
+        N[r * TMAX + d] = acc;
+      }
+    }
+  }
+
   // GDN: a draft's log decay from its gate word: given, or -exp(A_log) softplus(a + dt_bias)
   // (HW: the head's A_log and dt_bias words).
   __device__ __forceinline__ float word_log_decay(uint32_t w, const uint32_t* HW, int64_t row, int h) const {
@@ -675,7 +719,7 @@ struct PersistentVerify {
     const TI* Svd = reinterpret_cast<const TI*>(S + Layout::kVd.offset);
     const TS* ST = reinterpret_cast<const TS*>(S + Layout::kTile.offset);
     const int first = Split::first_draft(lane), sub = lane % kDup;
-    const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves (lanes < kRowsPerWarp)
+    const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
     float sv[Tile::kPasses][Tile::kVpl][kV];
@@ -760,31 +804,32 @@ struct PersistentVerify {
         }
       }
 
-    // The drafts of row l in order (a parent before its children): u_i = beta_i (v_i - S~_i k^_i),
-    // o_i = S~_i q^_i + u_i (k^_i . q^_i), with the ancestors' corrections (other drafts'
-    // coefficients are 0).
-    const float* beta = floats(U, Layout::kBeta) + hi * TMAX;
-    float ud[TMAX];
+    // The drafts of row l (lanes l, l + kRowsPerWarp, ... hold its sums; group g of them takes
+    // drafts g, g + kGroups, ...): u = M w and o = s_q + N w with w_d = v_d - s_k,d (draft_solve).
+    constexpr int kGroups = 32 / kRowsPerWarp;
+    const int grp = lane / kRowsPerWarp;
+    const float* M = floats(U, Layout::kSolve) + hi * 2 * TMAX * TMAX;
+    const float* N = M + TMAX * TMAX;
+    float w[TMAX];
+#pragma unroll
+    for (int d = 0; d < TMAX; ++d) w[d] = vrow[d] - sums[0][d];
     float* uout = p.ring.u + vu.slot * p.ring.u_stride_slot + h * p.ring.u_stride_head + v0 + rl;
 #pragma unroll
-    for (int i = 0; i < TMAX; ++i) {
-      ud[i] = 0.f;
+    for (int k = 0; k < (TMAX + kGroups - 1) / kGroups; ++k) {
+      const int i = k * kGroups + grp;
       if (i < n) {
-        const float* ck = coef + i * kW + L;
-        const float* cq = coef + (TMAX + i) * kW + L;
-        float sk = sums[0][i], sq = sums[1][i];
+        float u = 0.f, o = 0.f;
 #pragma unroll
-        for (int d = 0; d < i; ++d) {
-          sk = fmaf(ck[d], ud[d], sk);
-          sq = fmaf(cq[d], ud[d], sq);
+        for (int d = 0; d < TMAX; ++d) {
+          if (d <= i) {
+            u = fmaf(M[i * TMAX + d], w[d], u);
+            o = fmaf(N[i * TMAX + d], w[d], o);
+          }
+          if (d == i) o += sums[1][d];
         }
-        ud[i] = beta[i] * (vrow[i] - sk);
-        const float o = fmaf(cq[i], ud[i], sq);
-        if (lane < kRowsPerWarp) {
-          out_row(c.b, i, h, v0)[rl] = from_float<TI>(o);
-          uout[static_cast<int64_t>(vu.phys(m + i, R)) * V] = ud[i];
-        }
-      } else if (i < T && lane < kRowsPerWarp) {
+        out_row(c.b, i, h, v0)[rl] = from_float<TI>(o);
+        uout[static_cast<int64_t>(vu.phys(m + i, R)) * V] = u;
+      } else if (i < T) {
         out_row(c.b, i, h, v0)[rl] = from_float<TI>(0.f);
       }
     }
