@@ -33,11 +33,17 @@ struct MmaSplitDots {
   // caller synchronises before dots() reads them.
   __device__ __forceinline__ static void set_vectors(unsigned char* frag, const __nv_bfloat16* vec, int n, int tid,
                                                      int threads) {
+    set_vectors(frag, vec, [n](int row) { return row < n; }, tid, threads);
+  }
+  // The same with the rows `valid(row)` says hold a vector (the others are zeros).
+  template <class Valid>
+  __device__ __forceinline__ static void set_vectors(unsigned char* frag, const __nv_bfloat16* vec, Valid&& valid,
+                                                     int tid, int threads) {
     uint4* a = reinterpret_cast<uint4*>(frag);
     for (int idx = tid; idx < kSteps * 32; idx += threads) {
       const int q = idx / 32, lane = idx % 32, g = lane / 4, c = lane % 4;
       auto word = [&](int row, int k) -> uint32_t {
-        return row < n ? *reinterpret_cast<const uint32_t*>(vec + row * N + 16 * q + k) : 0u;
+        return valid(row) ? *reinterpret_cast<const uint32_t*>(vec + row * N + 16 * q + k) : 0u;
       };
       a[idx] = make_uint4(word(g, 2 * c), word(g + 8, 2 * c), word(g, 2 * c + 8), word(g + 8, 2 * c + 8));
     }

@@ -31,6 +31,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
 #include "../common/persistent_units.cuh"
@@ -55,6 +56,14 @@ struct PersistentVerifyLayout {
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
   static constexpr int kG = PerChannelDecay ? K : 1;  // log decays per draft and head
+  // GDN with an fp32 checkpoint and bf16 io at 8 rows per consumer warp: the tiles' dot products
+  // on tensor cores (common/mma_split_dots.cuh), the drafts' raw bf16 keys and queries (exact) as
+  // the 2 TMAX <= 16 vectors, their norms in the factors; the tile's rows are then padded in
+  // shared memory.
+  static constexpr bool kMmaDots = !PerChannelDecay && std::is_same_v<TS, float> && std::is_same_v<TI, __nv_bfloat16> &&
+                                   ROWS == 8 * kPersistentConsumerWarps && TMAX >= 4 && TMAX <= 8;
+  using Dots = MmaSplitDots<K, kVecs <= 16 ? kVecs : 16>;
+  static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : K;  // TS elements per row of the stage tile
 
   // Unit buffer: header, drafts, the drafts' q and k (io dtype), the tiles' vectors [2 TMAX][K]
   // fp32 (zeros past the row's drafts), the drafts' key norm factors, the key ring [L][K] fp32
@@ -68,10 +77,10 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kHeader = first_region(sizeof(UnitHeader), 16);
   static_assert(kHeader.offset == 0, "the pipeline reads the unit header at the start of the unit buffer");
   static constexpr SmemRegion kDrafts = kHeader.then(sizeof(DraftHeader<TMAX>), 16);
-  static constexpr SmemRegion kQ = kDrafts.then(TMAX * K * sizeof(TI), 16);
-  static constexpr SmemRegion kK = kQ.then(TMAX * K * sizeof(TI), 16);
-  static constexpr SmemRegion kVec = kK.then(static_cast<size_t>(kVecs) * K * 4, 16);
-  static constexpr SmemRegion kNorm = kVec.then(TMAX * 4, 16);
+  static constexpr SmemRegion kK = kDrafts.then(TMAX * K * sizeof(TI), 16);
+  static constexpr SmemRegion kQ = kK.then(TMAX * K * sizeof(TI), 16);  // right after kK: [2 TMAX][K] vectors
+  static constexpr SmemRegion kVec = kQ.then(static_cast<size_t>(kVecs) * K * 4, 16);
+  static constexpr SmemRegion kNorm = kVec.then(kVecs * 4, 16);
   static constexpr SmemRegion kKeyRing = kNorm.then(static_cast<size_t>(L) * K * 4, 16);
   static constexpr SmemRegion kGateRing = kKeyRing.then(PerChannelDecay ? static_cast<size_t>(L) * K * 4 : 0, 16);
   static constexpr SmemRegion kBiasWords = kGateRing.then(PerChannelDecay ? K * 4 : 0, 16);
@@ -88,12 +97,15 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
   static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kSolve, 128);
+  static constexpr SmemRegion kFrag = kSolve.then(kMmaDots ? Dots::kFragmentBytes : 0, 16);  // the vectors' A fragments
+  static constexpr size_t kUnitBytes = buffer_bytes(kFrag, 128);
+  static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
-  // Stage buffer: the checkpoint tile [ROWS][K] TS (one bulk copy), u ring rows [L][ROWS] fp32
-  // (one bulk copy per live record) and the drafts' v rows [TMAX][ROWS] (io dtype).
-  static constexpr uint32_t kTileBytes = ROWS * K * sizeof(TS);
-  static constexpr SmemRegion kTile = first_region(kTileBytes, 128);
+  // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
+  // padded), u ring rows [L][ROWS] fp32 (one bulk copy per live record) and the drafts' v rows
+  // [TMAX][ROWS] (io dtype).
+  static constexpr uint32_t kTileBytes = ROWS * K * sizeof(TS);  // what the copies bring
+  static constexpr SmemRegion kTile = first_region(static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
   static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
@@ -154,8 +166,8 @@ struct PersistentVerify {
 
   struct UnitCoords {
     int64_t b;  // batch row
-    int h0;     // first value head
-    int hk;     // their key head
+    int h0;  // first value head
+    int hk;  // their key head
   };
   __device__ UnitCoords unit_of(int64_t u) const {
     UnitCoords c;
@@ -272,9 +284,14 @@ struct PersistentVerify {
                       static_cast<int64_t>(v0) * K;
       if (lane == 0) {
         mbar_arrive_expect_tx(bar, Layout::kTileBytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
-        bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        if constexpr (Layout::kRowStride == K) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
       }
       __syncwarp();  // the bytes are announced before any lane's copy can land
+      if constexpr (Layout::kRowStride != K) {  // padded rows: one copy per row
+        TS* dst = reinterpret_cast<TS*>(S + Layout::kTile.offset);
+        for (int r = lane; r < ROWS; r += 32)
+          bulk_copy_g2s(dst + r * Layout::kRowStride, src + r * K, K * sizeof(TS), bar);
+      }
       if (lane < m) {
         const float* ur = p.ring.u + slot * p.ring.u_stride_slot + h * p.ring.u_stride_head +
                           static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
@@ -331,6 +348,13 @@ struct PersistentVerify {
       vu.me = vu.flush ? 0 : vu.m;
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
       draft_vectors(U, vu.n, warp, lane);
+      if constexpr (Layout::kMmaDots) {
+        const int n = vu.n;
+        Layout::Dots::set_vectors(
+            const_cast<unsigned char*>(U) + Layout::kFrag.offset,
+            reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset),
+            [n](int row) { return row < 2 * TMAX && row % TMAX < n; }, tid, kPersistentConsumers);
+      }
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
         channel_decays(U, dh, vu, c, tid);
@@ -349,7 +373,13 @@ struct PersistentVerify {
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       const UnitCoords c = unit_of(u);
-      if (vu.flush) {
+      if constexpr (Layout::kMmaDots) {
+        if (vu.flush) {
+          tile_mma<true>(vu, c, t, S, release, warp, lane, R);
+        } else {
+          tile_mma<false>(vu, c, t, S, release, warp, lane, R);
+        }
+      } else if (vu.flush) {
         tile<true>(vu, c, t, S, release, warp, lane, R);
       } else {
         tile<false>(vu, c, t, S, release, warp, lane, R);
@@ -420,7 +450,10 @@ struct PersistentVerify {
         vec[d * K + lane + 32 * i] = k[i] * ks;
         vec[(TMAX + d) * K + lane + 32 * i] = q[i] * qs;
       }
-      if (lane == 0) floats(U, Layout::kNorm)[d] = ks;
+      if (lane == 0) {
+        floats(U, Layout::kNorm)[d] = ks;
+        floats(U, Layout::kNorm)[TMAX + d] = qs;
+      }
     }
   }
 
@@ -520,7 +553,12 @@ struct PersistentVerify {
         ck[L + lane] = lane == k ? 0.f : w * D[k * kW + L + lane];
         cq[L + lane] = w * D[(TMAX + k) * kW + L + lane];
       }
-      if (lane == k) fac[k] = fac[TMAX + k] = ek * (vu.flush ? 1.f : tot);
+      if (lane == k) {  // tensor-core dots are of the raw keys and queries: their norms join the factors
+        const float f = ek * (vu.flush ? 1.f : tot);
+        const float* nrm = floats(U, Layout::kNorm);
+        fac[k] = Layout::kMmaDots ? f * nrm[k] : f;
+        fac[TMAX + k] = Layout::kMmaDots ? f * nrm[TMAX + k] : f;
+      }
     }
     if (lane == 0) floats(U, Layout::kTot)[i] = tot;
   }
@@ -727,7 +765,9 @@ struct PersistentVerify {
     for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v)
-        unpack16<TS>(*reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * K + Tile::col(lane, v)), sv[s][v]);
+        unpack16<TS>(
+            *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
+            sv[s][v]);
     if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
 
     // Ring parts of the lane's sums (keys, then queries, kBatch drafts at a time; drafts
@@ -760,7 +800,7 @@ struct PersistentVerify {
     for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
     release();
 
-    if constexpr (kFlush) store_rows(sv, vu.slot, h, v0, warp, lane);
+    if constexpr (kFlush) store_rows(sv, vu.slot, h, v0, warp, lane, nullptr);
 
     // Every draft's products with the rows, summed and gathered into the row's lane.
     float sums[2][TMAX];
@@ -804,6 +844,96 @@ struct PersistentVerify {
         }
       }
 
+    draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
+  }
+
+  // Tile t with the dot products on tensor cores (Layout::kMmaDots: 8 rows per warp). Lane (g, c)
+  // gets vector g's (and g + 8's) products with rows 2c and 2c + 1 of the warp's rows
+  // (MmaSplitDots; vector v is draft v's key for v < TMAX, else draft v - TMAX's query), adds
+  // their ring parts; row l's sums are gathered into the lanes l + 8 k. A flush folds the rows
+  // first, stores them and writes them back over the stage's rows, which the MMAs read.
+  template <bool kFlush, class Release>
+  __device__ __forceinline__ void tile_mma(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
+                                           Release&& release, int warp, int lane, int R) const {
+    using Dots = typename Layout::Dots;
+    constexpr int kHeldM = Dots::kHeld;
+    const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
+    const int m = vu.m, n = vu.n, me = vu.me;
+    const unsigned char* U = vu.buffer;
+    const float* coef = floats(U, Layout::kCoef) + hi * Layout::kVecs * kW;
+    const float* fac = floats(U, Layout::kFac) + hi * Layout::kVecs;
+    const float* Su = reinterpret_cast<const float*>(S + Layout::kURing.offset);
+    const TI* Svd = reinterpret_cast<const TI*>(S + Layout::kVd.offset);
+    TS* ST = reinterpret_cast<TS*>(const_cast<unsigned char*>(S) + Layout::kTile.offset);
+    const int l = lane % kRowsPerWarp;
+    const int rl = warp * kRowsPerWarp + l;
+
+    if constexpr (kFlush) {
+      float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+          unpack16<TS>(
+              *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
+              sv[s][v]);
+      fold_rows(sv, U, hi, Su, m, warp, lane);
+      store_rows(sv, vu.slot, h, v0, warp, lane, ST);
+      __syncwarp();
+    }
+    float dot[kHeldM][2];
+    Dots::dots(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset, lane, dot);
+
+    // Ring parts of the lane's products (vectors g + 8 k, rows r0 and r0 + 1: one u pair per record).
+    const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
+    float val[kHeldM][2];
+#pragma unroll
+    for (int k = 0; k < kHeldM; ++k) {
+      const int v = g + 8 * k;
+      val[k][0] = val[k][1] = 0.f;
+      if (v < Layout::kVecs) {
+        const float* cv = coef + v * kW;
+        float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+        for (int j = 0; j < L; ++j) {
+          if (j < me) {
+            const float2 uj = *reinterpret_cast<const float2*>(Su + j * ROWS + r0);
+            a0 = fmaf(cv[j], uj.x, a0);
+            a1 = fmaf(cv[j], uj.y, a1);
+          }
+        }
+        val[k][0] = fmaf(fac[v], dot[k][0], a0);
+        val[k][1] = fmaf(fac[v], dot[k][1], a1);
+      }
+    }
+    float vrow[TMAX];
+#pragma unroll
+    for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
+    release();
+
+    // Row l's sums: vector v at lane (v % 8, l / 2), element l % 2.
+    float sums[2][TMAX];
+#pragma unroll
+    for (int part = 0; part < 2; ++part)
+#pragma unroll
+      for (int d = 0; d < TMAX; ++d) {
+        const int v = part * TMAX + d;
+        const int src = (v % 8) * 4 + l / 2;
+        const float x0 = __shfl_sync(0xffffffffu, val[v / 8][0], src);
+        const float x1 = __shfl_sync(0xffffffffu, val[v / 8][1], src);
+        sums[part][d] = (l & 1) ? x1 : x0;
+      }
+    draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
+  }
+
+  // The outputs and corrections of row rl's drafts from its sums (sums[0][d] = S~ k^_d, sums[1][d]
+  // = S~ q^_d, without the drafts' own corrections) and its v (vrow), as the lanes of its group
+  // hold them.
+  __device__ __forceinline__ void draft_outputs(const VerifyUnit& vu, const UnitCoords& c, int hi, int v0, int rl,
+                                                int lane, int R, const float (&vrow)[TMAX],
+                                                const float (&sums)[2][TMAX]) const {
+    const int h = c.h0 + hi, m = vu.m, n = vu.n;
+    const unsigned char* U = vu.buffer;
     // The drafts of row l (lanes l, l + kRowsPerWarp, ... hold its sums; group g of them takes
     // drafts g, g + kGroups, ...): u = M w and o = s_q + N w with w_d = v_d - s_k,d (draft_solve).
     constexpr int kGroups = 32 / kRowsPerWarp;
@@ -874,17 +1004,19 @@ struct PersistentVerify {
   }
 
   // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
-  // read the stored state).
+  // read the stored state); `back` (not null): also write it over the stage tile's rows.
   __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
-                                             int v0, int warp, int lane) const {
+                                             int v0, int warp, int lane, TS* back) const {
     TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
              static_cast<int64_t>(v0) * K;
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
+        const int r = Tile::row(warp, lane, s), col = Tile::col(lane, v);
         const uint4 packed = pack16<TS>(sv[s][v]);
-        store_stream16(st + Tile::row(warp, lane, s) * K + Tile::col(lane, v), packed);
+        store_stream16(st + r * K + col, packed);
+        if (back != nullptr) *reinterpret_cast<uint4*>(back + r * Layout::kRowStride + col) = packed;
         unpack16<TS>(packed, sv[s][v]);
       }
   }
