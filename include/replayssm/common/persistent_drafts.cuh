@@ -6,7 +6,9 @@
 
 #include <cstdint>
 
+#include "cursors.cuh"
 #include "drafts.cuh"
+#include "persistent_units.cuh"
 
 namespace replayssm {
 
@@ -42,6 +44,38 @@ __device__ __forceinline__ int read_draft_header(const DraftArgs& d, int64_t b, 
   if (lane < TMAX) dh->anc[lane] = anc;
   return n;
 }
+
+// What a consumer thread keeps of an active verify unit: the row's slot and cursors (the
+// producer's UnitHeader), its draft count (DraftHeader), whether it flushes (m + n > L) and the
+// committed records its drafts replay (me: 0 after a flush).
+struct VerifyUnit {
+  const unsigned char* buffer = nullptr;  // the unit buffer
+  int64_t slot = 0;
+  int start = 0, m = 0, n = 0, me = 0;
+  int arrived = 0;  // consumer thread 0: the slot's arrival count before this unit (cursors.cuh)
+  bool flush = false;
+
+  template <int TMAX>
+  __device__ __forceinline__ void from_headers(const unsigned char* U, const UnitHeader& hd,
+                                               const DraftHeader<TMAX>& dh, int L) {
+    buffer = U;
+    slot = hd.slot;
+    start = hd.start;
+    m = hd.m;
+    n = dh.n;
+    flush = m + n > L;
+    me = flush ? 0 : m;
+  }
+  // Physical ring index of logical record j in a ring of R records.
+  __device__ int phys(int j, int R) const {
+    const int q = start + j;
+    return q >= R ? q - R : q;
+  }
+  // The cursors the row leaves behind (draft records pending the commit).
+  __device__ Cursors next_cursors(int R) const {
+    return cursors_after_verify(Cursors{start, m, 0}, flush, phys(m, R), n);
+  }
+};
 
 // Sums of TMAX values over an aligned group of kLanes lanes, scattered over the group
 // (reduce-scatter): each halving step exchanges half of a lane's values with the lane kLanes / 2,

@@ -227,18 +227,6 @@ struct PersistentVerify : GroupUnits {
   }
 
   // ---- consumers (warps 0..3) ----
-  struct VerifyUnit {
-    const unsigned char* buffer = nullptr;
-    int64_t slot = 0;
-    int start = 0, m = 0, n = 0, me = 0;
-    int arrived = 0;
-    bool flush = false;
-    __device__ int phys(int j, int R) const {
-      const int q = start + j;
-      return q >= R ? q - R : q;
-    }
-  };
-
   __device__ void consume(int tid) const {
     const int warp = tid / 32, lane = tid % 32;
     const int R = p.ring.capacity;
@@ -256,13 +244,7 @@ struct PersistentVerify : GroupUnits {
         return 0;
       }
       const DraftHeader<TMAX>* dh = reinterpret_cast<const DraftHeader<TMAX>*>(U + Layout::kDrafts.offset);
-      vu.buffer = U;
-      vu.slot = hd.slot;
-      vu.start = hd.start;
-      vu.m = hd.m;
-      vu.n = dh->n;
-      vu.flush = vu.m + vu.n > L;
-      vu.me = vu.flush ? 0 : vu.m;
+      vu.from_headers(U, hd, *dh, L);
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
       unsigned char* Uw = const_cast<unsigned char*>(U);
       const TI* UC = reinterpret_cast<const TI*>(U + Layout::kC.offset);
@@ -314,8 +296,7 @@ struct PersistentVerify : GroupUnits {
     };
 
     auto counted_in = [&](int64_t) {
-      const Cursors next = cursors_after_verify(Cursors{vu.start, vu.m, 0}, vu.flush, vu.phys(vu.m, R), vu.n);
-      finish_unit(p.ring, vu.slot, units_per_row, vu.arrived, next, p.error_flag);
+      finish_unit(p.ring, vu.slot, units_per_row, vu.arrived, vu.next_cursors(R), p.error_flag);
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
