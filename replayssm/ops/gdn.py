@@ -10,10 +10,11 @@ Shapes (HV value heads, HK key heads with HV % HK == 0, head dims K and V, batch
     slot_indices        [batch] int32/int64; ``pad_slot_id`` rows are skipped (output zeros)
 
 Alignment: nothing beyond each dtype's own is required of the step inputs and outputs. The tile
-and conventional decode kernels and both verify kernels read q, k, v and the gates and write out
-element by element. The persistent decode kernel copies q, k and v with 16-byte cp.async (the
-gates and beta as the aligned 4-byte words holding them): the launcher runs it only when q, k
-and v are 16-byte aligned (persistent_inputs_aligned in launch.cuh: data pointer and batch and head strides,
+and conventional decode kernels and the tile and conventional verify kernels read q, k, v and the
+gates and write out element by element. The persistent decode and verify kernels copy q, k and v
+with 16-byte cp.async (the gates and beta as the aligned 4-byte words holding them): the launcher
+runs them only when q, k and v are 16-byte aligned (persistent_inputs_aligned and
+persistent_verify_inputs_aligned in launch.cuh: data pointer and batch (token) and head strides,
 in bytes, multiples of 16, ignoring dims of extent 1) and otherwise serves the step with the
 schedule's tile launch (``wrapper.schedule.tile``): same results, slower at large batches. This is
 the one choice made at each launch; everything else (kernel, tile, grid) is the plan's (the
