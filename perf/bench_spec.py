@@ -4,7 +4,8 @@ do today).
 
     python perf/bench_spec.py [--families mamba2 gdn kda] [--batches 1 64 256 512] [--drafts 2 4 8 16]
                               [--trees tree4 binary7 binary15] [--acceptance 0.7]
-                              [--phases lockstep staggered] [--out DIR]
+                              [--phases lockstep staggered] [--verify-kernels auto|tile|persistent ...]
+                              [--out DIR]
 
 Every time is a CUDA-graph replay timed with CUDA events (median over trials):
 - standard: a graph of L consecutive replay decode steps (a whole window, flush included) / L;
@@ -23,7 +24,9 @@ Rows (shared schema, docs/benchmarks.md): family, mode ('spec' chain | 'tree'), 
 no ring), tree (name) and parents, acceptance, us_per_step (one verify + commit round),
 us_standard_step (same run, same phases; the conventional rows use the first --phases),
 round_over_step, mean_accepted, tokens_per_s (batch x mean_accepted per round time),
-tokens_per_s_standard, tokens_ratio; replay chain rows also us_conventional_verify and
+tokens_per_s_standard, tokens_ratio; replay rows also verify_kernel (the schedule's kernel:
+'persistent' or 'verify', the tile verify) and verify_kernel_asked (--verify-kernels: the plan's
+choice, or one forced), replay chain rows also us_conventional_verify and
 conventional_over_replay.
 """
 
