@@ -263,4 +263,27 @@ struct PersistentPipeline {
   __device__ static void consumer_sync() { named_barrier(kConsumerBarrier, kPersistentConsumers); }
 };
 
+// The body of every persistent kernel: thread 0 initialises the pipeline with the launch's hint
+// parity (parity(), -1: no hints), the producer warp streams and the consumer warps compute
+// (k.produce, k.consume), then thread 0 finishes the unit counter at work(). kHints: whether the
+// kernel reads and leaves flush hints (common/row_order.cuh); a verify has none.
+template <bool kHints, class Kernel, class Work, class Parity>
+__device__ __forceinline__ void run_persistent(const Kernel& k, Work&& work, Parity&& parity) {
+  if (threadIdx.x == 0) k.pipe.init(parity());
+  __syncthreads();
+  if (threadIdx.x >= kPersistentConsumers) {
+    k.produce(threadIdx.x % 32);
+  } else {
+    k.consume(threadIdx.x);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    if constexpr (kHints) {
+      WorkCounter{work(), k.units}.finish(*k.pipe.hint_parity() >= 0);
+    } else {
+      WorkCounter{work(), k.units}.finish(false);
+    }
+  }
+}
+
 }  // namespace replayssm

@@ -145,6 +145,12 @@ inline int32_t largest_rows(int32_t dim, int64_t row_bytes, int64_t max_bytes) {
   return best ? best : smallest;
 }
 
+// Whether a plan runs the persistent kernel: as forced by the query, or else `automatic` (the
+// family's rule for this batch).
+inline bool persistent_wanted(const PlanQuery& q, bool automatic) {
+  return q.persistent == kPersistentAuto ? automatic : q.persistent == kPersistentOn;
+}
+
 // ---- Mamba-2 heuristics (H200 measurements; previously replayssm/ops/mamba2.py) ----------------
 
 // Persistent pipelined replay step once there are enough heads to stream (the launcher splits

@@ -76,6 +76,15 @@ __device__ __forceinline__ float step_beta(const DecodeParams& p, const CtaCoord
   return step_beta(p, c.b, c.hv);
 }
 
+// The factors that normalise one q and k (q^ = qs q, with the scale; k^ = ks k) from each lane's
+// part of their sums of squares; every lane of the warp calls it and gets both.
+__device__ __forceinline__ void qk_scales(const DecodeParams& p, float sq, float sk, float* qs, float* ks) {
+  sq = group_sum<32>(sq);
+  sk = group_sum<32>(sk);
+  *qs = (p.use_l2norm ? 1.f / sqrtf(sq + 1e-6f) : 1.f) * p.scale;
+  *ks = p.use_l2norm ? 1.f / sqrtf(sk + 1e-6f) : 1.f;
+}
+
 // q^ and k^ of this CTA's key head into shared memory (fp32). Needs q_s/k_s pre-filled with the
 // raw values; every thread must call it (two barriers inside). Returns nothing: q_s, k_s updated.
 template <int K, int kThreads>

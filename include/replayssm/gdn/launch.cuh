@@ -52,6 +52,18 @@ inline bool buffers_match(const StatePool& pool, const Ring& ring) {
   return pool_matches_format<RC>(pool) && (ring.v != nullptr) == RC::kTwoCopy && (ring.beta != nullptr) == RC::kTwoCopy;
 }
 
+// The persistent part of a plan once the kernel's facts at `rows` are known (f): the fallback
+// when it cannot run on the device, else its launch of `units` units of `heads_per_unit` value
+// heads.
+inline int plan_persistent_launch(const PlanQuery& q, int32_t rows, int32_t heads_per_unit, int64_t units,
+                                  const KernelFacts& f, Schedule* s) {
+  int32_t ctas = 0;
+  s->fallback = persistent_fallback(q.limits, f, &ctas);
+  if (s->fallback != kFallbackNone) return 0;
+  s->main = persistent_launch(rows, heads_per_unit, units, q.limits, f, ctas);
+  return s->main.units < 0 ? kPlanBadQuery : 0;
+}
+
 // RC: the state format the module is built for (common/read_copy.cuh; NoReadCopy: the checkpoint alone).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, class RC = NoReadCopy>
 struct ReplayDecode {
@@ -88,9 +100,7 @@ struct ReplayDecode {
     if (e) return e;
     s->main = s->tile;
     const int64_t n_units = units(batch, q.heads, q.groups);
-    const bool want =
-        q.persistent == kPersistentAuto ? n_units >= kDeltaPersistentMinUnits : q.persistent == kPersistentOn;
-    if (!want) return 0;
+    if (!persistent_wanted(q, n_units >= kDeltaPersistentMinUnits)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
     KernelFacts f{};
     e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
@@ -102,13 +112,7 @@ struct ReplayDecode {
       return cudaSuccess;
     });
     if (e) return e;
-    int32_t ctas = 0;
-    s->fallback = persistent_fallback(q.limits, f, &ctas);
-    if (s->fallback == kFallbackNone) {
-      s->main = persistent_launch(rows, PerChannelDecay ? 1 : q.heads / q.groups, n_units, q.limits, f, ctas);
-      if (s->main.units < 0) return kPlanBadQuery;
-    }
-    return 0;
+    return plan_persistent_launch(q, rows, PerChannelDecay ? 1 : q.heads / q.groups, n_units, f, s);
   }
 
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
@@ -230,10 +234,7 @@ struct ReplayVerify {
         &s->main, &s->fallback);
     s->tile = s->main;
     if (e) return e;
-    const bool want = q.persistent == kPersistentAuto
-                          ? static_cast<int64_t>(q.batch) * q.heads >= kDeltaVerifyPersistentMinHeads
-                          : q.persistent == kPersistentOn;
-    if (!want) return 0;
+    if (!persistent_wanted(q, static_cast<int64_t>(q.batch) * q.heads >= kDeltaVerifyPersistentMinHeads)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_verify_persistent_rows(V, K, sizeof(TS));
     KernelFacts f{};
     e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
@@ -245,14 +246,8 @@ struct ReplayVerify {
       return cudaSuccess;
     });
     if (e) return e;
-    int32_t ctas = 0;
-    s->fallback = persistent_fallback(q.limits, f, &ctas);
-    if (s->fallback == kFallbackNone) {
-      const int32_t hpu = delta_verify_unit_heads(q.heads / q.groups, PerChannelDecay);
-      s->main = persistent_launch(rows, hpu, units(q.batch, q.heads, q.groups), q.limits, f, ctas);
-      if (s->main.units < 0) return kPlanBadQuery;
-    }
-    return 0;
+    return plan_persistent_launch(q, rows, delta_verify_unit_heads(q.heads / q.groups, PerChannelDecay),
+                                  units(q.batch, q.heads, q.groups), f, s);
   }
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;

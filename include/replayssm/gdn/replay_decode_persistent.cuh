@@ -407,10 +407,8 @@ struct PersistentReplay {
         sq = fmaf(qr[i], qr[i], sq);
         sk = fmaf(kr[i], kr[i], sk);
       }
-      sq = group_sum<32>(sq);
-      sk = group_sum<32>(sk);
-      const float qs = (p.use_l2norm ? 1.f / sqrtf(sq + 1e-6f) : 1.f) * p.scale;
-      const float ks = p.use_l2norm ? 1.f / sqrtf(sk + 1e-6f) : 1.f;
+      float qs, ks;
+      qk_scales(p, sq, sk, &qs, &ks);
 
       if constexpr (PerChannelDecay) {
         // One thread per key channel: decay the ring keys in place (newest first) and form the
@@ -995,15 +993,7 @@ __global__ void __launch_bounds__(kPersistentThreads,
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, K, V, L, ROWS, PerChannelDecay, RC> k(p, persistent_smem);
-  if (threadIdx.x == 0) k.pipe.init(hint_parity(p.ring, p.slots));
-  __syncthreads();
-  if (threadIdx.x >= kPersistentConsumers) {
-    k.produce(threadIdx.x % 32);
-  } else {
-    k.consume(threadIdx.x);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish(*k.pipe.hint_parity() >= 0);
+  run_persistent<true>(k, [&] { return p.ring.work; }, [&] { return hint_parity(p.ring, p.slots); });
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif

@@ -422,10 +422,8 @@ struct PersistentVerify {
         sq = fmaf(q[i], q[i], sq);
         sk = fmaf(k[i], k[i], sk);
       }
-      sq = group_sum<32>(sq);
-      sk = group_sum<32>(sk);
-      const float qs = (p.use_l2norm ? 1.f / sqrtf(sq + 1e-6f) : 1.f) * p.scale;
-      const float ks = p.use_l2norm ? 1.f / sqrtf(sk + 1e-6f) : 1.f;
+      float qs, ks;
+      qk_scales(p, sq, sk, &qs, &ks);
 #pragma unroll
       for (int i = 0; i < kCpl; ++i) {
         vec[d * K + lane + 32 * i] = k[i] * ks;
@@ -742,13 +740,7 @@ struct PersistentVerify {
     const int rl = warp * kRowsPerWarp + l;
 
     float sv[Tile::kPasses][Tile::kVpl][kV];
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-      for (int v = 0; v < Tile::kVpl; ++v)
-        unpack16<TS>(
-            *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
-            sv[s][v]);
+    stage_rows(sv, ST, warp, lane);
     if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
 
     // Ring parts of the lane's sums (keys, then queries, kBatch drafts at a time; drafts
@@ -851,13 +843,7 @@ struct PersistentVerify {
 
     if constexpr (kFlush) {
       float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s)
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-          unpack16<TS>(
-              *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
-              sv[s][v]);
+      stage_rows(sv, ST, warp, lane);
       fold_rows(sv, U, hi, Su, m, warp, lane);
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
@@ -946,6 +932,18 @@ struct PersistentVerify {
     }
   }
 
+  // This warp's rows of the stage tile ST (rows Layout::kRowStride elements apart) as floats.
+  __device__ __forceinline__ static void stage_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const TS* ST,
+                                                    int warp, int lane) {
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s)
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+        unpack16<TS>(
+            *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
+            sv[s][v]);
+  }
+
   // A flush: this warp's rows of the stage tile with the m committed records folded in,
   // S' = S_c Diag(E(Gc)) + sum_j u_j kd_j^T (GDN: kd_j = w_j k_j with the head's fold weights).
   __device__ __forceinline__ void fold_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const unsigned char* U,
@@ -1010,15 +1008,7 @@ __global__ void __launch_bounds__(kPersistentThreads,
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX> k(vp, persistent_smem);
-  if (threadIdx.x == 0) k.pipe.init(-1);  // no flush hints
-  __syncthreads();
-  if (threadIdx.x >= kPersistentConsumers) {
-    k.produce(threadIdx.x % 32);
-  } else {
-    k.consume(threadIdx.x);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{vp.d.ring.work, k.units}.finish(false);
+  run_persistent<false>(k, [&] { return vp.d.ring.work; }, [] { return -1; });  // no flush hints
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif

@@ -104,9 +104,7 @@ struct ReplayDecode {
     // The tile kernel waits for its prerequisites (replay_decode.cuh), where its code has
     // griddepcontrol: not in code compiled for an arch before sm_90 (e.g. sm_80 PTX on an H200).
     s->pdl = pdl_allowed(q, s->main, !tile_predates_sm90);
-    const bool want =
-        q.persistent == kPersistentAuto ? batch * q.heads >= kMamba2PersistentMinHeads : q.persistent == kPersistentOn;
-    if (!want) return 0;
+    if (!persistent_wanted(q, batch * q.heads >= kMamba2PersistentMinHeads)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
     int32_t stages = 0;
@@ -248,10 +246,7 @@ struct ReplayVerify {
         &s->main, &s->fallback);
     s->tile = s->main;
     if (e) return e;
-    const bool want = q.persistent == kPersistentAuto
-                          ? static_cast<int64_t>(q.batch) * q.heads >= kMamba2PersistentMinHeads
-                          : q.persistent == kPersistentOn;
-    if (!want) return 0;
+    if (!persistent_wanted(q, static_cast<int64_t>(q.batch) * q.heads >= kMamba2PersistentMinHeads)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_verify_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
     int32_t stages = 0;

@@ -582,15 +582,7 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentLayout<TS, TI, 
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentReplay<TS, TI, P, N, L, ROWS, RC> k(p, persistent_smem);
-  if (threadIdx.x == 0) k.pipe.init(hint_parity(p.ring, p.slots));
-  __syncthreads();
-  if (threadIdx.x >= kPersistentConsumers) {
-    k.produce(threadIdx.x % 32);
-  } else {
-    k.consume(threadIdx.x);
-  }
-  __syncthreads();
-  if (threadIdx.x == 0) WorkCounter{p.ring.work, k.units}.finish(*k.pipe.hint_parity() >= 0);
+  run_persistent<true>(k, [&] { return p.ring.work; }, [&] { return hint_parity(p.ring, p.slots); });
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
 #endif

@@ -677,6 +677,9 @@ __global__ void __launch_bounds__(kPersistentThreads, (PersistentVerifyLayout<TS
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
   const PersistentVerify<TS, TI, P, N, L, ROWS, TMAX> k(vp, persistent_smem);
+  // The body of run_persistent (common/persistent.cuh), written out: through the helper this
+  // kernel's generated code changes (register widths, order), and the helper's form has not run
+  // on a GPU for it.
   if (threadIdx.x == 0) k.pipe.init(-1);  // no flush hints
   __syncthreads();
   if (threadIdx.x >= kPersistentConsumers) {
