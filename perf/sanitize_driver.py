@@ -3,8 +3,9 @@
 Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also
 with an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the others so that some
 steps flush a part of the batch, a conventional step, a replay verify with a chain
-commit and a tree verify with a path commit (the flush fused into the verify included), and a
-conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in seconds.
+commit and a tree verify with a path commit (the flush fused into the verify included; tile and
+persistent verify kernels both), and a conventional verify. Sizes are small so that memcheck,
+racecheck and synccheck finish in seconds.
 Exits non-zero if a kernel raised an error bit.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 perf/sanitize_driver.py
@@ -90,7 +91,7 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         w.plan(slots)
         for _ in range(17):  # crosses a flush
             run(cache, inputs(batch))
-        if algorithm == "replay" and label == "tile":
+        if algorithm == "replay" and label in ("tile", "persistent"):  # both verify kernels
             w.plan(slots, draft_len=T)
             run(cache, inputs(batch, T))
             w.commit(cache, num_accepted=torch.tensor([2, 1, 4, 3], dtype=torch.int32, device=DEV)[:batch])

@@ -38,7 +38,7 @@ M2_BASE = dict(H=8, P=64, N=128, G=2, state=F32, io=BF16, L=16)
 GDN_BASE = dict(family="gdn", HV=4, HK=2, K=128, V=128, state=F32, io=BF16, L=16)
 KDA_BASE = {**GDN_BASE, "family": "kda"}
 T = 4
-KINDS = ["tile", "persistent", "conventional", "verify", "conventional_verify"]
+KINDS = ["tile", "persistent", "conventional", "verify", "persistent_verify", "conventional_verify"]
 HOWS = ["offset", "stride"]
 REJECTED: set[tuple[str, str]] = set()  # (kind, tensor) allowed to raise ValueError instead
 
@@ -139,7 +139,12 @@ class Case:
         spec, L = self.fam.spec, self.fam.cfg["L"]
         self.conventional = kind.startswith("conventional")
         self.verify = kind.endswith("verify")
-        kw = {} if self.conventional or self.verify else {"persistent": kind == "persistent"}
+        if self.conventional:
+            kw = {}
+        elif self.verify:  # the replay verify: the plan's choice at this batch (the tile kernel), or forced
+            kw = {"persistent": True} if kind == "persistent_verify" else {}
+        else:
+            kw = {"persistent": kind == "persistent"}
         self.w = spec.wrapper("conventional" if self.conventional else "replay", self.BATCH, **kw)
         self.rows = [r for r, s in enumerate(self.SLOTS) if s >= 0]
         self.sl = [self.SLOTS[r] for r in self.rows]
@@ -170,6 +175,8 @@ class Case:
             self.w.plan(self.slots)
         if self.kind in ("tile", "persistent"):
             assert self.w.persistent == (self.kind == "persistent")
+        if self.kind == "persistent_verify":  # misaligned inputs then run w.schedule.tile at the launch
+            assert self.w.schedule.kernel == "persistent"
 
     def launch(self, name: str | None, how: str | None, what: str):
         """One launch with tensor ``name`` misaligned (None: all aligned); checks the outputs.
@@ -217,7 +224,7 @@ class Case:
         y = spec.ref_verify(ref, sl, inp, rows, T, None)
         e = rel_err(out[rows].cpu(), y)
         assert e <= self.out_tol, f"{what}: verify output rel err {e:.3e} > {self.out_tol:.1e}"
-        if self.kind == "verify":
+        if self.kind in ("verify", "persistent_verify"):
             acc = torch.randint(1, T + 1, (self.BATCH,), generator=self.gen, device=DEV, dtype=torch.int32)
             self.w.commit(self.cache, num_accepted=acc)
             ref.commit(sl, acc[rows].tolist())

@@ -49,6 +49,56 @@ struct MmaSplitDots {
     }
   }
 
+  // Vectors given in fp32 (not exact in bf16: KDA's carry per-channel decays): their hi and lo
+  // bf16 parts into two fragment sets (kFragmentBytes each), zeros where `valid(row)` is false.
+  template <class Valid>
+  __device__ __forceinline__ static void set_vectors_split(unsigned char* frag_hi, unsigned char* frag_lo,
+                                                           const float* vec, Valid&& valid, int tid, int threads) {
+    uint4* ah = reinterpret_cast<uint4*>(frag_hi);
+    uint4* al = reinterpret_cast<uint4*>(frag_lo);
+    for (int idx = tid; idx < kSteps * 32; idx += threads) {
+      const int q = idx / 32, lane = idx % 32, g = lane / 4, c = lane % 4;
+      uint32_t hi[4], lo[4];
+      const int rows[4] = {g, g + 8, g, g + 8}, cols[4] = {2 * c, 2 * c, 2 * c + 8, 2 * c + 8};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        float2 x = make_float2(0.f, 0.f);
+        if (valid(rows[w])) x = *reinterpret_cast<const float2*>(vec + rows[w] * N + 16 * q + cols[w]);
+        split(x, &hi[w], &lo[w]);
+      }
+      ah[idx] = make_uint4(hi[0], hi[1], hi[2], hi[3]);
+      al[idx] = make_uint4(lo[0], lo[1], lo[2], lo[3]);
+    }
+  }
+
+  // dots() for vectors in two parts (set_vectors_split): hi.hi + hi.lo + lo.hi, each product
+  // exact to about 2^-16 of its operands' magnitudes.
+  __device__ __forceinline__ static void dots_split(const float* rows, const unsigned char* frag_hi,
+                                                    const unsigned char* frag_lo, int lane, float (&out)[kHeld][2]) {
+    const uint4* ah = reinterpret_cast<const uint4*>(frag_hi);
+    const uint4* al = reinterpret_cast<const uint4*>(frag_lo);
+    const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
+    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) {
+      const float2 x0 = *reinterpret_cast<const float2*>(r + 16 * q);
+      const float2 x1 = *reinterpret_cast<const float2*>(r + 16 * q + 8);
+      uint32_t hi[2], lo[2];
+      split(x0, &hi[0], &lo[0]);
+      split(x1, &hi[1], &lo[1]);
+      const uint4 a = ah[q * 32 + lane], b = al[q * 32 + lane];
+      mma(acc, a, hi);
+      mma(acc, a, lo);
+      mma(acc, b, hi);
+    }
+    out[0][0] = acc[0];
+    out[0][1] = acc[1];
+    if constexpr (kHeld == 2) {
+      out[kHeld - 1][0] = acc[2];
+      out[kHeld - 1][1] = acc[3];
+    }
+  }
+
   // out[k][e] = vector (lane / 4 + 8 k) . row (2 (lane % 4) + e) of the 8 rows at `rows` (shared
   // memory, row stride kRowStride floats, 8-byte aligned). Every lane of the warp calls it.
   __device__ __forceinline__ static void dots(const float* rows, const unsigned char* frag, int lane,

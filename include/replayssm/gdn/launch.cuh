@@ -203,12 +203,10 @@ struct ReplayVerify {
   using Smem = VerifySmem<TI, K, ROWS, L, PerChannelDecay, RC>;
   template <int ROWS>
   using Persistent = typename PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>::Budget;
-  // The persistent verify exists for the checkpoint alone (no read copy) and up to 8 drafts at a
-  // tiling whose buffers fit two CTAs per SM. At 16 drafts ptxas (CUDA 13.0) fails to allocate
-  // the non-flush tile's registers ("register allocation failed with register count of 7"), so
-  // T = 16 keeps the tile verify.
+  // The persistent verify exists for the checkpoint alone (no read copy) at a tiling whose
+  // buffers fit two CTAs per SM.
   template <int ROWS>
-  static constexpr bool kPersistentOk = !RC::kEnabled && TMAX <= 8 && Persistent<ROWS>::kFits &&
+  static constexpr bool kPersistentOk = !RC::kEnabled && Persistent<ROWS>::kFits &&
                                         StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
 
   // Work units of the persistent verify: a row's value heads in groups of delta_verify_unit_heads.

@@ -60,7 +60,10 @@ struct PersistentVerifyLayout {
   // on tensor cores (common/mma_split_dots.cuh), the drafts' raw bf16 keys and queries (exact) as
   // the 2 TMAX <= 16 vectors, their norms in the factors; the tile's rows are then padded in
   // shared memory.
-  static constexpr bool kMmaDots = !PerChannelDecay && std::is_same_v<TS, float> && std::is_same_v<TI, __nv_bfloat16> &&
+  // KDA (vectors with per-channel decays, fp32): both operands split, three MMAs per step. With
+  // fp32 io its unit buffer and the two fragment sets would not fit two CTAs per SM: CUDA cores.
+  static constexpr bool kSplitVectors = PerChannelDecay;
+  static constexpr bool kMmaDots = std::is_same_v<TI, __nv_bfloat16> && std::is_same_v<TS, float> &&
                                    ROWS == 8 * kPersistentConsumerWarps && TMAX >= 4 && TMAX <= 8;
   using Dots = MmaSplitDots<K, kVecs <= 16 ? kVecs : 16>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : K;  // TS elements per row of the stage tile
@@ -97,7 +100,8 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
   static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
-  static constexpr SmemRegion kFrag = kSolve.then(kMmaDots ? Dots::kFragmentBytes : 0, 16);  // the vectors' A fragments
+  static constexpr SmemRegion kFrag =
+      kSolve.then(kMmaDots ? (kSplitVectors ? 2 : 1) * Dots::kFragmentBytes : 0, 16);  // the vectors' A fragments
   static constexpr size_t kUnitBytes = buffer_bytes(kFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
@@ -330,7 +334,7 @@ struct PersistentVerify {
       vu.from_headers(U, hd, *dh, L);
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
       draft_vectors(U, vu.n, warp, lane);
-      if constexpr (Layout::kMmaDots) {
+      if constexpr (Layout::kMmaDots && !Layout::kSplitVectors) {
         const int n = vu.n;
         Layout::Dots::set_vectors(
             const_cast<unsigned char*>(U) + Layout::kFrag.offset,
@@ -348,6 +352,13 @@ struct PersistentVerify {
         for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
       }
       Layout::Pipeline::consumer_sync();
+      if constexpr (Layout::kMmaDots && Layout::kSplitVectors) {  // KDA: the vectors carry the decays now
+        const int n = vu.n;
+        unsigned char* F = const_cast<unsigned char*>(U) + Layout::kFrag.offset;
+        Layout::Dots::set_vectors_split(
+            F, F + Layout::Dots::kFragmentBytes, floats(U, Layout::kVec),
+            [n](int row) { return row < 2 * TMAX && row % TMAX < n; }, tid, kPersistentConsumers);
+      }
       for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
       Layout::Pipeline::consumer_sync();
       return tiles_per_unit();
@@ -743,35 +754,42 @@ struct PersistentVerify {
     stage_rows(sv, ST, warp, lane);
     if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
 
-    // Ring parts of the lane's sums (keys, then queries, kBatch drafts at a time; drafts
-    // first .. first + kHeld - 1 of the batch of its rows; the kDup lanes that hold them take
-    // records sub, sub + kDup, ...), and row l's v.
+    // The ring part of sum (part, batch bi, pass s, held k) of the lane's rows (keys, then queries,
+    // kBatch drafts at a time; drafts first .. first + kHeld - 1 of the batch; the kDup lanes that
+    // hold them take records sub, sub + kDup, ...).
+    auto ring_part = [&](int part, int bi, int s, int k) {
+      const int r = Tile::row(warp, lane, s);
+      const float* ci = coef + (part * TMAX + bi * kBatch + first + k) * kW;
+      float acc = 0.f;
+#pragma unroll
+      for (int jj = 0; jj < (L + kDup - 1) / kDup; ++jj) {
+        const int j = jj * kDup + sub;
+        if (j < me) acc = fmaf(ci[j], Su[j * ROWS + r], acc);
+      }
+#pragma unroll
+      for (int off = 1; off < kDup; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
+      return acc;
+    };
+    // Up to 8 drafts: the ring parts first and the stage released before the products. At 16,
+    // each is formed after the reduce-scatter and the stage held until the gather: with 32 ring
+    // parts live across the products ptxas 13.0 failed to allocate the tile's registers
+    // ("register allocation failed with register count of 7").
+    constexpr bool kLateRing = TMAX > 8;
     float rsum[2][kBatches][Tile::kPasses][kHeld];
+    if constexpr (!kLateRing) {
 #pragma unroll
-    for (int part = 0; part < 2; ++part)
+      for (int part = 0; part < 2; ++part)
 #pragma unroll
-      for (int bi = 0; bi < kBatches; ++bi)
+        for (int bi = 0; bi < kBatches; ++bi)
 #pragma unroll
-        for (int s = 0; s < Tile::kPasses; ++s) {
-          const int r = Tile::row(warp, lane, s);
+          for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-          for (int k = 0; k < kHeld; ++k) {
-            const float* ci = coef + (part * TMAX + bi * kBatch + first + k) * kW;
-            float acc = 0.f;
-#pragma unroll
-            for (int jj = 0; jj < (L + kDup - 1) / kDup; ++jj) {
-              const int j = jj * kDup + sub;
-              if (j < me) acc = fmaf(ci[j], Su[j * ROWS + r], acc);
-            }
-#pragma unroll
-            for (int off = 1; off < kDup; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
-            rsum[part][bi][s][k] = acc;
-          }
-        }
+            for (int k = 0; k < kHeld; ++k) rsum[part][bi][s][k] = ring_part(part, bi, s, k);
+    }
     float vrow[TMAX];
 #pragma unroll
     for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
-    release();
+    if constexpr (!kLateRing) release();
 
     if constexpr (kFlush) store_rows(sv, vu.slot, h, v0, warp, lane, nullptr);
 
@@ -801,7 +819,8 @@ struct PersistentVerify {
           Split::sum(dots[s], lane);
 #pragma unroll
           for (int k = 0; k < kHeld; ++k)
-            dots[s][k] = fmaf(fac[part * TMAX + bi * kBatch + first + k], dots[s][k], rsum[part][bi][s][k]);
+            dots[s][k] = fmaf(fac[part * TMAX + bi * kBatch + first + k], dots[s][k],
+                              kLateRing ? ring_part(part, bi, s, k) : rsum[part][bi][s][k]);
         }
       // Row l's sums: its pass l / kRowsPerPass, its group l % kRowsPerPass of that pass.
 #pragma unroll
@@ -817,6 +836,7 @@ struct PersistentVerify {
         }
       }
 
+    if constexpr (kLateRing) release();
     draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
   }
 
@@ -849,7 +869,12 @@ struct PersistentVerify {
       __syncwarp();
     }
     float dot[kHeldM][2];
-    Dots::dots(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset, lane, dot);
+    if constexpr (Layout::kSplitVectors) {
+      Dots::dots_split(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset,
+                       U + Layout::kFrag.offset + Dots::kFragmentBytes, lane, dot);
+    } else {
+      Dots::dots(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset, lane, dot);
+    }
 
     // Ring parts of the lane's products (vectors g + 8 k, rows r0 and r0 + 1: one u pair per record).
     const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
