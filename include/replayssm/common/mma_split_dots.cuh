@@ -71,41 +71,32 @@ struct MmaSplitDots {
     }
   }
 
-  // dots() for vectors in two parts (set_vectors_split): hi.hi + hi.lo + lo.hi, each product
-  // exact to about 2^-16 of its operands' magnitudes.
-  __device__ __forceinline__ static void dots_split(const float* rows, const unsigned char* frag_hi,
-                                                    const unsigned char* frag_lo, int lane, float (&out)[kHeld][2]) {
-    const uint4* ah = reinterpret_cast<const uint4*>(frag_hi);
-    const uint4* al = reinterpret_cast<const uint4*>(frag_lo);
-    const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-    for (int q = 0; q < kSteps; ++q) {
-      const float2 x0 = *reinterpret_cast<const float2*>(r + 16 * q);
-      const float2 x1 = *reinterpret_cast<const float2*>(r + 16 * q + 8);
-      uint32_t hi[2], lo[2];
-      split(x0, &hi[0], &lo[0]);
-      split(x1, &hi[1], &lo[1]);
-      const uint4 a = ah[q * 32 + lane], b = al[q * 32 + lane];
-      mma(acc, a, hi);
-      mma(acc, a, lo);
-      mma(acc, b, hi);
-    }
-    out[0][0] = acc[0];
-    out[0][1] = acc[1];
-    if constexpr (kHeld == 2) {
-      out[kHeld - 1][0] = acc[2];
-      out[kHeld - 1][1] = acc[3];
-    }
-  }
-
   // out[k][e] = vector (lane / 4 + 8 k) . row (2 (lane % 4) + e) of the 8 rows at `rows` (shared
   // memory, row stride kRowStride floats, 8-byte aligned). Every lane of the warp calls it.
   __device__ __forceinline__ static void dots(const float* rows, const unsigned char* frag, int lane,
                                               float (&out)[kHeld][2]) {
-    const uint4* af = reinterpret_cast<const uint4*>(frag);
+    float o[1][kHeld][2];
+    dot_sets<1, false>(rows, frag, lane, o);
+#pragma unroll
+    for (int k = 0; k < kHeld; ++k) out[k][0] = o[0][k][0], out[k][1] = o[0][k][1];
+  }
+
+  // Fragment bytes of one vector set: one fragment set, or two (hi, lo) for vectors in two parts.
+  template <bool kSplitVectors>
+  static constexpr size_t kSetBytes = (kSplitVectors ? 2 : 1) * kFragmentBytes;
+
+  // dots() for kSets sets of up to 16 vectors each (frag: set s at s kSetBytes; each set's
+  // fragments as set_vectors, or with kSplitVectors its hi then lo parts as set_vectors_split,
+  // hi.hi + hi.lo + lo.hi: each product exact to about 2^-16 of its operands' magnitudes). Each
+  // row element is read and split once for every set. out[s][k][e] = vector (16 s + lane / 4 + 8 k)
+  // . row (2 (lane % 4) + e).
+  template <int kSets, bool kSplitVectors>
+  __device__ __forceinline__ static void dot_sets(const float* rows, const unsigned char* frag, int lane,
+                                                  float (&out)[kSets][kHeld][2]) {
     const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
-    float acc[4] = {0.f, 0.f, 0.f, 0.f};
+    float acc[kSets][4];
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 #pragma unroll
     for (int q = 0; q < kSteps; ++q) {
       const float2 x0 = *reinterpret_cast<const float2*>(r + 16 * q);
@@ -113,15 +104,23 @@ struct MmaSplitDots {
       uint32_t hi[2], lo[2];
       split(x0, &hi[0], &lo[0]);
       split(x1, &hi[1], &lo[1]);
-      const uint4 a = af[q * 32 + lane];
-      mma(acc, a, hi);
-      mma(acc, a, lo);
+#pragma unroll
+      for (int s = 0; s < kSets; ++s) {
+        const uint4* ah = reinterpret_cast<const uint4*>(frag + s * kSetBytes<kSplitVectors>);
+        const uint4 a = ah[q * 32 + lane];
+        mma(acc[s], a, hi);
+        mma(acc[s], a, lo);
+        if constexpr (kSplitVectors) mma(acc[s], ah[kSteps * 32 + q * 32 + lane], hi);
+      }
     }
-    out[0][0] = acc[0];
-    out[0][1] = acc[1];
-    if constexpr (kHeld == 2) {
-      out[kHeld - 1][0] = acc[2];
-      out[kHeld - 1][1] = acc[3];
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) {
+      out[s][0][0] = acc[s][0];
+      out[s][0][1] = acc[s][1];
+      if constexpr (kHeld == 2) {
+        out[s][kHeld - 1][0] = acc[s][2];
+        out[s][kHeld - 1][1] = acc[s][3];
+      }
     }
   }
 

@@ -58,14 +58,16 @@ struct PersistentVerifyLayout {
   static constexpr int kG = PerChannelDecay ? K : 1;  // log decays per draft and head
   // GDN with an fp32 checkpoint and bf16 io at 8 rows per consumer warp: the tiles' dot products
   // on tensor cores (common/mma_split_dots.cuh), the drafts' raw bf16 keys and queries (exact) as
-  // the 2 TMAX <= 16 vectors, their norms in the factors; the tile's rows are then padded in
-  // shared memory.
+  // the 2 TMAX vectors (in sets of 16: at T = 16 the keys, then the queries), their norms in the
+  // factors; the tile's rows are then padded in shared memory.
   // KDA (vectors with per-channel decays, fp32): both operands split, three MMAs per step. With
-  // fp32 io its unit buffer and the two fragment sets would not fit two CTAs per SM: CUDA cores.
+  // fp32 io its unit buffer and the fragments would not fit two CTAs per SM: CUDA cores.
   static constexpr bool kSplitVectors = PerChannelDecay;
   static constexpr bool kMmaDots = std::is_same_v<TI, __nv_bfloat16> && std::is_same_v<TS, float> &&
-                                   ROWS == 8 * kPersistentConsumerWarps && TMAX >= 4 && TMAX <= 8;
+                                   ROWS == 8 * kPersistentConsumerWarps && TMAX >= 4;
   using Dots = MmaSplitDots<K, kVecs <= 16 ? kVecs : 16>;
+  static constexpr int kDotSets = (kVecs + 15) / 16;  // MMA vector sets: vectors 16 s .. 16 s + 15
+  static constexpr size_t kDotSetBytes = Dots::template kSetBytes<kSplitVectors>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : K;  // TS elements per row of the stage tile
 
   // Unit buffer: header, drafts, the drafts' q and k (io dtype), the tiles' vectors [2 TMAX][K]
@@ -101,7 +103,7 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
   static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
   static constexpr SmemRegion kFrag =
-      kSolve.then(kMmaDots ? (kSplitVectors ? 2 : 1) * Dots::kFragmentBytes : 0, 16);  // the vectors' A fragments
+      kSolve.then(kMmaDots ? kDotSets * kDotSetBytes : 0, 16);  // the vectors' A fragments
   static constexpr size_t kUnitBytes = buffer_bytes(kFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
@@ -336,10 +338,13 @@ struct PersistentVerify {
       draft_vectors(U, vu.n, warp, lane);
       if constexpr (Layout::kMmaDots && !Layout::kSplitVectors) {
         const int n = vu.n;
-        Layout::Dots::set_vectors(
-            const_cast<unsigned char*>(U) + Layout::kFrag.offset,
-            reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset),
-            [n](int row) { return row < 2 * TMAX && row % TMAX < n; }, tid, kPersistentConsumers);
+#pragma unroll
+        for (int s = 0; s < Layout::kDotSets; ++s)
+          Layout::Dots::set_vectors(
+              const_cast<unsigned char*>(U) + Layout::kFrag.offset + s * Layout::kDotSetBytes,
+              reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset) + 16 * s * K,
+              [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
+              kPersistentConsumers);
       }
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
@@ -354,10 +359,14 @@ struct PersistentVerify {
       Layout::Pipeline::consumer_sync();
       if constexpr (Layout::kMmaDots && Layout::kSplitVectors) {  // KDA: the vectors carry the decays now
         const int n = vu.n;
-        unsigned char* F = const_cast<unsigned char*>(U) + Layout::kFrag.offset;
-        Layout::Dots::set_vectors_split(
-            F, F + Layout::Dots::kFragmentBytes, floats(U, Layout::kVec),
-            [n](int row) { return row < 2 * TMAX && row % TMAX < n; }, tid, kPersistentConsumers);
+#pragma unroll
+        for (int s = 0; s < Layout::kDotSets; ++s) {
+          unsigned char* F = const_cast<unsigned char*>(U) + Layout::kFrag.offset + s * Layout::kDotSetBytes;
+          Layout::Dots::set_vectors_split(
+              F, F + Layout::Dots::kFragmentBytes, floats(U, Layout::kVec) + 16 * s * K,
+              [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
+              kPersistentConsumers);
+        }
       }
       for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
       Layout::Pipeline::consumer_sync();
@@ -868,36 +877,37 @@ struct PersistentVerify {
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
     }
-    float dot[kHeldM][2];
-    if constexpr (Layout::kSplitVectors) {
-      Dots::dots_split(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset,
-                       U + Layout::kFrag.offset + Dots::kFragmentBytes, lane, dot);
-    } else {
-      Dots::dots(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset, lane, dot);
-    }
+    constexpr int kSets = Layout::kDotSets;
+    float dot[kSets][kHeldM][2];
+    Dots::template dot_sets<kSets, Layout::kSplitVectors>(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset,
+                                                          lane, dot);
 
-    // Ring parts of the lane's products (vectors g + 8 k, rows r0 and r0 + 1: one u pair per record).
+    // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1: one u pair
+    // per record); val[v / 8] holds vector v's.
     const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
-    float val[kHeldM][2];
+    float val[kSets * kHeldM][2];
 #pragma unroll
-    for (int k = 0; k < kHeldM; ++k) {
-      const int v = g + 8 * k;
-      val[k][0] = val[k][1] = 0.f;
-      if (v < Layout::kVecs) {
-        const float* cv = coef + v * kW;
-        float a0 = 0.f, a1 = 0.f;
+    for (int s = 0; s < kSets; ++s)
 #pragma unroll
-        for (int j = 0; j < L; ++j) {
-          if (j < me) {
-            const float2 uj = *reinterpret_cast<const float2*>(Su + j * ROWS + r0);
-            a0 = fmaf(cv[j], uj.x, a0);
-            a1 = fmaf(cv[j], uj.y, a1);
+      for (int k = 0; k < kHeldM; ++k) {
+        const int v = 16 * s + g + 8 * k;
+        float (&vk)[2] = val[s * kHeldM + k];
+        vk[0] = vk[1] = 0.f;
+        if (v < Layout::kVecs) {
+          const float* cv = coef + v * kW;
+          float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+          for (int j = 0; j < L; ++j) {
+            if (j < me) {
+              const float2 uj = *reinterpret_cast<const float2*>(Su + j * ROWS + r0);
+              a0 = fmaf(cv[j], uj.x, a0);
+              a1 = fmaf(cv[j], uj.y, a1);
+            }
           }
+          vk[0] = fmaf(fac[v], dot[s][k][0], a0);
+          vk[1] = fmaf(fac[v], dot[s][k][1], a1);
         }
-        val[k][0] = fmaf(fac[v], dot[k][0], a0);
-        val[k][1] = fmaf(fac[v], dot[k][1], a1);
       }
-    }
     float vrow[TMAX];
 #pragma unroll
     for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
