@@ -2,7 +2,7 @@
 # One device call: GPU test suite + benchmarks, everything written under $OUT.
 #   bash perf/device_check.sh [tests|bench|spec|sanitize|all] [bench args, e.g. --family gdn --batches 1 64 256]
 #   (bench: perf/bench_decode.py; spec: perf/bench_spec.py; sanitize: perf/sanitize_driver.py under
-#    compute-sanitizer memcheck, racecheck and synccheck; all: tests + bench)
+#    compute-sanitizer memcheck, racecheck and synccheck, or TOOLS="racecheck"; all: tests + bench)
 #   TESTS="tests/gpu/test_mamba2_verify.py" bash perf/device_check.sh tests   (a subset of the suite)
 set -uo pipefail
 what=${1:-all}; shift || true
@@ -35,7 +35,7 @@ fi
 if [[ $what == sanitize ]]; then
   python3 perf/sanitize_driver.py 2>&1 | tee "$OUT/sanitize_warmup.log"  # JIT-compiles outside the tools
   [[ $rc == 0 ]] && rc=${PIPESTATUS[0]}
-  for tool in memcheck racecheck synccheck; do
+  for tool in ${TOOLS:-memcheck racecheck synccheck}; do
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool $tool --error-exitcode 3 \
       python3 perf/sanitize_driver.py 2>&1 | tee "$OUT/sanitize_$tool.log" | tail -4
     t=${PIPESTATUS[0]}; echo "compute-sanitizer $tool: exit $t"

@@ -16,8 +16,9 @@ tag=$(echo "$*" | sed 's/--[a-z-]* //g; s/[^A-Za-z0-9]/_/g')  # e.g. mamba2_256_
 python3 perf/profile_step.py --steps 2 "$@" > /dev/null  # JIT-compiles outside the profiler
 # From empty rings, launches 16, 32, 48 (counting from 0) flush: a flush leaves its own record in
 # the ring. Launches 29 to 32 are three non-flush steps and a flush (LAUNCHES=1: the first only;
-# SKIP=32 LAUNCHES=1: the flush alone).
-ncu --clock-control none -k regex:replay_decode --launch-skip ${SKIP:-29} --launch-count ${LAUNCHES:-4} --set full \
+# SKIP=32 LAUNCHES=1: the flush alone). A verify (--draft-len T): KERNEL=replay_verify and a
+# SKIP of your choice (one verify launch per round).
+ncu --clock-control none -k regex:${KERNEL:-replay_decode} --launch-skip ${SKIP:-29} --launch-count ${LAUNCHES:-4} --set full \
   -o "$OUT/ncu_$tag" python3 perf/profile_step.py "$@" > "$OUT/ncu_${tag}_run.log" 2>&1
 ncu --import "$OUT/ncu_$tag.ncu-rep" --page details > "$OUT/ncu_${tag}.txt" 2>&1
 ncu --import "$OUT/ncu_$tag.ncu-rep" --page raw | grep -E "issue_stalled.*per_warp_active|warps_issue_stalled_[a-z_]*_per_issue_active|inst_executed.sum |dram__bytes_(read|write).sum " > "$OUT/ncu_${tag}_stalls.txt" 2>&1

@@ -3,7 +3,7 @@
 Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also
 with an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the others so that some
 steps flush a part of the batch, a conventional step, a replay verify with a chain
-commit and a tree verify with a path commit (the flush fused into the verify included; tile and
+commit (T and 16 drafts) and a tree verify with a path commit (the flush fused into the verify included; tile and
 persistent verify kernels both), and a conventional verify. Sizes are small so that memcheck,
 racecheck and synccheck finish in seconds.
 Exits non-zero if a kernel raised an error bit.
@@ -82,7 +82,7 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
     ]  # the read copies: both kernels, every format
     for label, algorithm, kw in configs:
         w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
-        cache = w.create_cache(num_slots, max_draft=T)
+        cache = w.create_cache(num_slots, max_draft=16)
         cache.load_state(list(range(num_slots)), 0.1 * torch.randn(num_slots, *shape, device=DEV, generator=gen))
         if algorithm == "replay":  # slot 3 runs ahead, so later steps flush some rows but not all
             w.plan(slots[:1])  # (the persistent kernels then build their flushing-rows-first order)
@@ -92,9 +92,10 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         for _ in range(17):  # crosses a flush
             run(cache, inputs(batch))
         if algorithm == "replay" and label in ("tile", "persistent"):  # both verify kernels
-            w.plan(slots, draft_len=T)
-            run(cache, inputs(batch, T))
-            w.commit(cache, num_accepted=torch.tensor([2, 1, 4, 3], dtype=torch.int32, device=DEV)[:batch])
+            for t, counts in ((T, [2, 1, 4, 3]), (16, [16, 1, 9, 5])):  # chains of T and of 16 drafts
+                w.plan(slots, draft_len=t)
+                run(cache, inputs(batch, t))
+                w.commit(cache, num_accepted=torch.tensor(counts, dtype=torch.int32, device=DEV)[:batch])
             w.plan(slots, draft_len=T, parents=torch.tensor([-1, 0, 0, 1], dtype=torch.int32))
             for _ in range(5):  # the last ones flush inside the verify
                 run(cache, inputs(batch, T))

@@ -42,6 +42,7 @@ SPECS = {
     "gdn_verify": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=4),
     "kda_verify_T8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=8, family="kda"),
     "gdn_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16),
+    "kda_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16, family="kda"),
 }
 
 
@@ -261,6 +262,15 @@ class TestDeltaPlan:
     def test_sixteen_drafts(self, modules):
         s = plan(modules["gdn_verify_T16"], 256, 32, 16, persistent=True, drafts=16)
         assert s.kernel == "persistent" and s.main.ctas_per_sm == 2 and s.rows_per_cta == 32
+
+    def test_sixteen_kda_drafts_step_down(self, modules):
+        """KDA's 32-row buffers do not fit at T = 16: the automatic plan takes 16-row tiles (the rule's
+        32 rows forced is the tile verify, with the reason)."""
+        s = plan(modules["kda_verify_T16"], 256, 32, 32, drafts=16)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 16
+        assert s.main.ctas_per_sm == 2 and s.heads_per_unit == 1
+        wide = plan(modules["kda_verify_T16"], 256, 32, 32, rows=32, drafts=16)
+        assert wide.kernel == "verify" and wide.fallback.startswith("layout")
 
     def test_conventional_verify(self, modules):
         s = plan(modules["gdn_conv_verify"], 8, 32, 16, drafts=4)

@@ -28,6 +28,22 @@ cudaError_t dispatch_rows(int rows, F&& f) {
   }
 }
 
+// An automatic tiling: `rows`, halved while the kernel is not instantiated there
+// (exists(std::integral_constant<int, ROWS>) is false) and a smaller tiling of DIM remains; `rows`
+// itself when none exists, so the plan reports why.
+template <int DIM, typename F>
+int32_t existing_rows(int32_t rows, F&& exists) {
+  for (int32_t r = rows; r >= kRowChoices[0]; r /= 2) {
+    bool ok = false;
+    dispatch_rows<DIM>(r, [&](auto k) {
+      ok = exists(k);
+      return cudaSuccess;
+    });
+    if (ok) return r;
+  }
+  return rows;
+}
+
 // Calls f(std::integral_constant<int, ROWS>) for every tiling that divides DIM, stopping at the
 // first error (prepare() loads every instantiated kernel; the plan entry looks at each).
 template <int DIM, int I = 0, typename F>

@@ -247,7 +247,10 @@ struct ReplayVerify {
     s->tile = s->main;
     if (e) return e;
     if (!persistent_wanted(q, static_cast<int64_t>(q.batch) * q.heads >= kMamba2PersistentMinHeads)) return 0;
-    const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_verify_persistent_rows(P, N, sizeof(TS));
+    // Automatic: the rule's tiling, or a narrower one where its buffers do not fit.
+    const int32_t rows = q.rows_per_cta ? q.rows_per_cta
+                                        : existing_rows<P>(mamba2_verify_persistent_rows(P, N, sizeof(TS)),
+                                                           [](auto r) { return kPersistentOk<decltype(r)::value>; });
     KernelFacts f{};
     int32_t stages = 0;
     e = dispatch_rows<P>(rows, [&](auto r) -> cudaError_t {
