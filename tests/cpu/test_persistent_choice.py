@@ -43,6 +43,7 @@ SPECS = {
     "kda_verify_T8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=8, family="kda"),
     "gdn_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16),
     "kda_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16, family="kda"),
+    "kda_verify_T16_L32": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=32, T=16, family="kda"),
 }
 
 
@@ -256,20 +257,26 @@ class TestDeltaPlan:
         s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)
         assert s.kernel == "persistent" and s.heads_per_unit == 1 and s.main.ctas_per_sm == 2
         assert s.grid == min(64 * 32, 132 * 2)
-        wide = plan(modules["kda_verify_T8"], 64, 32, 32, rows=64, drafts=8)  # 32 KB tiles: buffers do not fit
-        assert wide.kernel == "verify" and wide.fallback.startswith("layout")
+        wide = plan(modules["kda_verify_T8"], 64, 32, 32, rows=64, drafts=8)  # 32 KB tiles (path sums on the gate ring)
+        assert wide.kernel == "persistent" and wide.rows_per_cta == 64 and wide.main.ctas_per_sm == 2
 
     def test_sixteen_drafts(self, modules):
         s = plan(modules["gdn_verify_T16"], 256, 32, 16, persistent=True, drafts=16)
         assert s.kernel == "persistent" and s.main.ctas_per_sm == 2 and s.rows_per_cta == 32
 
-    def test_sixteen_kda_drafts_step_down(self, modules):
-        """KDA's 32-row buffers do not fit at T = 16: the automatic plan takes 16-row tiles (the rule's
-        32 rows forced is the tile verify, with the reason)."""
+    def test_sixteen_kda_drafts(self, modules):
+        """KDA at T = 16 takes the rule's 32-row tiles (the path sums over the gate ring make them fit):
+        one unit buffer, two stages, two CTAs per SM."""
         s = plan(modules["kda_verify_T16"], 256, 32, 32, drafts=16)
-        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 16
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
         assert s.main.ctas_per_sm == 2 and s.heads_per_unit == 1
-        wide = plan(modules["kda_verify_T16"], 256, 32, 32, rows=32, drafts=16)
+
+    def test_rows_step_down_where_buffers_do_not_fit(self, modules):
+        """At L = 32 the 32-row buffers of a 16-draft verify do not fit: the automatic plan takes
+        16-row tiles; the 32 rows forced get the tile verify, with the reason."""
+        s = plan(modules["kda_verify_T16_L32"], 256, 32, 32, drafts=16)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 16
+        wide = plan(modules["kda_verify_T16_L32"], 256, 32, 32, rows=32, drafts=16)
         assert wide.kernel == "verify" and wide.fallback.startswith("layout")
 
     def test_conventional_verify(self, modules):

@@ -89,8 +89,14 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kKeyRing = kNorm.then(static_cast<size_t>(L) * K * 4, 16);
   static constexpr SmemRegion kGateRing = kKeyRing.then(PerChannelDecay ? static_cast<size_t>(L) * K * 4 : 0, 16);
   static constexpr SmemRegion kBiasWords = kGateRing.then(PerChannelDecay ? K * 4 : 0, 16);
-  static constexpr SmemRegion kPath = kBiasWords.then(PerChannelDecay ? TMAX * K * 4 : 0, 16);
-  static constexpr SmemRegion kCol = kPath.then(PerChannelDecay ? K * 4 : 0, 16);
+  // KDA's path sums overwrite the gate ring when TMAX <= L: a key channel's thread reads its column
+  // of the ring, then writes its column of the sums, and nothing reads the ring after
+  // (channel_decays). At 16 drafts that lets 32-row tiles, and so the tensor-core dots, fit.
+  static constexpr bool kPathOnGateRing = PerChannelDecay && TMAX <= L;
+  static constexpr SmemRegion kPathOwn = kBiasWords.then(PerChannelDecay && !kPathOnGateRing ? TMAX * K * 4 : 0, 16);
+  static constexpr SmemRegion kPath =
+      kPathOnGateRing ? SmemRegion{kGateRing.offset, static_cast<size_t>(TMAX) * K * 4, 16} : kPathOwn;
+  static constexpr SmemRegion kCol = kPathOwn.then(PerChannelDecay ? K * 4 : 0, 16);
   static constexpr SmemRegion kDraftGates = kCol.then(static_cast<size_t>(kUnitHeads) * TMAX * kG * 4, 16);
   static constexpr SmemRegion kDots = kDraftGates.then(PerChannelDecay ? 0 : kVecs * kW * 4, 16);
   static constexpr SmemRegion kHeadWords = kDots.then(kUnitHeads * 4 * 4, 16);
@@ -596,8 +602,14 @@ struct PersistentVerify {
           DGw[d * K + e] = __float_as_uint(g[d]);  // for the append
         }
       }
+      float sum = 0.f;  // sum_{j<k<m} g_k[e]: this column of the gate ring is read here only
+      for (int j = m - 1; j >= 0; --j) {
+        UR[j * K + e] *= expf(sum);
+        sum += UG[j * K + e];
+      }
+      col[e] = expf(sum);
 #pragma unroll
-      for (int i = 0; i < TMAX; ++i) {
+      for (int i = 0; i < TMAX; ++i) {  // (may overwrite the gate ring's column: Layout::kPathOnGateRing)
         float s = 0.f;
         if (i < n) {
           const uint32_t anc = dh->anc[i];
@@ -607,12 +619,6 @@ struct PersistentVerify {
         }
         path[i * K + e] = s;
       }
-      float sum = 0.f;  // sum_{j<k<m} g_k[e]
-      for (int j = m - 1; j >= 0; --j) {
-        UR[j * K + e] *= expf(sum);
-        sum += UG[j * K + e];
-      }
-      col[e] = expf(sum);
     }
     if (tid < n) floats(U, Layout::kBeta)[tid] = word_beta(words(U, Layout::kBetaWords)[tid], bt0 + tid, c.h0);
     if (tid < TMAX) {
