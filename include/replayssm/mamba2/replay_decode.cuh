@@ -107,6 +107,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ float w_s[L + 1];  // replay weight of record j (see header)
   __shared__ float bc_s[L + 1];  // B_j . C (j = m: the current B)
   __shared__ float rsum_s[ROWS];  // ring part of each row's output
+  __shared__ float zg_s[ROWS];  // each row's z gate silu(z) (1 without z)
   __shared__ float ck_s;  // factor on S_c (non-flush) or on the folded S' (flush)
   __shared__ float dcur_s;  // this step's delta
 
@@ -128,6 +129,15 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   float xcur = 0.f, dcur = 0.f;
   if (tid < ROWS) xcur = to_float(xp[tid]);
   if (tid == kThreads - 1) dcur = step_delta(p, c);
+  // The head's A and D and this step's z rows travel in the same round trip (the epilogue would
+  // otherwise wait for them at the end of the chain).
+  const float A = load_scalar(p.in.A, c.h);
+  const float Dh = load_scalar(p.in.D, c.h);
+  const TI* zp = p.in.z == nullptr
+                     ? nullptr
+                     : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
+  TI zraw{};
+  if (zp != nullptr && tid < ROWS) zraw = zp[tid];
 
   if (m < 0 || m > L || start < 0 || start >= R) {
     if (tid == 0) raise_error(p.error_flag, kErrCorruptCursor);
@@ -145,7 +155,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       Bcur_s[n] = to_float(Braw[k]);
     }
   }
-  if (tid < ROWS) xcur_s[tid] = xcur;
+  if (tid < ROWS) {
+    xcur_s[tid] = xcur;
+    zg_s[tid] = zp != nullptr ? silu_gate(to_float(zraw)) : 1.f;
+  }
   if (tid == kThreads - 1) dcur_s = dcur;
   cp_async_wait_all();
   __syncthreads();
@@ -161,7 +174,6 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     const int q = start + j;
     return q >= R ? q - R : q;
   };
-  const float A = load_scalar(p.in.A, c.h);
   if (warp == 0) {
     const int last = flush ? m - 1 : m;  // records folded (flush) or replayed (non-flush): 0..last
     const int j = lane;
@@ -277,17 +289,13 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __syncthreads();
 
   // 4. Epilogue: ring part, D skip, z gate, output.
-  const float Dh = load_scalar(p.in.D, c.h);
   TI* out = out_rows<TI, ROWS>(p, c);
-  const TI* zp = p.in.z == nullptr
-                     ? nullptr
-                     : static_cast<const TI*>(p.in.z) + c.b * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
   if (Tile::row_leader(lane)) {
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
       float y = fmaf(Dh, xcur_s[r], ypre[s] + rsum_s[r]);
-      if (zp != nullptr) y *= silu_gate(to_float(zp[r]));
+      if (zp != nullptr) y *= zg_s[r];
       out[r] = from_float<TI>(y);
     }
   }
