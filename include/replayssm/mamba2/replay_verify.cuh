@@ -55,8 +55,7 @@ struct VerifySmem {
   __host__ __device__ static size_t coef(int R) { return C(R) + size_t(TMAX) * N * 4; }             // [TMAX][kW] f32
   __host__ __device__ static size_t ysc(int R) { return coef(R) + align16(size_t(TMAX) * kW * 4); }  // [TMAX][ROWS] f32
   __host__ __device__ static size_t rsum(int R) { return ysc(R) + size_t(TMAX) * ROWS * 4; }  // [TMAX][ROWS] f32
-  __host__ __device__ static size_t zd(int R) { return rsum(R) + size_t(TMAX) * ROWS * 4; }  // [TMAX][ROWS] TI
-  __host__ __device__ static size_t bytes(int R) { return zd(R) + align16(size_t(TMAX) * ROWS * sizeof(TI)); }
+  __host__ __device__ static size_t bytes(int R) { return rsum(R) + size_t(TMAX) * ROWS * 4; }
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX, class RC = NoReadCopy>
@@ -109,7 +108,6 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   float* coef_s = reinterpret_cast<float*>(smem + Smem::coef(R));
   float* ysc_s = reinterpret_cast<float*>(smem + Smem::ysc(R));
   float* rsum_s = reinterpret_cast<float*>(smem + Smem::rsum(R));
-  TI* zd_s = reinterpret_cast<TI*>(smem + Smem::zd(R));
   const int Tl = T < TMAX ? T : TMAX;  // drafts whose inputs are fetched (T > TMAX is rejected below)
   // The drafts' B (async copies) and C below use 16-byte accesses when their token rows are
   // 16-byte aligned, else element by element (flags computed where used: registers are scarce).
@@ -140,10 +138,6 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
     const TI* xp = static_cast<const TI*>(p.in.x) + c.b * T * p.in.x_stride_batch + c.h * p.in.x_stride_head + c.p0;
     const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * T * p.in.C_stride_batch + c.g * p.in.C_stride_group;
     for (int i = tid; i < Tl * ROWS; i += kThreads) xd_s[i] = xp[(i / ROWS) * p.in.x_stride_batch + i % ROWS];
-    if (p.in.z != nullptr) {  // the drafts' z rows in this round trip, not at the end of the chain
-      const TI* zp = static_cast<const TI*>(p.in.z) + c.b * T * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
-      for (int i = tid; i < Tl * ROWS; i += kThreads) zd_s[i] = zp[(i / ROWS) * p.in.z_stride_batch + i % ROWS];
-    }
     for (int i = tid; i < Tl * kNV; i += kThreads) {
       const int d = i / kNV, q = i % kNV;
       const uint4 v = load16_or_elems(Cp + d * p.in.C_stride_batch + q * kBVec, C_vec);
@@ -155,8 +149,6 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   }
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
-  const float A = load_scalar(p.in.A, c.h);  // with the round trip above
-  const float Dh = load_scalar(p.in.D, c.h);
 
   __shared__ float dd_s[TMAX];  // drafts' delta
   __shared__ float path_s[TMAX];  // A * sum of delta over ancestors-or-self
@@ -184,6 +176,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
     const int q = start + j;
     return q >= R ? q - R : q;
   };
+  const float A = load_scalar(p.in.A, c.h);
   if (warp == 0) {
     const float dj = lane < m ? dring_s[phys(lane)] : 0.f;
     float incl, excl;
@@ -316,12 +309,17 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   __syncthreads();
 
   // 4. Epilogue (thread per (draft, row)): outputs, zeros for drafts beyond n, appended records.
+  const float Dh = load_scalar(p.in.D, c.h);
   for (int idx = tid; idx < n * ROWS; idx += kThreads) {
     const int i = idx / ROWS, r = idx % ROWS;
     const float xr = to_float(xd_s[idx]);
     float y = fmaf(ck_s[i], ysc_s[idx], rsum_s[idx]);
     y = fmaf(Dh, xr, y);
-    if (p.in.z != nullptr) y *= silu_gate(to_float(zd_s[idx]));
+    if (p.in.z != nullptr) {
+      const TI* zp =
+          static_cast<const TI*>(p.in.z) + (c.b * T + i) * p.in.z_stride_batch + c.h * p.in.z_stride_head + c.p0;
+      y *= silu_gate(to_float(zp[r]));
+    }
     token_out_rows<TI>(p, c, T, i)[r] = from_float<TI>(y);
     TI* xr_out = static_cast<TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head +
                  static_cast<int64_t>(phys(m + i)) * P + c.p0;
