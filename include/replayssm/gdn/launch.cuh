@@ -233,8 +233,8 @@ struct ReplayVerify {
     s->tile = s->main;
     if (e) return e;
     if (!persistent_wanted(q, static_cast<int64_t>(q.batch) * q.heads >= kDeltaVerifyPersistentMinHeads)) return 0;
-    // Automatic: the rule's tiling, or a narrower one where its buffers do not fit (KDA's fp32 verify at
-    // 16 drafts: 16 rows, 1.7x faster than the tile verify at B = 256).
+    // Automatic: the rule's tiling, or a narrower one where its buffers do not fit (16 drafts at
+    // L = 32: 16 rows).
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta
                                         : existing_rows<V>(delta_verify_persistent_rows(V, K, sizeof(TS)),
                                                            [](auto r) { return kPersistentOk<decltype(r)::value>; });

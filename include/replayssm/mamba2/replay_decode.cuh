@@ -14,7 +14,9 @@
 //
 // Latency: the state tile and the whole ring (all R records: their addresses depend on the slot
 // only) are requested together, right after the slot index arrives; the cursors come back in
-// the same round trip and only select which ring records count.
+// the same round trip and only select which ring records count. The step's inputs, the head's
+// A and D and the z rows are requested with them, so a non-flush step's computation waits on
+// no further load.
 //
 // With a read copy (RC, common/read_copy.cuh) the tile requested first is the read copy's (and
 // its rows' scales): a non-flush step reads only that. A flush then reads the checkpoint tile S_hp
