@@ -1,0 +1,219 @@
+// Latency ladder (issue 15): what each link of a B = 1 Mamba-2 step's chain costs, measured with
+// synthetic kernels that add one link at a time, in the graph shape of perf/latency_probe.py: one
+// CUDA graph of 16 layer steps, each on its own cold state pool (Nemotron-3-Super's layer: H = 128,
+// P = 64, N = 128, G = 8, fp32 state, bf16 io, 256 CTAs of 32 rows and 128 threads).
+//
+//   empty    one CTA writes one value (what a graph node costs);
+//   read     every CTA reads its 16 KB tile (address from blockIdx alone), dots it with C, writes
+//            its 32 outputs: the bytes and the launch, no chain;
+//   slot     the same, the tile's address waiting on the slot index read from memory;
+//   ring     + the cursors, the whole ring (B and x records, async copies into shared memory), a
+//            barrier, B_j . C by a warp per record, a barrier, each row's ring part (m = 15
+//            records), a barrier, the epilogue: the replay step's phases without its arrival;
+//   arrive   + the slot's arrival counter (atomicAdd when the cursors are read, the last CTA moves
+//            the cursors) and the record append: every link of the replay tile step.
+// Each figure is µs per layer-step: the median over 7 trials of 200 graph replays / (200 x 16).
+//
+//   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/latency_ladder perf/latency_ladder.cu && /tmp/latency_ladder [json]
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <vector>
+
+#define CHECK(x)                                                                      \
+  do {                                                                                \
+    cudaError_t e_ = (x);                                                             \
+    if (e_ != cudaSuccess) {                                                          \
+      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
+      std::exit(1);                                                                   \
+    }                                                                                 \
+  } while (0)
+
+constexpr int kH = 128, kP = 64, kN = 128, kG = 8, kRows = 32, kThreads = 128, kRing = 16, kSlots = 2;
+constexpr int kChunks = kP / kRows, kCtas = kH * kChunks, kLayers = 16;
+
+enum Stage { kEmpty, kRead, kSlot, kRingStage, kArrive };
+constexpr const char* kStageNames[] = {"empty", "read", "slot", "ring", "arrive"};
+
+struct Layer {
+  const float* pool;            // [kSlots][kH][kP][kN]
+  const __nv_bfloat16* Bring;   // [kSlots][kG][kRing][kN]
+  __nv_bfloat16* xring;         // [kSlots][kH][kRing][kP]
+  int* start;                   // [kSlots]
+  int* len;                     // [kSlots]
+  int* done;                    // [kSlots]
+  const __nv_bfloat16* C;       // [kG][kN]
+  const __nv_bfloat16* x;       // [kH][kP]
+  __nv_bfloat16* out;           // [kH][kP]
+};
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
+}
+
+template <int kStage>
+__global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slots) {
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.x / kChunks, p0 = (blockIdx.x % kChunks) * kRows, g = h / (kH / kG);
+  if constexpr (kStage == kEmpty) {
+    if (blockIdx.x == 0 && tid == 0) l.out[0] = __float2bfloat16(1.f);
+    return;
+  } else {
+    const int slot = kStage == kRead ? 1 : slots[0];
+    // The tile: warp w owns rows 8w .. 8w + 7, lane l the 16-byte vector l of each row.
+    const float4* tile = reinterpret_cast<const float4*>(l.pool + ((static_cast<size_t>(slot) * kH + h) * kP + p0) * kN);
+    float4 v[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) v[r] = tile[(warp * 8 + r) * (kN / 4) + lane];
+    __shared__ float C_s[kN], bc_s[kRing], rsum_s[kRows];
+    __shared__ __align__(16) __nv_bfloat16 B_s[kRing][kN];
+    __shared__ __align__(16) __nv_bfloat16 x_s[kRing][kRows];
+    int start = 0, m = 0, arrived = 0;
+    if constexpr (kStage >= kRingStage) {
+      const __nv_bfloat16* Bg = l.Bring + (static_cast<size_t>(slot) * kG + g) * kRing * kN;
+      for (int i = tid; i < kRing * kN / 8; i += kThreads) cp_async16(&B_s[0][0] + i * 8, Bg + i * 8);
+      const __nv_bfloat16* xg = l.xring + (static_cast<size_t>(slot) * kH + h) * kRing * kP + p0;
+      for (int i = tid; i < kRing * kRows / 8; i += kThreads) {
+        const int j = i / (kRows / 8), q = i % (kRows / 8);
+        cp_async16(&x_s[j][q * 8], xg + j * kP + q * 8);
+      }
+      asm volatile("cp.async.commit_group;\n" ::);
+      start = l.start[slot];
+      m = l.len[slot];
+    }
+    C_s[tid] = __bfloat162float(l.C[g * kN + tid]);
+    const float xcur = tid < kRows ? __bfloat162float(l.x[h * kP + p0 + tid]) : 0.f;
+    if constexpr (kStage >= kRingStage) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    __syncthreads();
+    if constexpr (kStage >= kArrive) {
+      if (tid == 0) arrived = atomicAdd(&l.done[slot], 1);
+    }
+    if constexpr (kStage >= kRingStage) {
+      for (int j = warp; j < m; j += kThreads / 32) {
+        float acc = 0.f;
+        for (int n = lane; n < kN; n += 32) acc = fmaf(__bfloat162float(B_s[(start + j) % kRing][n]), C_s[n], acc);
+#pragma unroll
+        for (int o = 16; o; o /= 2) acc += __shfl_xor_sync(~0u, acc, o);
+        if (lane == 0) bc_s[j] = acc;
+      }
+      __syncthreads();
+      if (tid < kRows) {
+        float acc = 0.f;
+        for (int j = 0; j < m; ++j) acc = fmaf(bc_s[j], __bfloat162float(x_s[(start + j) % kRing][tid]), acc);
+        rsum_s[tid] = acc;
+      }
+    }
+    float y[8];
+#pragma unroll
+    for (int r = 0; r < 8; ++r) {
+      const float4 c4 = reinterpret_cast<const float4*>(C_s)[lane];
+      float d = v[r].x * c4.x + v[r].y * c4.y + v[r].z * c4.z + v[r].w * c4.w;
+#pragma unroll
+      for (int o = 16; o; o /= 2) d += __shfl_xor_sync(~0u, d, o);
+      y[r] = d;
+    }
+    if constexpr (kStage >= kRingStage) __syncthreads();
+    if (lane < 8) {
+      const int r = warp * 8 + lane;
+      float yr = y[0];
+#pragma unroll
+      for (int k = 1; k < 8; ++k) yr = lane == k ? y[k] : yr;
+      if constexpr (kStage >= kRingStage) yr += rsum_s[r];
+      l.out[h * kP + p0 + r] = __float2bfloat16(yr + xcur * 0.f);
+    }
+    if constexpr (kStage >= kArrive) {
+      // Append this step's x record (m stays fixed: the ladder replays the same window position).
+      const int pos = (start + m) % kRing;
+      if (tid < kRows) l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid] = __float2bfloat16(xcur);
+      if (tid == 0 && arrived % kCtas == kCtas - 1) {
+        l.start[slot] = start;
+        l.len[slot] = m;
+        atomicAdd(&l.done[slot], -kCtas);
+      }
+    }
+  }
+}
+
+template <class F>
+static float graph_us_per_step(F&& record, cudaStream_t s) {
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < kLayers; ++i) record(i);
+  CHECK(cudaStreamEndCapture(s, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  constexpr int kReps = 200;
+  for (int i = 0; i < 20; ++i) CHECK(cudaGraphLaunch(exec, s));
+  std::vector<float> t;
+  for (int trial = 0; trial < 7; ++trial) {
+    CHECK(cudaEventRecord(e0, s));
+    for (int i = 0; i < kReps; ++i) CHECK(cudaGraphLaunch(exec, s));
+    CHECK(cudaEventRecord(e1, s));
+    CHECK(cudaEventSynchronize(e1));
+    float ms;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    t.push_back(ms * 1000.f / (kReps * kLayers));
+  }
+  std::sort(t.begin(), t.end());
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  return t[t.size() / 2];
+}
+
+template <int kStage>
+static float run_stage(const std::vector<Layer>& layers, const int* slots, cudaStream_t s) {
+  return graph_us_per_step([&](int i) { step_kernel<kStage><<<kCtas, kThreads, 0, s>>>(layers[i], slots); }, s);
+}
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1;
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  std::vector<Layer> layers(kLayers);
+  const size_t pool_elems = static_cast<size_t>(kSlots) * kH * kP * kN;
+  for (auto& l : layers) {
+    float* pool;
+    __nv_bfloat16 *Bring, *xring, *C, *x, *out;
+    int* cur;
+    CHECK(cudaMalloc(&pool, pool_elems * sizeof(float)));
+    CHECK(cudaMemset(pool, 0, pool_elems * sizeof(float)));
+    CHECK(cudaMalloc(&Bring, static_cast<size_t>(kSlots) * kG * kRing * kN * 2));
+    CHECK(cudaMemset(Bring, 0, static_cast<size_t>(kSlots) * kG * kRing * kN * 2));
+    CHECK(cudaMalloc(&xring, static_cast<size_t>(kSlots) * kH * kRing * kP * 2));
+    CHECK(cudaMemset(xring, 0, static_cast<size_t>(kSlots) * kH * kRing * kP * 2));
+    CHECK(cudaMalloc(&C, kG * kN * 2));
+    CHECK(cudaMemset(C, 0, kG * kN * 2));
+    CHECK(cudaMalloc(&x, kH * kP * 2));
+    CHECK(cudaMemset(x, 0, kH * kP * 2));
+    CHECK(cudaMalloc(&out, kH * kP * 2));
+    CHECK(cudaMalloc(&cur, 3 * kSlots * sizeof(int)));
+    const int init[3 * kSlots] = {3, 3, 15, 15, 0, 0};  // start, len (15: a full window's ring), done
+    CHECK(cudaMemcpy(cur, init, sizeof(init), cudaMemcpyHostToDevice));
+    l = Layer{pool, Bring, xring, cur, cur + kSlots, cur + 2 * kSlots, C, x, out};
+  }
+  int* slots;
+  CHECK(cudaMalloc(&slots, sizeof(int)));
+  const int one = 1;
+  CHECK(cudaMemcpy(slots, &one, sizeof(int), cudaMemcpyHostToDevice));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  const float us[] = {run_stage<kEmpty>(layers, slots, s), run_stage<kRead>(layers, slots, s),
+                      run_stage<kSlot>(layers, slots, s), run_stage<kRingStage>(layers, slots, s),
+                      run_stage<kArrive>(layers, slots, s)};
+  if (json) {
+    std::printf("{\"gpu\": \"%s\", \"layers\": %d, \"us_per_layer_step\": {", prop.name, kLayers);
+    for (int i = 0; i < 5; ++i) std::printf("%s\"%s\": %.3f", i ? ", " : "", kStageNames[i], us[i]);
+    std::printf("}}\n");
+  } else {
+    std::printf("%s, 16-layer graph, cold pools, µs per layer-step\n", prop.name);
+    for (int i = 0; i < 5; ++i) std::printf("  %-8s %7.3f\n", kStageNames[i], us[i]);
+  }
+  return 0;
+}
