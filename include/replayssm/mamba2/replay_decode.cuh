@@ -227,7 +227,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     float acc = 0.f;
     if (r < ROWS) {
       if (!flush) {
-        for (int j = k; j < m; j += kRingLanes) acc = fmaf(w_s[j] * bc_s[j], to_float(xring_s[phys(j) * ROWS + r]), acc);
+        for (int j = k; j < m; j += kRingLanes)
+          acc = fmaf(w_s[j] * bc_s[j], to_float(xring_s[phys(j) * ROWS + r]), acc);
       }
       if (k == 0) acc = fmaf(dcur_s * bc_s[m], xcur_s[r], acc);
     }
