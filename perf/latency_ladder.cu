@@ -1,7 +1,8 @@
 // Latency ladder (issue 15): what each link of a B = 1 Mamba-2 step's chain costs, measured with
 // synthetic kernels that add one link at a time, in the graph shape of perf/latency_probe.py: one
-// CUDA graph of 16 layer steps, each on its own cold state pool (Nemotron-3-Super's layer: H = 128,
-// P = 64, N = 128, G = 8, fp32 state, bf16 io, 256 CTAs of 32 rows and 128 threads).
+// CUDA graph of 16 layer steps, each on its own cold state pool (fp32 state, bf16 io, CTAs of 32
+// rows and 128 threads), for Nemotron-3-Super's Mamba-2 layer (H = 128, P = 64, N = 128, G = 8:
+// 256 CTAs) and a GDN-sized state (32 value heads of V = K = 128: 128 CTAs, Mamba-2's chain).
 //
 //   empty    one CTA writes one value (what a graph node costs);
 //   read     every CTA reads its 16 KB tile (address from blockIdx alone), dots it with C, writes
@@ -32,14 +33,22 @@
     }                                                                                 \
   } while (0)
 
-constexpr int kH = 128, kP = 64, kN = 128, kG = 8, kRows = 32, kThreads = 128, kRing = 16, kSlots = 2;
-constexpr int kChunks = kP / kRows, kCtas = kH * kChunks, kLayers = 16;
+constexpr int kRows = 32, kThreads = 128, kRing = 16, kSlots = 2, kLayers = 16;
+
+// A layer's shape: H heads of P rows of N fp32 state values, G groups sharing the ring's keys.
+template <int H_, int P_, int N_, int G_>
+struct Shape {
+  static constexpr int kH = H_, kP = P_, kN = N_, kG = G_;
+  static constexpr int kChunks = kP / kRows, kCtas = kH * kChunks;
+};
+using Mamba2Shape = Shape<128, 64, 128, 8>;  // Nemotron-3-Super: 4 MiB of state per slot
+using GdnShape = Shape<32, 128, 128, 16>;    // Qwen3-Next's GDN (V = K = 128, 32 value heads): 2 MiB
 
 enum Stage { kEmpty, kRead, kSlot, kRingStage, kArrive };
 constexpr const char* kStageNames[] = {"empty", "read", "slot", "ring", "arrive"};
 
 struct Layer {
-  const float* pool;            // [kSlots][kH][kP][kN]
+  const float* pool;            // [kSlots][kH][kP][kN]  (the shape's dims)
   const __nv_bfloat16* Bring;   // [kSlots][kG][kRing][kN]
   __nv_bfloat16* xring;         // [kSlots][kH][kRing][kP]
   int* start;                   // [kSlots]
@@ -55,8 +64,10 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
 }
 
-template <int kStage>
+template <class S, int kStage>
 __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slots) {
+  constexpr int kH = S::kH, kP = S::kP, kN = S::kN, kG = S::kG, kChunks = S::kChunks, kCtas = S::kCtas;
+  static_assert(kN == kThreads, "C is staged by one thread per column");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.x / kChunks, p0 = (blockIdx.x % kChunks) * kRows, g = h / (kH / kG);
   if constexpr (kStage == kEmpty) {
@@ -65,7 +76,8 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
   } else {
     const int slot = kStage == kRead ? 1 : slots[0];
     // The tile: warp w owns rows 8w .. 8w + 7, lane l the 16-byte vector l of each row.
-    const float4* tile = reinterpret_cast<const float4*>(l.pool + ((static_cast<size_t>(slot) * kH + h) * kP + p0) * kN);
+    const float4* tile =
+        reinterpret_cast<const float4*>(l.pool + ((static_cast<size_t>(slot) * kH + h) * kP + p0) * kN);
     float4 v[8];
 #pragma unroll
     for (int r = 0; r < 8; ++r) v[r] = tile[(warp * 8 + r) * (kN / 4) + lane];
@@ -128,7 +140,8 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
     if constexpr (kStage >= kArrive) {
       // Append this step's x record (m stays fixed: the ladder replays the same window position).
       const int pos = (start + m) % kRing;
-      if (tid < kRows) l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid] = __float2bfloat16(xcur);
+      if (tid < kRows)
+        l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid] = __float2bfloat16(xcur);
       if (tid == 0 && arrived % kCtas == kCtas - 1) {
         l.start[slot] = start;
         l.len[slot] = m;
@@ -167,15 +180,14 @@ static float graph_us_per_step(F&& record, cudaStream_t s) {
   return t[t.size() / 2];
 }
 
-template <int kStage>
+template <class S, int kStage>
 static float run_stage(const std::vector<Layer>& layers, const int* slots, cudaStream_t s) {
-  return graph_us_per_step([&](int i) { step_kernel<kStage><<<kCtas, kThreads, 0, s>>>(layers[i], slots); }, s);
+  return graph_us_per_step([&](int i) { step_kernel<S, kStage><<<S::kCtas, kThreads, 0, s>>>(layers[i], slots); }, s);
 }
 
-int main(int argc, char** argv) {
-  const bool json = argc > 1;
-  cudaStream_t s;
-  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+template <class S>
+static std::vector<Layer> make_layers() {
+  constexpr int kH = S::kH, kP = S::kP, kN = S::kN, kG = S::kG;
   std::vector<Layer> layers(kLayers);
   const size_t pool_elems = static_cast<size_t>(kSlots) * kH * kP * kN;
   for (auto& l : layers) {
@@ -198,22 +210,51 @@ int main(int argc, char** argv) {
     CHECK(cudaMemcpy(cur, init, sizeof(init), cudaMemcpyHostToDevice));
     l = Layer{pool, Bring, xring, cur, cur + kSlots, cur + 2 * kSlots, C, x, out};
   }
+  return layers;
+}
+
+template <class S>
+static void ladder(const char* name, const int* slots, cudaStream_t s, bool json, bool first) {
+  const std::vector<Layer> layers = make_layers<S>();
+  const float us[] = {run_stage<S, kEmpty>(layers, slots, s), run_stage<S, kRead>(layers, slots, s),
+                      run_stage<S, kSlot>(layers, slots, s), run_stage<S, kRingStage>(layers, slots, s),
+                      run_stage<S, kArrive>(layers, slots, s)};
+  if (json) {
+    std::printf("%s\"%s\": {\"ctas\": %d, \"state_mib\": %.1f", first ? "" : ", ", name, S::kCtas,
+                S::kH * S::kP * S::kN * 4.0 / (1 << 20));
+    for (int i = 0; i < 5; ++i) std::printf(", \"%s\": %.3f", kStageNames[i], us[i]);
+    std::printf("}");
+  } else {
+    std::printf("  %s (%d CTAs, %.0f MiB of state per slot)\n", name, S::kCtas,
+                S::kH * S::kP * S::kN * 4.0 / (1 << 20));
+    for (int i = 0; i < 5; ++i) std::printf("    %-8s %7.3f\n", kStageNames[i], us[i]);
+  }
+  for (const Layer& l : layers) {
+    CHECK(cudaFree(const_cast<float*>(l.pool)));
+    CHECK(cudaFree(const_cast<__nv_bfloat16*>(l.Bring)));
+    CHECK(cudaFree(l.xring));
+    CHECK(cudaFree(const_cast<__nv_bfloat16*>(l.C)));
+    CHECK(cudaFree(const_cast<__nv_bfloat16*>(l.x)));
+    CHECK(cudaFree(l.out));
+    CHECK(cudaFree(l.start));
+  }
+}
+
+int main(int argc, char** argv) {
+  const bool json = argc > 1;
+  cudaStream_t s;
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   int* slots;
   CHECK(cudaMalloc(&slots, sizeof(int)));
   const int one = 1;
   CHECK(cudaMemcpy(slots, &one, sizeof(int), cudaMemcpyHostToDevice));
   cudaDeviceProp prop;
   CHECK(cudaGetDeviceProperties(&prop, 0));
-  const float us[] = {run_stage<kEmpty>(layers, slots, s), run_stage<kRead>(layers, slots, s),
-                      run_stage<kSlot>(layers, slots, s), run_stage<kRingStage>(layers, slots, s),
-                      run_stage<kArrive>(layers, slots, s)};
-  if (json) {
-    std::printf("{\"gpu\": \"%s\", \"layers\": %d, \"us_per_layer_step\": {", prop.name, kLayers);
-    for (int i = 0; i < 5; ++i) std::printf("%s\"%s\": %.3f", i ? ", " : "", kStageNames[i], us[i]);
-    std::printf("}}\n");
-  } else {
-    std::printf("%s, 16-layer graph, cold pools, µs per layer-step\n", prop.name);
-    for (int i = 0; i < 5; ++i) std::printf("  %-8s %7.3f\n", kStageNames[i], us[i]);
-  }
+  if (json)
+    std::printf("{\"gpu\": \"%s\", \"layers\": %d, \"unit\": \"us per layer-step\", \"shapes\": {", prop.name, kLayers);
+  else std::printf("%s, 16-layer graph, cold pools, µs per layer-step\n", prop.name);
+  ladder<Mamba2Shape>("mamba2_H128_P64_N128", slots, s, json, true);
+  ladder<GdnShape>("gdn_HV32_V128_K128", slots, s, json, false);
+  if (json) std::printf("}}\n");
   return 0;
 }
