@@ -1,12 +1,13 @@
 // Latency ladder (issue 15): what each link of a B = 1 Mamba-2 step's chain costs, measured with
 // synthetic kernels that add one link at a time, in the graph shape of perf/latency_probe.py: one
-// CUDA graph of 16 layer steps, each on its own cold state pool (fp32 state, bf16 io, CTAs of 32
-// rows and 128 threads), for Nemotron-3-Super's Mamba-2 layer (H = 128, P = 64, N = 128, G = 8:
-// 256 CTAs) and a GDN-sized state (32 value heads of V = K = 128: 128 CTAs, Mamba-2's chain).
+// CUDA graph of 16 layer steps, each on its own cold state pool (fp32 state, bf16 io, CTAs of 128
+// threads), for Nemotron-3-Super's Mamba-2 layer (H = 128, P = 64, N = 128, G = 8:
+// 256 CTAs at 32 rows) and a GDN-sized state (32 value heads of V = K = 128: 128 CTAs at 32 rows,
+// Mamba-2's chain), each at the tilings the tile kernels take (16 and 64 rows besides 32).
 //
 //   empty    one CTA writes one value (what a graph node costs);
-//   read     every CTA reads its 16 KB tile (address from blockIdx alone), dots it with C, writes
-//            its 32 outputs: the bytes and the launch, no chain;
+//   read     every CTA reads its tile (16 KB at 32 rows; address from blockIdx alone), dots it
+//            with C, writes its outputs: the bytes and the launch, no chain;
 //   slot     the same, the tile's address waiting on the slot index read from memory;
 //   ring     + the cursors, the whole ring (B and x records, async copies into shared memory), a
 //            barrier, B_j . C by a warp per record, a barrier, each row's ring part (m = 15
@@ -33,16 +34,20 @@
     }                                                                                 \
   } while (0)
 
-constexpr int kRows = 32, kThreads = 128, kRing = 16, kSlots = 2, kLayers = 16;
+constexpr int kThreads = 128, kRing = 16, kSlots = 2, kLayers = 16;
 
-// A layer's shape: H heads of P rows of N fp32 state values, G groups sharing the ring's keys.
-template <int H_, int P_, int N_, int G_>
+// A layer's shape: H heads of P rows of N fp32 state values, G groups sharing the ring's keys,
+// tiles of ROWS rows (16, 32 or 64) per CTA.
+template <int H_, int P_, int N_, int G_, int ROWS_>
 struct Shape {
-  static constexpr int kH = H_, kP = P_, kN = N_, kG = G_;
-  static constexpr int kChunks = kP / kRows, kCtas = kH * kChunks;
+  static constexpr int kH = H_, kP = P_, kN = N_, kG = G_, kRows = ROWS_;
+  static constexpr int kChunks = kP / kRows, kCtas = kH * kChunks, kRowsPerWarp = kRows / 4;
+  static_assert(kRows % 16 == 0 && kP % kRows == 0, "whole 16-row tiles of a head");
 };
-using Mamba2Shape = Shape<128, 64, 128, 8>;  // Nemotron-3-Super: 4 MiB of state per slot
-using GdnShape = Shape<32, 128, 128, 16>;    // Qwen3-Next's GDN (V = K = 128, 32 value heads): 2 MiB
+template <int ROWS>
+using Mamba2Shape = Shape<128, 64, 128, 8, ROWS>;  // Nemotron-3-Super: 4 MiB of state per slot
+template <int ROWS>
+using GdnShape = Shape<32, 128, 128, 16, ROWS>;  // Qwen3-Next's GDN (V = K = 128, 32 value heads): 2 MiB
 
 enum Stage { kEmpty, kRead, kSlot, kRingStage, kArrive };
 constexpr const char* kStageNames[] = {"empty", "read", "slot", "ring", "arrive"};
@@ -67,6 +72,7 @@ __device__ __forceinline__ void cp_async16(void* dst, const void* src) {
 template <class S, int kStage>
 __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slots) {
   constexpr int kH = S::kH, kP = S::kP, kN = S::kN, kG = S::kG, kChunks = S::kChunks, kCtas = S::kCtas;
+  constexpr int kRows = S::kRows, kRpw = S::kRowsPerWarp;
   static_assert(kN == kThreads, "C is staged by one thread per column");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.x / kChunks, p0 = (blockIdx.x % kChunks) * kRows, g = h / (kH / kG);
@@ -75,12 +81,12 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
     return;
   } else {
     const int slot = kStage == kRead ? 1 : slots[0];
-    // The tile: warp w owns rows 8w .. 8w + 7, lane l the 16-byte vector l of each row.
+    // The tile: warp w owns rows kRpw w .. kRpw (w + 1) - 1, lane l the 16-byte vector l of each row.
     const float4* tile =
         reinterpret_cast<const float4*>(l.pool + ((static_cast<size_t>(slot) * kH + h) * kP + p0) * kN);
-    float4 v[8];
+    float4 v[kRpw];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) v[r] = tile[(warp * 8 + r) * (kN / 4) + lane];
+    for (int r = 0; r < kRpw; ++r) v[r] = tile[(warp * kRpw + r) * (kN / 4) + lane];
     __shared__ float C_s[kN], bc_s[kRing], rsum_s[kRows];
     __shared__ __align__(16) __nv_bfloat16 B_s[kRing][kN];
     __shared__ __align__(16) __nv_bfloat16 x_s[kRing][kRows];
@@ -119,9 +125,9 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
         rsum_s[tid] = acc;
       }
     }
-    float y[8];
+    float y[kRpw];
 #pragma unroll
-    for (int r = 0; r < 8; ++r) {
+    for (int r = 0; r < kRpw; ++r) {
       const float4 c4 = reinterpret_cast<const float4*>(C_s)[lane];
       float d = v[r].x * c4.x + v[r].y * c4.y + v[r].z * c4.z + v[r].w * c4.w;
 #pragma unroll
@@ -129,11 +135,11 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
       y[r] = d;
     }
     if constexpr (kStage >= kRingStage) __syncthreads();
-    if (lane < 8) {
-      const int r = warp * 8 + lane;
+    if (lane < kRpw) {
+      const int r = warp * kRpw + lane;
       float yr = y[0];
 #pragma unroll
-      for (int k = 1; k < 8; ++k) yr = lane == k ? y[k] : yr;
+      for (int k = 1; k < kRpw; ++k) yr = lane == k ? y[k] : yr;
       if constexpr (kStage >= kRingStage) yr += rsum_s[r];
       l.out[h * kP + p0 + r] = __float2bfloat16(yr + xcur * 0.f);
     }
@@ -220,8 +226,8 @@ static void ladder(const char* name, const int* slots, cudaStream_t s, bool json
                       run_stage<S, kSlot>(layers, slots, s), run_stage<S, kRingStage>(layers, slots, s),
                       run_stage<S, kArrive>(layers, slots, s)};
   if (json) {
-    std::printf("%s\"%s\": {\"ctas\": %d, \"state_mib\": %.1f", first ? "" : ", ", name, S::kCtas,
-                S::kH * S::kP * S::kN * 4.0 / (1 << 20));
+    std::printf("%s\"%s\": {\"ctas\": %d, \"rows\": %d, \"state_mib\": %.1f", first ? "" : ", ", name, S::kCtas,
+                S::kRows, S::kH * S::kP * S::kN * 4.0 / (1 << 20));
     for (int i = 0; i < 5; ++i) std::printf(", \"%s\": %.3f", kStageNames[i], us[i]);
     std::printf("}");
   } else {
@@ -253,8 +259,11 @@ int main(int argc, char** argv) {
   if (json)
     std::printf("{\"gpu\": \"%s\", \"layers\": %d, \"unit\": \"us per layer-step\", \"shapes\": {", prop.name, kLayers);
   else std::printf("%s, 16-layer graph, cold pools, µs per layer-step\n", prop.name);
-  ladder<Mamba2Shape>("mamba2_H128_P64_N128", slots, s, json, true);
-  ladder<GdnShape>("gdn_HV32_V128_K128", slots, s, json, false);
+  ladder<Mamba2Shape<32>>("mamba2_H128_P64_N128_rows32", slots, s, json, true);
+  ladder<Mamba2Shape<16>>("mamba2_H128_P64_N128_rows16", slots, s, json, false);
+  ladder<Mamba2Shape<64>>("mamba2_H128_P64_N128_rows64", slots, s, json, false);
+  ladder<GdnShape<32>>("gdn_HV32_V128_K128_rows32", slots, s, json, false);
+  ladder<GdnShape<16>>("gdn_HV32_V128_K128_rows16", slots, s, json, false);
   if (json) std::printf("}}\n");
   return 0;
 }
