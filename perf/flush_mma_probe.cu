@@ -33,8 +33,6 @@
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/flush_mma_probe perf/flush_mma_probe.cu && /tmp/flush_mma_probe
 #include <cuda_runtime.h>
 
-#include "../include/replayssm/common/mma_tf32.cuh"  // to_tf32, split_tf32, mma_tf32
-
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -42,21 +40,15 @@
 #include <random>
 #include <vector>
 
+#include "../include/replayssm/common/mma_tf32.cuh"  // to_tf32, split_tf32, mma_tf32
+#include "probe_check.cuh"
+
 using replayssm::mma_tf32;
 using replayssm::split_tf32;
 
 constexpr int K = 128, M = 16, R = 16;  // key channels, records, rows per tile
 constexpr int kPad = K + 4;  // row stride in shared memory (floats): 16 B shift per row
 constexpr int kWarps = 4;
-
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(2);                                                                   \
-    }                                                                                 \
-  } while (0)
 
 struct Problem {
   int tiles, tiles_per_head, heads_per_key;

@@ -17,6 +17,7 @@
 // Each figure is µs per layer-step: the median over 7 trials of 200 graph replays / (200 x 16).
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/latency_ladder perf/latency_ladder.cu && /tmp/latency_ladder [json]
+//   (any argument: one JSON object instead of the table)
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
@@ -25,14 +26,8 @@
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(x)                                                                      \
-  do {                                                                                \
-    cudaError_t e_ = (x);                                                             \
-    if (e_ != cudaSuccess) {                                                          \
-      std::fprintf(stderr, "%s:%d %s\n", __FILE__, __LINE__, cudaGetErrorString(e_)); \
-      std::exit(1);                                                                   \
-    }                                                                                 \
-  } while (0)
+#include "../include/replayssm/common/cp_async.cuh"
+#include "probe_check.cuh"
 
 constexpr int kThreads = 128, kRing = 16, kSlots = 2, kLayers = 16;
 
@@ -64,10 +59,8 @@ struct Layer {
   __nv_bfloat16* out;           // [kH][kP]
 };
 
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  const unsigned d = static_cast<unsigned>(__cvta_generic_to_shared(dst));
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(d), "l"(src));
-}
+using replayssm::cp_async16;
+using replayssm::cp_async_wait_all;
 
 template <class S, int kStage>
 __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slots) {
@@ -99,13 +92,12 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
         const int j = i / (kRows / 8), q = i % (kRows / 8);
         cp_async16(&x_s[j][q * 8], xg + j * kP + q * 8);
       }
-      asm volatile("cp.async.commit_group;\n" ::);
       start = l.start[slot];
       m = l.len[slot];
     }
     C_s[tid] = __bfloat162float(l.C[g * kN + tid]);
     const float xcur = tid < kRows ? __bfloat162float(l.x[h * kP + p0 + tid]) : 0.f;
-    if constexpr (kStage >= kRingStage) asm volatile("cp.async.wait_all;\n" ::: "memory");
+    if constexpr (kStage >= kRingStage) cp_async_wait_all();
     __syncthreads();
     if constexpr (kStage >= kArrive) {
       if (tid == 0) arrived = atomicAdd(&l.done[slot], 1);
@@ -141,7 +133,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
 #pragma unroll
       for (int k = 1; k < kRpw; ++k) yr = lane == k ? y[k] : yr;
       if constexpr (kStage >= kRingStage) yr += rsum_s[r];
-      l.out[h * kP + p0 + r] = __float2bfloat16(yr + xcur * 0.f);
+      l.out[h * kP + p0 + r] = __float2bfloat16(yr + xcur);  // the D x skip term, D = 1
     }
     if constexpr (kStage >= kArrive) {
       // Append this step's x record (m stays fixed: the ladder replays the same window position).
@@ -181,6 +173,8 @@ static float graph_us_per_step(F&& record, cudaStream_t s) {
     t.push_back(ms * 1000.f / (kReps * kLayers));
   }
   std::sort(t.begin(), t.end());
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
   CHECK(cudaGraphExecDestroy(exec));
   CHECK(cudaGraphDestroy(graph));
   return t[t.size() / 2];
@@ -191,27 +185,27 @@ static float run_stage(const std::vector<Layer>& layers, const int* slots, cudaS
   return graph_us_per_step([&](int i) { step_kernel<S, kStage><<<S::kCtas, kThreads, 0, s>>>(layers[i], slots); }, s);
 }
 
+// n zeroed elements of T on the device.
+template <typename T>
+static T* zeroed(size_t n) {
+  T* p;
+  CHECK(cudaMalloc(&p, n * sizeof(T)));
+  CHECK(cudaMemset(p, 0, n * sizeof(T)));
+  return p;
+}
+
 template <class S>
 static std::vector<Layer> make_layers() {
   constexpr int kH = S::kH, kP = S::kP, kN = S::kN, kG = S::kG;
   std::vector<Layer> layers(kLayers);
-  const size_t pool_elems = static_cast<size_t>(kSlots) * kH * kP * kN;
   for (auto& l : layers) {
-    float* pool;
-    __nv_bfloat16 *Bring, *xring, *C, *x, *out;
-    int* cur;
-    CHECK(cudaMalloc(&pool, pool_elems * sizeof(float)));
-    CHECK(cudaMemset(pool, 0, pool_elems * sizeof(float)));
-    CHECK(cudaMalloc(&Bring, static_cast<size_t>(kSlots) * kG * kRing * kN * 2));
-    CHECK(cudaMemset(Bring, 0, static_cast<size_t>(kSlots) * kG * kRing * kN * 2));
-    CHECK(cudaMalloc(&xring, static_cast<size_t>(kSlots) * kH * kRing * kP * 2));
-    CHECK(cudaMemset(xring, 0, static_cast<size_t>(kSlots) * kH * kRing * kP * 2));
-    CHECK(cudaMalloc(&C, kG * kN * 2));
-    CHECK(cudaMemset(C, 0, kG * kN * 2));
-    CHECK(cudaMalloc(&x, kH * kP * 2));
-    CHECK(cudaMemset(x, 0, kH * kP * 2));
-    CHECK(cudaMalloc(&out, kH * kP * 2));
-    CHECK(cudaMalloc(&cur, 3 * kSlots * sizeof(int)));
+    const auto pool = zeroed<float>(static_cast<size_t>(kSlots) * kH * kP * kN);
+    const auto Bring = zeroed<__nv_bfloat16>(static_cast<size_t>(kSlots) * kG * kRing * kN);
+    const auto xring = zeroed<__nv_bfloat16>(static_cast<size_t>(kSlots) * kH * kRing * kP);
+    const auto C = zeroed<__nv_bfloat16>(kG * kN);
+    const auto x = zeroed<__nv_bfloat16>(kH * kP);
+    const auto out = zeroed<__nv_bfloat16>(kH * kP);
+    int* const cur = zeroed<int>(3 * kSlots);
     const int init[3 * kSlots] = {3, 3, 15, 15, 0, 0};  // start, len (15: a full window's ring), done
     CHECK(cudaMemcpy(cur, init, sizeof(init), cudaMemcpyHostToDevice));
     l = Layer{pool, Bring, xring, cur, cur + kSlots, cur + 2 * kSlots, C, x, out};
@@ -265,5 +259,6 @@ int main(int argc, char** argv) {
   ladder<GdnShape<32>>("gdn_HV32_V128_K128_rows32", slots, s, json, false);
   ladder<GdnShape<16>>("gdn_HV32_V128_K128_rows16", slots, s, json, false);
   if (json) std::printf("}}\n");
+  CHECK(cudaFree(slots));
   return 0;
 }

@@ -1,4 +1,4 @@
-"""The standalone CUDA probes under perf/ (racecheck_probe.cu, flush_mma_probe.cu,
+"""The standalone CUDA probes under perf/ (racecheck_probe.cu, flush_mma_probe.cu, bandwidth_probe.cu,
 latency_ladder.cu) still compile for sm_90a, as their headers say they are built (nvcc -c; skipped
 without nvcc). They run only on a GPU, by hand (their headers give the command)."""
 
@@ -17,7 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 @needs_nvcc
-@pytest.mark.parametrize("probe", ["racecheck_probe.cu", "flush_mma_probe.cu", "latency_ladder.cu"])
+@pytest.mark.parametrize(
+    "probe", ["racecheck_probe.cu", "flush_mma_probe.cu", "bandwidth_probe.cu", "latency_ladder.cu"]
+)
 def test_probe_compiles(probe, tmp_path):
     nvcc = env.find_nvcc()
     cmd = [str(nvcc), "-std=c++17", "-O3", "-arch=sm_90a", "-I", str(ROOT / "include"), "-c"]
