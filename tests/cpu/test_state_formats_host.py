@@ -360,3 +360,54 @@ def test_roundings_driven_by_the_hash_are_unbiased():
     assert abs(float(e8.mean())) < 6 * float(e8.std()) / e8.numel() ** 0.5
     rn = (dequantize_fp8_e4m3_rows(*quantize_fp8_e4m3_rows(x)) - x).double()
     assert float(e8.abs().max()) <= 2.01 * float(rn.abs().max()), "stochastic rounding goes to a neighbour"
+
+
+def test_e4m3_stochastic_rounding_is_the_references_bit_for_bit(tmp_path, seed):
+    """common/stochastic.cuh's e4m3_stochastic_value (integer operations in e4m3's normal range,
+    the kernels' fp8 stochastic flush store) against stochastic_round_fp8_e4m3_rows, bit for bit:
+    fresh values over every binade from 2^-12 to beyond 448 (saturated), e4m3's subnormal range,
+    exact grid values, zeros of both signs, NaN, ties of the round-up test, with fresh 16-bit
+    random numbers and the edges 0 and 65535. The reference's rows carry 448 so that its row scale is exactly 1."""
+    gen = torch.Generator().manual_seed(seed)
+    n = 6144
+    mag = torch.exp2(torch.empty(n).uniform_(-12.0, 10.0, generator=gen))
+    sign = torch.where(torch.rand(n, generator=gen) < 0.5, -1.0, 1.0)
+    y = (sign * mag).to(torch.float32)
+    grid = torch.tensor([0.0, -0.0, 2.0**-9, 2.0**-6, 0.25, 1.125, 240.0, 448.0, -448.0, 500.0, float("inf")])
+    # Ties of the comparison: |y|'s fraction of a grid step equal to r16 / 2^16, and one off, in
+    # a normal binade (y = 1.5 + k 2^-19: 20 dropped bits k << 4) and in the subnormal range
+    # (y = (3 + k 2^-16) 2^-9).
+    k = torch.randint(1, 2**16 - 1, (64,), generator=gen, dtype=torch.int64)
+    tie_r16 = torch.cat([k, k - 1, k + 1] * 2)
+    tie_y = torch.cat([(1.5 + k.double() * 2.0**-19).repeat(3), ((3 + k.double() * 2.0**-16) * 2.0**-9).repeat(3)])
+    y = torch.cat([grid, y, torch.tensor([float("nan")]), tie_y.to(torch.float32)])
+    r16 = torch.randint(0, 2**16, (y.numel(),), generator=gen, dtype=torch.int64)
+    r16[:2] = torch.tensor([0, 65535])
+    r16[-tie_r16.numel() :] = tie_r16
+    ybits = y.view(torch.int32).to(torch.int64) & 0xFFFFFFFF
+    values = ",".join(f"{int(b)}u" for b in ybits)
+    randoms = ",".join(str(int(r)) for r in r16)
+    source = f"""
+#include <cstdio>
+#include <replayssm/common/stochastic.cuh>
+static const unsigned ys[] = {{{values}}};
+static const unsigned rs[] = {{{randoms}}};
+int main() {{
+  using namespace replayssm;
+  for (unsigned i = 0; i < sizeof(ys) / sizeof(ys[0]); ++i)
+    std::printf("%d\\n", (int)f32_bits(e4m3_stochastic_value(f32_of_bits(ys[i]), rs[i])));
+  return 0;
+}}
+"""
+    lines = run_host_program(tmp_path, "e4m3_sr", source)
+    got = torch.tensor([int(line) for line in lines], dtype=torch.int32).view(torch.float32)
+    assert got.numel() == y.numel()
+    finite = ~torch.isnan(y)
+    rows = torch.stack([y[finite].clamp(-448.0, 448.0), torch.full_like(y[finite], 448.0)], dim=1)
+    u = torch.stack([r16[finite].to(torch.float64) / 2**16, torch.zeros(int(finite.sum()), dtype=torch.float64)], dim=1)
+    want = stochastic_round_fp8_e4m3_rows(rows, u.to(torch.float32))[:, 0]
+    assert bool(torch.isnan(got[~finite]).all())
+    bad = (got[finite].view(torch.int32) != want.view(torch.int32)).nonzero().flatten()
+    assert bad.numel() == 0, [
+        (float(y[finite][i]), int(r16[finite][i]), float(got[finite][i]), float(want[i])) for i in bad[:5]
+    ]

@@ -12,6 +12,9 @@ __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1p
 // denominator is inf and the gate 0 (x * rcp(inf)), as the exact function rounds there.
 __device__ __forceinline__ float silu_gate(float z) { return __fdividef(z, 1.f + __expf(-z)); }
 
+// The largest power of two <= n (n >= 1).
+__host__ __device__ constexpr int pow2_floor(int n) { return n < 2 ? 1 : 2 * pow2_floor(n / 2); }
+
 // Sum over an aligned group of `kLanes` consecutive lanes (power of two <= 32); every lane
 // of the group gets the total.
 template <int kLanes>

@@ -8,7 +8,8 @@
 #include <cuda_fp8.h>
 
 #include <cstdint>
-#include <cstring>
+
+#include "bits.cuh"
 
 namespace replayssm {
 
@@ -18,17 +19,6 @@ constexpr float kNvfp4BlockMax = 6.f;        // block scale = amax|block| / (kNv
 // nvfp4_decode16 returns codes in units of 2^-14 (the fp16 value whose bits it builds); a block
 // scale read for decoding carries the 2^14 back (nvfp4_block_scale).
 constexpr float kNvfp4CodeUnit = 16384.f;
-
-// The bits of an fp32 value (host and device).
-__host__ __device__ __forceinline__ uint32_t f32_bits(float x) {
-#ifdef __CUDA_ARCH__
-  return __float_as_uint(x);
-#else
-  uint32_t u;
-  std::memcpy(&u, &x, sizeof(u));
-  return u;
-#endif
-}
 
 // The correctly rounded quotient and reciprocal (IEEE round to nearest even), host and device,
 // and a reciprocal within 1 ulp of a normal d (the hardware approximation on the device; a

@@ -21,6 +21,8 @@
 
 #include <cstdint>
 
+#include "bits.cuh"
+
 namespace replayssm {
 
 constexpr uint32_t kGolden = 0x9E3779B9u;  // 2^32 / golden ratio, odd
@@ -63,21 +65,35 @@ __device__ __forceinline__ __nv_bfloat16 bf16_stochastic(float v, uint32_t r16) 
   return __ushort_as_bfloat16(static_cast<unsigned short>(bits >> 16));
 }
 
-// y = v * inv_divisor to e4m3, stochastically, saturated to +-448: with the grid spacing `step`
-// of |y|'s binade (2^(e-3) in [2^e, 2^(e+1)), 2^-9 below 2^-6), lo = floor(|y| / step) * step
-// becomes lo + step when r16 / 2^16 < (|y| - lo) / step. NaN stays NaN.
-__device__ __forceinline__ __nv_fp8_e4m3 e4m3_stochastic(float v, float inv_divisor, uint32_t r16) {
-  const float y = v * inv_divisor;
-  if (y != y) return __nv_fp8_e4m3(y);
+// |y| to the e4m3 grid, stochastically, saturated to 448, with y's sign; NaN stays NaN (host and
+// device). With the grid spacing `step` of |y|'s binade (2^(e-3) in [2^e, 2^(e+1)), 2^-9 below
+// 2^-6), lo = floor(|y| / step) * step becomes lo + step when r16 / 2^16 < (|y| - lo) / step.
+// Integer operations only in e4m3's normal range: the grid keeps the top 3 of fp32's 23 mantissa
+// bits, so lo is |y| with the low 20 bits cut, those 20 bits are (|y| - lo) / step in units of
+// 2^-20, and the test is (r16 << 4) < those bits; adding 2^20 to lo's bits is lo + step (a carry
+// moves into the exponent, the next binade's first grid value). Below 2^-6 the spacing is
+// 2^-9: |y| * 2^9 splits into a whole part and an exact fraction. Every step is exact, so the
+// result is bit for bit replayssm.reference.quant.stochastic_round_fp8_e4m3_rows' rounding.
+__host__ __device__ __forceinline__ float e4m3_stochastic_value(float y, uint32_t r16) {
+  if (y != y) return y;
   const float a = fminf(fabsf(y), 448.f);
-  int ex;
-  frexpf(fmaxf(a, 0x1p-6f), &ex);  // max(a, 2^-6) in [2^(ex-1), 2^ex)
-  const float step = ldexpf(1.f, ex - 4), inv_step = ldexpf(1.f, 4 - ex);  // powers of two: exact
-  const float lo = floorf(a * inv_step) * step;
-  const float frac = (a - lo) * inv_step;  // exact: a - lo is a multiple of the ulp of a, below step
-  const float u = static_cast<float>(r16) * 0x1p-16f;
-  const float q = fminf(u < frac ? lo + step : lo, 448.f);
-  return __nv_fp8_e4m3(copysignf(q, y));  // q is on the e4m3 grid: the conversion is exact
+  float q;
+  if (a >= 0x1p-6f) {
+    const uint32_t bits = f32_bits(a);
+    const uint32_t dropped = bits & 0xFFFFFu;
+    q = f32_of_bits((r16 << 4) < dropped ? bits - dropped + 0x100000u : bits - dropped);
+  } else {
+    const float t = a * 0x1p9f;  // exact: a power of two
+    const float whole = floorf(t);
+    q = (static_cast<float>(r16) * 0x1p-16f < t - whole ? whole + 1.f : whole) * 0x1p-9f;
+  }
+  return copysignf(fminf(q, 448.f), y);
+}
+
+// y = v * inv_divisor to e4m3, stochastically (e4m3_stochastic_value; the result is on the e4m3
+// grid, so the conversion is exact).
+__device__ __forceinline__ __nv_fp8_e4m3 e4m3_stochastic(float v, float inv_divisor, uint32_t r16) {
+  return __nv_fp8_e4m3(e4m3_stochastic_value(v * inv_divisor, r16));
 }
 
 }  // namespace replayssm

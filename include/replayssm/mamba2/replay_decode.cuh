@@ -170,8 +170,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   int arrived = 0;
   if (tid == 0) arrived = arrive(p.ring, slot);
 
-  // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (one
-  //    warp per record). Ring positions wrap with one compare: start < R and j < R.
+  // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (an
+  //    aligned group of 8 lanes per record, 16 records per pass: one pass for every step but a
+  //    flush of a full window). Ring positions wrap with one compare: start < R and j < R.
   auto phys = [&](int j) {
     const int q = start + j;
     return q >= R ? q - R : q;
@@ -186,27 +187,53 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if (j <= last) w_s[j] = dj * expf(A * excl);
     if (j == 0) ck_s = expf(A * incl);
   }
-  for (int j = warp; j <= m; j += kThreads / 32) {
-    float acc = 0.f;
-    if (j == m) {
-      for (int n = lane; n < N; n += 32) acc = fmaf(Bcur_s[n], C_s[n], acc);
-    } else {
-      const TI* Bj = Bring_s + phys(j) * N;
-      for (int n = lane; n < N; n += 32) acc = fmaf(to_float(Bj[n]), C_s[n], acc);
+  {
+    constexpr int kGroupLanes = 8, kGroups = kThreads / kGroupLanes;
+    static_assert(kNV % kGroupLanes == 0, "a B row must split into whole 16-byte vectors over 8 lanes");
+    const int k = tid % kGroupLanes;
+    for (int pass = 0; pass <= m; pass += kGroups) {  // uniform over the CTA: the shuffles see every lane
+      const int j = pass + tid / kGroupLanes;
+      float acc0 = 0.f, acc1 = 0.f;  // two chains: half the dependent adds
+      if (j <= m) {
+#pragma unroll
+        for (int i = 0; i < kNV / kGroupLanes; ++i) {
+          const int n0 = (k + i * kGroupLanes) * kBVec;
+          float b[kBVec];
+          if (j == m) {
+#pragma unroll
+            for (int e = 0; e < kBVec; ++e) b[e] = Bcur_s[n0 + e];
+          } else {
+            load_floats<TI, kBVec>(Bring_s + phys(j) * N + n0, b);
+          }
+#pragma unroll
+          for (int e = 0; e < kBVec; e += 2) {
+            acc0 = fmaf(b[e], C_s[n0 + e], acc0);
+            acc1 = fmaf(b[e + 1], C_s[n0 + e + 1], acc1);
+          }
+        }
+      }
+      const float acc = group_sum<kGroupLanes>(acc0 + acc1);
+      if (k == 0 && j <= m) bc_s[j] = acc;
     }
-    acc = group_sum<32>(acc);
-    if (lane == 0) bc_s[j] = acc;
   }
   __syncthreads();
 
-  // 3. Ring part of each row's output (thread per row), and the checkpoint part (registers).
-  if (tid < ROWS) {
-    const int r = tid;
+  // 3. Ring part of each row's output (the row's kRingLanes lanes take every kRingLanes-th
+  //    record, then a shuffle sum), and the checkpoint part (registers).
+  {
+    constexpr int kRingLanes = pow2_floor(kThreads / ROWS);  // 4 at 32 rows, 1 at P = 80's 80
+    static_assert(kRingLanes >= 1 && kRingLanes <= 32, "a CTA must have a thread per row");
+    const int r = tid / kRingLanes, k = tid % kRingLanes;
     float acc = 0.f;
-    if (!flush) {
-      for (int j = 0; j < m; ++j) acc = fmaf(w_s[j] * bc_s[j], to_float(xring_s[phys(j) * ROWS + r]), acc);
+    if (r < ROWS) {
+      if (!flush) {
+        for (int j = k; j < m; j += kRingLanes)
+          acc = fmaf(w_s[j] * bc_s[j], to_float(xring_s[phys(j) * ROWS + r]), acc);
+      }
+      if (k == 0) acc = fmaf(dcur_s * bc_s[m], xcur_s[r], acc);
     }
-    rsum_s[r] = fmaf(dcur_s * bc_s[m], xcur_s[r], acc);
+    acc = group_sum<kRingLanes>(acc);
+    if (k == 0 && r < ROWS) rsum_s[r] = acc;
   }
 
   static_assert(ReadTile::kPasses == Tile::kPasses, "both tiles give a thread the same rows");
