@@ -119,7 +119,6 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ __align__(16) float q_s[K];
   __shared__ __align__(16) float k_s[K];
   __shared__ float v_s[ROWS];
-  __shared__ float red_s[4];
   __shared__ float gate_s[3];  // g_m (GDN), beta, k^.q^
   __shared__ __align__(16) float gcur_s[PerChannelDecay ? K : 1];  // KDA: g_m per key channel
   __shared__ __align__(16) float kt_s[K];  // decayed k^ that multiplies the (folded) checkpoint
@@ -128,7 +127,6 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   __shared__ float w_s[L + 1];  // GDN: replay weight of record j
   __shared__ float kk_s[L + 1];  // k_j . k^
   __shared__ float kq_s[L + 1];  // k_j . q^
-  __shared__ float ck_s;  // factor on S_c
   __shared__ float sk_s[ROWS];  // (S_c k^) or (S' k^) per row
   __shared__ float sq_s[ROWS];  // (S_c q^) or (S' q^) per row
   __shared__ float rk_s[ROWS];  // ring part of S~ k^ per row
@@ -188,7 +186,17 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   cp_async_wait_all();
   __syncthreads();
-  normalise_qk<K, kThreads>(p, q_s, k_s, red_s);
+  // q_s and k_s stay raw: every warp reduces their norms itself (no barrier), and the scales
+  // qs, ks enter kt, qt, the key dot products and the key this step appends.
+  float qs, ks;
+  {
+    float aq = 0.f, ak = 0.f;
+    for (int i = lane; i < K; i += 32) {
+      aq = fmaf(q_s[i], q_s[i], aq);
+      ak = fmaf(k_s[i], k_s[i], ak);
+    }
+    qk_scales(p, aq, ak, &qs, &ks);
+  }
 
   // Every thread has read the cursors: count this CTA in (the last one moves them at the end).
   int arrived = 0;
@@ -198,6 +206,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   //    Read copy, flush: the window's terms in product form instead (gdn/wy.cuh): A, kx_j, kd_j
   //    in place and col (the ring's g become a = exp(g) in place).
   const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
+  float w_lane = 1.f;  // GDN: lane j's replay weight w_j of record j (1 where the keys are decayed in place)
   if (RC::kTwoCopy && flush) {
     if constexpr (RC::kTwoCopy) {
       for (int i = tid; i < m * kG; i += kThreads) {  // a_j = exp(g_j) in place
@@ -216,28 +225,27 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       window_channel_decays<L, kThreads, K>(m, key, decay, [&](int j) { return kx_s + j * K; }, col_s, tid);
       for (int i = tid; i < K; i += kThreads) {
         const float fac = expf(PerChannelDecay ? gcur_s[i] : gate_s[0]);
-        kt_s[i] = fac * k_s[i];
-        qt_s[i] = fac * q_s[i];
+        kt_s[i] = fac * ks * k_s[i];
+        qt_s[i] = fac * qs * q_s[i];
       }
     }
   } else if constexpr (!PerChannelDecay) {
-    if (warp == 0) {  // one lane per record, suffix sums by shuffles
-      const int j = lane;
-      const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
-      // incl = sum_{j<=i<=last} g_i, excl = sum_{j<i<=last} g_i
-      float incl, excl;
-      warp_suffix_sums(gj, lane, &incl, &excl);
-      if (j < m) w_s[j] = expf(excl);
-      if (j == 0) ck_s = expf(incl);
-    }
-    __syncthreads();
-    const float ck = ck_s, fac = flush ? expf(gate_s[0]) : ck;
+    // Every warp: one lane per record, suffix sums by shuffles (lane j keeps record j's weight
+    // w_j for the key dot products below; warp 0 also stores them for the flush's fold). The
+    // ring keys stay undecayed in shared memory: w_j multiplies their dot products and u_j.
+    const int j = lane;
+    const float gj = j > last ? 0.f : (j == m ? gate_s[0] : g_s[phys(j)]);
+    // incl = sum_{j<=i<=last} g_i, excl = sum_{j<i<=last} g_i
+    float incl, excl;
+    warp_suffix_sums(gj, lane, &incl, &excl);
+    w_lane = j < m ? expf(excl) : 1.f;
+    if (warp == 0 && j < m) w_s[j] = w_lane;
+    const float ck = expf(__shfl_sync(0xffffffffu, incl, 0)), fac = flush ? expf(gate_s[0]) : ck;
     for (int i = tid; i < K; i += kThreads) {
       col_s[i] = ck;
-      kt_s[i] = fac * k_s[i];
-      qt_s[i] = fac * q_s[i];
+      kt_s[i] = fac * ks * k_s[i];
+      qt_s[i] = fac * qs * q_s[i];
     }
-    for (int i = tid; i < m * K; i += kThreads) kr_s[phys(i / K) * K + i % K] *= w_s[i / K];
   } else {
     for (int i = tid; i < K; i += kThreads) {  // one thread per key channel, records newest first
       float sum = 0.f;  // sum_{j<i<=last} g_i[channel]
@@ -252,40 +260,65 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       }
       const float ck = expf(sum), fac = flush ? expf(gcur_s[i]) : ck;
       col_s[i] = ck;
-      kt_s[i] = fac * k_s[i];
-      qt_s[i] = fac * q_s[i];
+      kt_s[i] = fac * ks * k_s[i];
+      qt_s[i] = fac * qs * q_s[i];
+    }
+  }
+  if (PerChannelDecay || (RC::kTwoCopy && flush)) __syncthreads();  // the ring keys were decayed in place
+
+  // The ring's key dot products with the decayed keys (an aligned group of 8 lanes per record,
+  // 16 records per pass: one pass for every step but a flush of a full window); j = m: k^ . q^.
+  {
+    constexpr int kGroupLanes = 8, kGroups = kThreads / kGroupLanes;
+    static_assert(K % (4 * kGroupLanes) == 0, "a key must split into whole float4s over 8 lanes");
+    const int k = tid % kGroupLanes;
+    for (int pass = 0; pass <= m; pass += kGroups) {  // uniform over the CTA: the shuffles see every lane
+      const int j = pass + tid / kGroupLanes;
+      const float wj = __shfl_sync(0xffffffffu, w_lane, j % 32);  // 1 unless GDN's undecayed ring keys
+      float a0 = 0.f, a1 = 0.f, b0 = 0.f, b1 = 0.f;  // two chains each: half the dependent adds
+      if (j <= m) {
+        const float* kj = j == m ? k_s : kr_s + phys(j) * K;
+#pragma unroll
+        for (int i = 0; i < K / (4 * kGroupLanes); ++i) {
+          const int n0 = (k + i * kGroupLanes) * 4;
+          const float4 x = *reinterpret_cast<const float4*>(kj + n0);
+          const float4 kv = *reinterpret_cast<const float4*>(k_s + n0);
+          const float4 qv = *reinterpret_cast<const float4*>(q_s + n0);
+          a0 = fmaf(x.x, kv.x, fmaf(x.z, kv.z, a0));
+          a1 = fmaf(x.y, kv.y, fmaf(x.w, kv.w, a1));
+          b0 = fmaf(x.x, qv.x, fmaf(x.z, qv.z, b0));
+          b1 = fmaf(x.y, qv.y, fmaf(x.w, qv.w, b1));
+        }
+      }
+      const float a = group_sum<kGroupLanes>(a0 + a1), bq = group_sum<kGroupLanes>(b0 + b1);
+      if (k == 0 && j <= m) {
+        const float kw = j == m ? ks : wj;  // record m is this step's key k^ = ks k
+        kk_s[j] = kw * ks * a;
+        kq_s[j] = kw * qs * bq;
+      }
     }
   }
   __syncthreads();
 
-  // The ring's key dot products with the decayed keys (one warp per record); j = m: k^ . q^.
-  for (int j = warp; j <= m; j += kThreads / 32) {
-    const float* kj = j == m ? k_s : kr_s + phys(j) * K;
-    float a = 0.f, bq = 0.f;
-    for (int i = lane; i < K; i += 32) {
-      a = fmaf(kj[i], k_s[i], a);
-      bq = fmaf(kj[i], q_s[i], bq);
-    }
-    a = group_sum<32>(a);
-    bq = group_sum<32>(bq);
-    if (lane == 0) {
-      kk_s[j] = a;
-      kq_s[j] = bq;
-    }
-  }
-  __syncthreads();
-
-  // 3. Ring parts (thread per row) and checkpoint parts (registers, both dot products at once).
-  if (tid < ROWS && !flush) {
-    const int r = tid;
+  // 3. Ring parts (the row's kRingLanes lanes take every kRingLanes-th record, then a shuffle
+  //    sum) and checkpoint parts (registers, both dot products at once).
+  if (!flush) {
+    constexpr int kRingLanes = pow2_floor(kThreads / ROWS);  // 4 at 32 rows, 2 at 64
+    static_assert(kRingLanes >= 1 && kRingLanes <= 32, "a CTA must have a thread per row");
+    const int r = tid / kRingLanes, k = tid % kRingLanes;
     float ak = 0.f, aq = 0.f;
-    for (int j = 0; j < m; ++j) {
-      const float uj = u_s[phys(j) * ROWS + r];
-      ak = fmaf(uj, kk_s[j], ak);
-      aq = fmaf(uj, kq_s[j], aq);
+    if (r < ROWS)
+      for (int j = k; j < m; j += kRingLanes) {
+        const float uj = u_s[phys(j) * ROWS + r];
+        ak = fmaf(uj, kk_s[j], ak);
+        aq = fmaf(uj, kq_s[j], aq);
+      }
+    ak = group_sum<kRingLanes>(ak);
+    aq = group_sum<kRingLanes>(aq);
+    if (k == 0 && r < ROWS) {
+      rk_s[r] = ak;
+      rq_s[r] = aq;
     }
-    rk_s[r] = ak;
-    rq_s[r] = aq;
   }
   if (!flush) {
     float d[2][Tile::kPasses];  // S kt and S qt per row
@@ -346,8 +379,11 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       }
 #pragma unroll 2
       for (int j = 0; j < m; ++j) {
-        const float uj = u_s[phys(j) * ROWS + r];
-        const float* kj = kr_s + phys(j) * K;  // decayed key
+        // decayed key kd_j = w_j k_j: GDN keeps k_j and w_j scales u_j (but after the read copy's
+        // window pass, which decays the keys in place)
+        const bool undecayed = !PerChannelDecay && !RC::kTwoCopy;
+        const float uj = undecayed ? u_s[phys(j) * ROWS + r] * w_s[j] : u_s[phys(j) * ROWS + r];
+        const float* kj = kr_s + phys(j) * K;
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
@@ -399,7 +435,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if (c.hv % (p.num_v_heads / p.num_k_heads) == 0) {
       float* kout =
           p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head + static_cast<int64_t>(pos) * K;
-      for (int i = tid; i < K; i += kThreads) kout[i] = k_s[i];
+      for (int i = tid; i < K; i += kThreads) kout[i] = ks * k_s[i];
     }
   }
   if (tid == 0) {
