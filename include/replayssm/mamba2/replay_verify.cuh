@@ -151,8 +151,10 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   const int m = p.ring.len[slot];
 
   __shared__ float dd_s[TMAX];  // drafts' delta
+  __shared__ float path_s[TMAX];  // A * sum of delta over ancestors-or-self
   __shared__ float ck_s[TMAX];  // factor on S_c C_i (or S' C_i)
   __shared__ float wcom_s[L];  // committed records' weights w_j
+  __shared__ float tot_s;  // exp(sum_{j<m} a_j)
   __shared__ uint32_t anc_s[TMAX];
   __shared__ int n_s;
   if (tid < Tl) dd_s[tid] = step_delta(p, c.b * T + tid, c.h);
@@ -168,43 +170,38 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
   int arrived = 0;
   if (tid == 0) arrived = arrive(p.ring, slot);
 
-  // 2. Decays, in every warp (no barrier): committed suffix sums (lane j = record j) and path
-  //    sums (lane i = draft i); warp 0 also stores what the epilogue and the flush's fold read.
+  // 2. Decays: committed suffix sums (warp 0, one lane per record) and path sums (one thread per
+  //    draft).
   auto phys = [&](int j) {
     const int q = start + j;
     return q >= R ? q - R : q;
   };
   const float A = load_scalar(p.in.A, c.h);
-  float wl, pl, tot;  // lane j: w_j; lane i: path(i); exp(sum_{j<m} a_j)
-  {
+  if (warp == 0) {
     const float dj = lane < m ? dring_s[phys(lane)] : 0.f;
     float incl, excl;
     warp_suffix_sums(dj, lane, &incl, &excl);
-    wl = lane < m ? dj * expf(A * excl) : 0.f;
-    tot = __shfl_sync(0xffffffffu, expf(A * incl), 0);
-    pl = lane < n ? A * path_sum(anc_s[lane], dd_s) : 0.f;
+    if (lane < m) wcom_s[lane] = dj * expf(A * excl);
+    if (lane == 0) tot_s = expf(A * incl);
+  } else if (warp == 1 && lane < n) {
+    path_s[lane] = A * path_sum(anc_s[lane], dd_s);
   }
-  if (warp == 0) {
-    if (lane < m) wcom_s[lane] = wl;
-    if (lane < n) ck_s[lane] = expf(pl) * (flush ? 1.f : tot);
-  }
+  __syncthreads();
 
   // Coefficients of the replayed records: coef[i][j] = weight * (B_j . C_i), one 8-lane group per
   // (draft, record) pair; records that draft i does not see get 0. The loop bound is uniform per
-  // warp (the group sums and the weights' shuffles run across the whole warp).
+  // warp (the group sums shuffle across the whole warp).
+  if (tid < n) ck_s[tid] = expf(path_s[tid]) * (flush ? 1.f : tot_s);
   {
     const int cols = me + n, pairs = n * cols, gl = tid % 8;
     for (int base = warp * 4; base < pairs; base += kThreads / 8) {
       const int pair = base + lane / 8;
       const int i = pair / cols, j = pair % cols, d = j - me;
-      const float pi = __shfl_sync(0xffffffffu, pl, i % 32);
-      const float pd = __shfl_sync(0xffffffffu, pl, (d < 0 ? 0 : d) % 32);
-      const float wj = __shfl_sync(0xffffffffu, wl, (d < 0 ? j : 0) % 32);
       const bool seen = pair < pairs && (d < 0 || ((anc_s[i] >> d) & 1u));
       float acc = 0.f, w = 0.f;
       if (seen) {
         const TI* Bj = d < 0 ? Bring_s + phys(j) * N : Bd_s + d * N;
-        w = d < 0 ? wj * expf(pi) : dd_s[d] * expf(pi - pd);
+        w = d < 0 ? wcom_s[j] * expf(path_s[i]) : dd_s[d] * expf(path_s[i] - path_s[d]);
         acc = group8_dot_part<TI, N>(Bj, C_s + i * N, gl);
       }
       acc = group_sum<8>(acc);
@@ -235,6 +232,7 @@ __global__ void __launch_bounds__(128) replay_verify_kernel(const VerifyParams v
       Tile::unpack(raw, sv);
     }
     // Fold the m committed records into the tile, write it, and read out what was stored.
+    const float tot = tot_s;
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
