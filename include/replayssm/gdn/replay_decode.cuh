@@ -9,8 +9,13 @@
 //                            S~ x = S' (exp(g_m) . x)
 //   then u = beta (v - S~ k^), o = S~ q^ + u (k^ . q^), and (g_m, u, k^) is appended.
 // All decays are folded into vectors before the state is touched: kt = decayed k^, qt = decayed
-// q^ (what multiplies the state), col = per-column factor of the fold, and the ring keys are
-// replaced in shared memory by their decayed versions kd_j.
+// q^ (what multiplies the state), col = per-column factor of the fold, and the decayed ring keys
+// kd_j: KDA (and a read copy's flush) replaces the keys in shared memory by them; GDN keeps k_j
+// and its scalar weight w_j (kd_j = w_j k_j) multiplies the key dot products and, in a flush, u_j.
+// q and k stay raw in shared memory: each warp reduces their norms itself, and the scales enter
+// kt, qt, the key dot products and the key this step appends. Short chain at small batch: after
+// the round trip's barrier, one for the key dot products and one for the rows' products (KDA one
+// more, after its per-channel decays).
 //
 // One read of S_c serves both S_c k^ and S_c q^; no state is written outside flushes. As for
 // Mamba-2, the whole ring is fetched with async copies in the state's round trip and the last
