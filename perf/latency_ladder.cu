@@ -9,11 +9,15 @@
 //   read     every CTA reads its tile (16 KB at 32 rows; address from blockIdx alone), dots it
 //            with C, writes its outputs: the bytes and the launch, no chain;
 //   slot     the same, the tile's address waiting on the slot index read from memory;
-//   ring     + the cursors, the whole ring (B and x records, async copies into shared memory), a
-//            barrier, B_j . C by a warp per record, a barrier, each row's ring part (m = 15
-//            records), a barrier, the epilogue: the replay step's phases without its arrival;
+//   loads    + the cursors and the whole ring (B and x records, async copies into shared memory)
+//            and the barrier that waits for them, but none of the ring's arithmetic: what the
+//            ring's bytes and round trip cost on their own;
+//   ring     + B_j . C by a warp per record, a barrier, each row's ring part (m = 15 records), a
+//            barrier, the epilogue: the replay step's phases without its arrival;
 //   arrive   + the slot's arrival counter (atomicAdd when the cursors are read, the last CTA moves
 //            the cursors) and the record append: every link of the replay tile step.
+// The ring's records are bf16 (Mamba-2's B and x) or, for the GDN-sized state, also fp32 as GDN's
+// ring keeps its keys and corrections (twice the ring bytes per CTA: 10 KB against 5 at 32 rows).
 // Each figure is µs per layer-step: the median over 7 trials of 200 graph replays / (200 x 16).
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/latency_ladder perf/latency_ladder.cu && /tmp/latency_ladder [json]
@@ -32,25 +36,34 @@
 constexpr int kThreads = 128, kRing = 16, kSlots = 2, kLayers = 16;
 
 // A layer's shape: H heads of P rows of N fp32 state values, G groups sharing the ring's keys,
-// tiles of ROWS rows (16, 32 or 64) per CTA.
-template <int H_, int P_, int N_, int G_, int ROWS_>
+// tiles of ROWS rows (16, 32 or 64) per CTA, ring records of type TR (bf16 or float).
+template <int H_, int P_, int N_, int G_, int ROWS_, typename TR_ = __nv_bfloat16>
 struct Shape {
+  using TR = TR_;
   static constexpr int kH = H_, kP = P_, kN = N_, kG = G_, kRows = ROWS_;
   static constexpr int kChunks = kP / kRows, kCtas = kH * kChunks, kRowsPerWarp = kRows / 4;
+  static constexpr int kRV = 16 / sizeof(TR);  // ring elements per 16-byte copy
   static_assert(kRows % 16 == 0 && kP % kRows == 0, "whole 16-row tiles of a head");
 };
 template <int ROWS>
 using Mamba2Shape = Shape<128, 64, 128, 8, ROWS>;  // Nemotron-3-Super: 4 MiB of state per slot
-template <int ROWS>
-using GdnShape = Shape<32, 128, 128, 16, ROWS>;  // Qwen3-Next's GDN (V = K = 128, 32 value heads): 2 MiB
+template <int ROWS, typename TR = __nv_bfloat16>
+using GdnShape = Shape<32, 128, 128, 16, ROWS, TR>;  // Qwen3-Next's GDN (V = K = 128, 32 value heads): 2 MiB
 
-enum Stage { kEmpty, kRead, kSlot, kRingStage, kArrive };
-constexpr const char* kStageNames[] = {"empty", "read", "slot", "ring", "arrive"};
+enum Stage { kEmpty, kRead, kSlot, kLoads, kRingStage, kArrive };
+constexpr const char* kStageNames[] = {"empty", "read", "slot", "loads", "ring", "arrive"};
+constexpr int kStages = 6;
 
+__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ float to_f(float v) { return v; }
+__device__ __forceinline__ void from_f(float v, __nv_bfloat16* d) { *d = __float2bfloat16(v); }
+__device__ __forceinline__ void from_f(float v, float* d) { *d = v; }
+
+template <typename TR>
 struct Layer {
   const float* pool;            // [kSlots][kH][kP][kN]  (the shape's dims)
-  const __nv_bfloat16* Bring;   // [kSlots][kG][kRing][kN]
-  __nv_bfloat16* xring;         // [kSlots][kH][kRing][kP]
+  const TR* Bring;              // [kSlots][kG][kRing][kN]
+  TR* xring;                    // [kSlots][kH][kRing][kP]
   int* start;                   // [kSlots]
   int* len;                     // [kSlots]
   int* done;                    // [kSlots]
@@ -63,9 +76,10 @@ using replayssm::cp_async16;
 using replayssm::cp_async_wait_all;
 
 template <class S, int kStage>
-__global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slots) {
+__global__ void __launch_bounds__(kThreads) step_kernel(Layer<typename S::TR> l, const int* slots) {
+  using TR = typename S::TR;
   constexpr int kH = S::kH, kP = S::kP, kN = S::kN, kG = S::kG, kChunks = S::kChunks, kCtas = S::kCtas;
-  constexpr int kRows = S::kRows, kRpw = S::kRowsPerWarp;
+  constexpr int kRows = S::kRows, kRpw = S::kRowsPerWarp, kRV = S::kRV;
   static_assert(kN == kThreads, "C is staged by one thread per column");
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.x / kChunks, p0 = (blockIdx.x % kChunks) * kRows, g = h / (kH / kG);
@@ -81,23 +95,23 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
 #pragma unroll
     for (int r = 0; r < kRpw; ++r) v[r] = tile[(warp * kRpw + r) * (kN / 4) + lane];
     __shared__ float C_s[kN], bc_s[kRing], rsum_s[kRows];
-    __shared__ __align__(16) __nv_bfloat16 B_s[kRing][kN];
-    __shared__ __align__(16) __nv_bfloat16 x_s[kRing][kRows];
+    __shared__ __align__(16) TR B_s[kRing][kN];
+    __shared__ __align__(16) TR x_s[kRing][kRows];
     int start = 0, m = 0, arrived = 0;
-    if constexpr (kStage >= kRingStage) {
-      const __nv_bfloat16* Bg = l.Bring + (static_cast<size_t>(slot) * kG + g) * kRing * kN;
-      for (int i = tid; i < kRing * kN / 8; i += kThreads) cp_async16(&B_s[0][0] + i * 8, Bg + i * 8);
-      const __nv_bfloat16* xg = l.xring + (static_cast<size_t>(slot) * kH + h) * kRing * kP + p0;
-      for (int i = tid; i < kRing * kRows / 8; i += kThreads) {
-        const int j = i / (kRows / 8), q = i % (kRows / 8);
-        cp_async16(&x_s[j][q * 8], xg + j * kP + q * 8);
+    if constexpr (kStage >= kLoads) {
+      const TR* Bg = l.Bring + (static_cast<size_t>(slot) * kG + g) * kRing * kN;
+      for (int i = tid; i < kRing * kN / kRV; i += kThreads) cp_async16(&B_s[0][0] + i * kRV, Bg + i * kRV);
+      const TR* xg = l.xring + (static_cast<size_t>(slot) * kH + h) * kRing * kP + p0;
+      for (int i = tid; i < kRing * kRows / kRV; i += kThreads) {
+        const int j = i / (kRows / kRV), q = i % (kRows / kRV);
+        cp_async16(&x_s[j][q * kRV], xg + j * kP + q * kRV);
       }
       start = l.start[slot];
       m = l.len[slot];
     }
     C_s[tid] = __bfloat162float(l.C[g * kN + tid]);
     const float xcur = tid < kRows ? __bfloat162float(l.x[h * kP + p0 + tid]) : 0.f;
-    if constexpr (kStage >= kRingStage) cp_async_wait_all();
+    if constexpr (kStage >= kLoads) cp_async_wait_all();
     __syncthreads();
     if constexpr (kStage >= kArrive) {
       if (tid == 0) arrived = atomicAdd(&l.done[slot], 1);
@@ -105,7 +119,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
     if constexpr (kStage >= kRingStage) {
       for (int j = warp; j < m; j += kThreads / 32) {
         float acc = 0.f;
-        for (int n = lane; n < kN; n += 32) acc = fmaf(__bfloat162float(B_s[(start + j) % kRing][n]), C_s[n], acc);
+        for (int n = lane; n < kN; n += 32) acc = fmaf(to_f(B_s[(start + j) % kRing][n]), C_s[n], acc);
 #pragma unroll
         for (int o = 16; o; o /= 2) acc += __shfl_xor_sync(~0u, acc, o);
         if (lane == 0) bc_s[j] = acc;
@@ -113,7 +127,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
       __syncthreads();
       if (tid < kRows) {
         float acc = 0.f;
-        for (int j = 0; j < m; ++j) acc = fmaf(bc_s[j], __bfloat162float(x_s[(start + j) % kRing][tid]), acc);
+        for (int j = 0; j < m; ++j) acc = fmaf(bc_s[j], to_f(x_s[(start + j) % kRing][tid]), acc);
         rsum_s[tid] = acc;
       }
     }
@@ -133,13 +147,13 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer l, const int* slot
 #pragma unroll
       for (int k = 1; k < kRpw; ++k) yr = lane == k ? y[k] : yr;
       if constexpr (kStage >= kRingStage) yr += rsum_s[r];
+      if constexpr (kStage == kLoads) yr += to_f(x_s[(start + m) % kRing][r]);  // waits on the cursors and the ring
       l.out[h * kP + p0 + r] = __float2bfloat16(yr + xcur);  // the D x skip term, D = 1
     }
     if constexpr (kStage >= kArrive) {
       // Append this step's x record (m stays fixed: the ladder replays the same window position).
       const int pos = (start + m) % kRing;
-      if (tid < kRows)
-        l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid] = __float2bfloat16(xcur);
+      if (tid < kRows) from_f(xcur, &l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid]);
       if (tid == 0 && arrived % kCtas == kCtas - 1) {
         l.start[slot] = start;
         l.len[slot] = m;
@@ -181,7 +195,7 @@ static float graph_us_per_step(F&& record, cudaStream_t s) {
 }
 
 template <class S, int kStage>
-static float run_stage(const std::vector<Layer>& layers, const int* slots, cudaStream_t s) {
+static float run_stage(const std::vector<Layer<typename S::TR>>& layers, const int* slots, cudaStream_t s) {
   return graph_us_per_step([&](int i) { step_kernel<S, kStage><<<S::kCtas, kThreads, 0, s>>>(layers[i], slots); }, s);
 }
 
@@ -195,43 +209,44 @@ static T* zeroed(size_t n) {
 }
 
 template <class S>
-static std::vector<Layer> make_layers() {
+static std::vector<Layer<typename S::TR>> make_layers() {
+  using TR = typename S::TR;
   constexpr int kH = S::kH, kP = S::kP, kN = S::kN, kG = S::kG;
-  std::vector<Layer> layers(kLayers);
+  std::vector<Layer<TR>> layers(kLayers);
   for (auto& l : layers) {
     const auto pool = zeroed<float>(static_cast<size_t>(kSlots) * kH * kP * kN);
-    const auto Bring = zeroed<__nv_bfloat16>(static_cast<size_t>(kSlots) * kG * kRing * kN);
-    const auto xring = zeroed<__nv_bfloat16>(static_cast<size_t>(kSlots) * kH * kRing * kP);
+    const auto Bring = zeroed<TR>(static_cast<size_t>(kSlots) * kG * kRing * kN);
+    const auto xring = zeroed<TR>(static_cast<size_t>(kSlots) * kH * kRing * kP);
     const auto C = zeroed<__nv_bfloat16>(kG * kN);
     const auto x = zeroed<__nv_bfloat16>(kH * kP);
     const auto out = zeroed<__nv_bfloat16>(kH * kP);
     int* const cur = zeroed<int>(3 * kSlots);
     const int init[3 * kSlots] = {3, 3, 15, 15, 0, 0};  // start, len (15: a full window's ring), done
     CHECK(cudaMemcpy(cur, init, sizeof(init), cudaMemcpyHostToDevice));
-    l = Layer{pool, Bring, xring, cur, cur + kSlots, cur + 2 * kSlots, C, x, out};
+    l = Layer<TR>{pool, Bring, xring, cur, cur + kSlots, cur + 2 * kSlots, C, x, out};
   }
   return layers;
 }
 
 template <class S>
 static void ladder(const char* name, const int* slots, cudaStream_t s, bool json, bool first) {
-  const std::vector<Layer> layers = make_layers<S>();
-  const float us[] = {run_stage<S, kEmpty>(layers, slots, s), run_stage<S, kRead>(layers, slots, s),
-                      run_stage<S, kSlot>(layers, slots, s), run_stage<S, kRingStage>(layers, slots, s),
-                      run_stage<S, kArrive>(layers, slots, s)};
+  const std::vector<Layer<typename S::TR>> layers = make_layers<S>();
+  const float us[kStages] = {run_stage<S, kEmpty>(layers, slots, s), run_stage<S, kRead>(layers, slots, s),
+                             run_stage<S, kSlot>(layers, slots, s),  run_stage<S, kLoads>(layers, slots, s),
+                             run_stage<S, kRingStage>(layers, slots, s), run_stage<S, kArrive>(layers, slots, s)};
   if (json) {
-    std::printf("%s\"%s\": {\"ctas\": %d, \"rows\": %d, \"state_mib\": %.1f", first ? "" : ", ", name, S::kCtas,
-                S::kRows, S::kH * S::kP * S::kN * 4.0 / (1 << 20));
-    for (int i = 0; i < 5; ++i) std::printf(", \"%s\": %.3f", kStageNames[i], us[i]);
+    std::printf("%s\"%s\": {\"ctas\": %d, \"rows\": %d, \"state_mib\": %.1f, \"ring_record_bytes\": %d", first ? "" : ", ",
+                name, S::kCtas, S::kRows, S::kH * S::kP * S::kN * 4.0 / (1 << 20), static_cast<int>(sizeof(typename S::TR)));
+    for (int i = 0; i < kStages; ++i) std::printf(", \"%s\": %.3f", kStageNames[i], us[i]);
     std::printf("}");
   } else {
     std::printf("  %s (%d CTAs, %.0f MiB of state per slot)\n", name, S::kCtas,
                 S::kH * S::kP * S::kN * 4.0 / (1 << 20));
-    for (int i = 0; i < 5; ++i) std::printf("    %-8s %7.3f\n", kStageNames[i], us[i]);
+    for (int i = 0; i < kStages; ++i) std::printf("    %-8s %7.3f\n", kStageNames[i], us[i]);
   }
-  for (const Layer& l : layers) {
+  for (const auto& l : layers) {
     CHECK(cudaFree(const_cast<float*>(l.pool)));
-    CHECK(cudaFree(const_cast<__nv_bfloat16*>(l.Bring)));
+    CHECK(cudaFree(const_cast<typename S::TR*>(l.Bring)));
     CHECK(cudaFree(l.xring));
     CHECK(cudaFree(const_cast<__nv_bfloat16*>(l.C)));
     CHECK(cudaFree(const_cast<__nv_bfloat16*>(l.x)));
@@ -258,6 +273,8 @@ int main(int argc, char** argv) {
   ladder<Mamba2Shape<64>>("mamba2_H128_P64_N128_rows64", slots, s, json, false);
   ladder<GdnShape<32>>("gdn_HV32_V128_K128_rows32", slots, s, json, false);
   ladder<GdnShape<16>>("gdn_HV32_V128_K128_rows16", slots, s, json, false);
+  ladder<GdnShape<32, float>>("gdn_HV32_V128_K128_rows32_f32ring", slots, s, json, false);
+  ladder<GdnShape<16, float>>("gdn_HV32_V128_K128_rows16_f32ring", slots, s, json, false);
   if (json) std::printf("}}\n");
   CHECK(cudaFree(slots));
   return 0;
