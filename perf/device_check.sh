@@ -19,6 +19,13 @@ if compgen -G ".whl/*.whl" > /dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
     && export PYTHONPATH=$PYTHONPATH:/tmp/site
 fi
+# modules built here beforehand (perf/prebuild_modules.py; carry .gl/aot.tar.xz): served where
+# they match this tree's sources, so the suite's pre-warm compiles only what they lack
+if [[ -f .gl/aot.tar.xz ]]; then
+  mkdir -p /tmp/replayssm_aot && tar -xJf .gl/aot.tar.xz -C /tmp/replayssm_aot \
+    && export REPLAYSSM_AOT_DIR=/tmp/replayssm_aot${REPLAYSSM_AOT_DIR:+:$REPLAYSSM_AOT_DIR} \
+    && echo "prebuilt modules: $(ls /tmp/replayssm_aot/90a | wc -l) from .gl/aot.tar.xz (REPLAYSSM_AOT_DIR)"
+fi
 rc=0
 if [[ $what == tests || $what == all ]]; then
   python3 -m pytest -m gpu ${TESTS:-tests/gpu} -q -rs --durations=15 -o faulthandler_timeout=60 --junitxml="$OUT/gpu_tests.xml" -p no:cacheprovider 2>&1 | tee "$OUT/gpu_tests.log"
