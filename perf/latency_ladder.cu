@@ -31,6 +31,7 @@
 #include <vector>
 
 #include "../include/replayssm/common/cp_async.cuh"
+#include "../include/replayssm/common/types.cuh"
 #include "probe_check.cuh"
 
 constexpr int kThreads = 128, kRing = 16, kSlots = 2, kLayers = 16;
@@ -54,11 +55,6 @@ enum Stage { kEmpty, kRead, kSlot, kLoads, kRingStage, kArrive };
 constexpr const char* kStageNames[] = {"empty", "read", "slot", "loads", "ring", "arrive"};
 constexpr int kStages = 6;
 
-__device__ __forceinline__ float to_f(__nv_bfloat16 v) { return __bfloat162float(v); }
-__device__ __forceinline__ float to_f(float v) { return v; }
-__device__ __forceinline__ void from_f(float v, __nv_bfloat16* d) { *d = __float2bfloat16(v); }
-__device__ __forceinline__ void from_f(float v, float* d) { *d = v; }
-
 template <typename TR>
 struct Layer {
   const float* pool;            // [kSlots][kH][kP][kN]  (the shape's dims)
@@ -74,6 +70,8 @@ struct Layer {
 
 using replayssm::cp_async16;
 using replayssm::cp_async_wait_all;
+using replayssm::from_float;
+using replayssm::to_float;
 
 template <class S, int kStage>
 __global__ void __launch_bounds__(kThreads) step_kernel(Layer<typename S::TR> l, const int* slots) {
@@ -119,7 +117,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer<typename S::TR> l,
     if constexpr (kStage >= kRingStage) {
       for (int j = warp; j < m; j += kThreads / 32) {
         float acc = 0.f;
-        for (int n = lane; n < kN; n += 32) acc = fmaf(to_f(B_s[(start + j) % kRing][n]), C_s[n], acc);
+        for (int n = lane; n < kN; n += 32) acc = fmaf(to_float(B_s[(start + j) % kRing][n]), C_s[n], acc);
 #pragma unroll
         for (int o = 16; o; o /= 2) acc += __shfl_xor_sync(~0u, acc, o);
         if (lane == 0) bc_s[j] = acc;
@@ -127,7 +125,7 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer<typename S::TR> l,
       __syncthreads();
       if (tid < kRows) {
         float acc = 0.f;
-        for (int j = 0; j < m; ++j) acc = fmaf(bc_s[j], to_f(x_s[(start + j) % kRing][tid]), acc);
+        for (int j = 0; j < m; ++j) acc = fmaf(bc_s[j], to_float(x_s[(start + j) % kRing][tid]), acc);
         rsum_s[tid] = acc;
       }
     }
@@ -147,13 +145,13 @@ __global__ void __launch_bounds__(kThreads) step_kernel(Layer<typename S::TR> l,
 #pragma unroll
       for (int k = 1; k < kRpw; ++k) yr = lane == k ? y[k] : yr;
       if constexpr (kStage >= kRingStage) yr += rsum_s[r];
-      if constexpr (kStage == kLoads) yr += to_f(x_s[(start + m) % kRing][r]);  // waits on the cursors and the ring
+      if constexpr (kStage == kLoads) yr += to_float(x_s[(start + m) % kRing][r]);  // waits on the cursors and the ring
       l.out[h * kP + p0 + r] = __float2bfloat16(yr + xcur);  // the D x skip term, D = 1
     }
     if constexpr (kStage >= kArrive) {
       // Append this step's x record (m stays fixed: the ladder replays the same window position).
       const int pos = (start + m) % kRing;
-      if (tid < kRows) from_f(xcur, &l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid]);
+      if (tid < kRows) l.xring[((static_cast<size_t>(slot) * kH + h) * kRing + pos) * kP + p0 + tid] = from_float<TR>(xcur);
       if (tid == 0 && arrived % kCtas == kCtas - 1) {
         l.start[slot] = start;
         l.len[slot] = m;

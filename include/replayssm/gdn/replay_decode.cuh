@@ -336,7 +336,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       }
     }
   } else {
-    // Fold the m committed records into the checkpoint tile, write it, then read it out.
+    // Fold the m committed records into the checkpoint tile, write it, then read it out. The
+    // decayed key kd_j = w_j k_j: GDN keeps k_j in shared memory and w_j scales u_j, except after
+    // a read copy's window pass, which decays the keys in place (as KDA's channel pass does).
+    constexpr bool kUndecayedKeys = !PerChannelDecay && !RC::kTwoCopy;
     float sv[Tile::kPasses][Tile::kVpl][kV];
     if constexpr (RC::kTwoCopy) {
 #pragma unroll
@@ -384,10 +387,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       }
 #pragma unroll 2
       for (int j = 0; j < m; ++j) {
-        // decayed key kd_j = w_j k_j: GDN keeps k_j and w_j scales u_j (but after the read copy's
-        // window pass, which decays the keys in place)
-        const bool undecayed = !PerChannelDecay && !RC::kTwoCopy;
-        const float uj = undecayed ? u_s[phys(j) * ROWS + r] * w_s[j] : u_s[phys(j) * ROWS + r];
+        const float uj = kUndecayedKeys ? u_s[phys(j) * ROWS + r] * w_s[j] : u_s[phys(j) * ROWS + r];
         const float* kj = kr_s + phys(j) * K;
 #pragma unroll
         for (int v = 0; v < Tile::kVpl; ++v)
