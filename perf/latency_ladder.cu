@@ -53,7 +53,7 @@ using GdnShape = Shape<32, 128, 128, 16, ROWS, TR>;  // Qwen3-Next's GDN (V = K 
 
 enum Stage { kEmpty, kRead, kSlot, kLoads, kRingStage, kArrive };
 constexpr const char* kStageNames[] = {"empty", "read", "slot", "loads", "ring", "arrive"};
-constexpr int kStages = 6;
+constexpr int kStages = sizeof(kStageNames) / sizeof(kStageNames[0]);
 
 template <typename TR>
 struct Layer {
