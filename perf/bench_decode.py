@@ -70,7 +70,7 @@ class Mamba2Family:
         dt0 = log_uniform(H, 1e-3, 1e-1, gen)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows, persistent=None, fmt=None):
+    def wrapper(self, batch, algorithm, rows, persistent=None, fmt=None, write_through=False):
         s, a = self.s, self.args
         return Mamba2DecodeWrapper(
             s["H"],
@@ -84,6 +84,7 @@ class Mamba2Family:
             rows_per_cta=rows,
             persistent=persistent,
             **(fmt or plain_format(a)).wrapper_kwargs(),
+            **({"write_through": write_through} if algorithm == "replay" else {}),
         )
 
     def inputs(self, batch):
@@ -133,7 +134,7 @@ class GDNFamily:
         dt0 = log_uniform(HV * (shape["K"] if self.per_channel else 1), 1e-3, 1e-1, gen).reshape(HV, *self.gate_tail)
         self.dt_bias = dt0 + torch.log(-torch.expm1(-dt0))
 
-    def wrapper(self, batch, algorithm, rows, persistent=None, fmt=None):
+    def wrapper(self, batch, algorithm, rows, persistent=None, fmt=None, write_through=False):
         s, a = self.s, self.args
         return self.wrapper_cls(
             s["HV"],
@@ -147,6 +148,7 @@ class GDNFamily:
             rows_per_cta=rows,
             persistent=persistent,
             **(fmt or plain_format(a)).wrapper_kwargs(),
+            **({"write_through": write_through} if algorithm == "replay" else {}),
         )
 
     def inputs(self, batch):
@@ -201,6 +203,9 @@ def plain_format(args, read_dtype=None) -> StateFormat:
 
 # --persistent: which replay kernels to run: the wrapper's choice, one, or both.
 PERSISTENT_CHOICES = {"auto": [None], "on": [True], "off": [False], "both": [False, True]}
+# --write-through: the replay step's write-through choice (off: never, the wrapper's default; auto:
+# the plan's rule by batch; on: always; both: off and on).
+WRITE_THROUGH_CHOICES = {"off": [False], "auto": [None], "on": [True], "both": [False, True]}
 
 FAMILIES = {"mamba2": Mamba2Family, "gdn": GDNFamily, "kda": KDAFamily}
 
@@ -224,11 +229,11 @@ def fill_states(cache, gen) -> None:
     cache.load_state(list(range(cache.num_slots)), S)
 
 
-def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, fmt=None, phases="lockstep"):
+def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, fmt=None, phases="lockstep", write_through=False):
     """One pool; a graph of L consecutive steps, plus one graph per step for non-flush/flush."""
     L = fam.args.window
     num_slots = max(2 * batch, math.ceil(4 * 60e6 / fam.state_bytes()), 16)
-    w = fam.wrapper(batch, algorithm, rows, persistent, fmt)
+    w = fam.wrapper(batch, algorithm, rows, persistent, fmt, write_through)
     cache = w.create_cache(num_slots)
     fill_states(cache, fam.gen)
     if phases == "staggered":
@@ -253,13 +258,14 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, fmt=None, pha
             b.synchronize()
             single.append((i, a.elapsed_time(b) * 1e3))
     by_pos = [statistics.median([t for j, t in single if j == i]) for i in range(L)]
-    lockstep = algorithm == "replay" and phases == "lockstep"
+    lockstep = algorithm == "replay" and phases == "lockstep" and w.schedule.kernel != "write_through"
     flush_pos = max(range(L), key=lambda i: by_pos[i]) if lockstep else None
     nonflush = statistics.median([t for i, t in enumerate(by_pos) if i != flush_pos])
     assert cache.check_errors() == 0
     return dict(
         rows_used=w._rows,
         persistent=getattr(w, "persistent", False),
+        schedule_kernel=w.schedule.kernel,
         us_per_step=t_window,
         us_nonflush=nonflush,
         us_flush=by_pos[flush_pos] if flush_pos is not None else None,
@@ -347,10 +353,10 @@ def bench_fla(fam, batch, reps, ops):
     )
 
 
-def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, fmt=None):
+def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, fmt=None, write_through=False):
     """16 consecutive steps over 16 different pools in one graph (small-batch latency)."""
     L = fam.args.window
-    w = fam.wrapper(batch, algorithm, rows, persistent, fmt)
+    w = fam.wrapper(batch, algorithm, rows, persistent, fmt, write_through)
     caches = [w.create_cache(max(batch, 2)) for _ in range(layers)]
     for c in caches:
         fill_states(c, fam.gen)
@@ -363,6 +369,7 @@ def bench_layers(fam, batch, algorithm, rows, reps, persistent=None, layers=16, 
     return dict(
         rows_used=w._rows,
         persistent=getattr(w, "persistent", False),
+        schedule_kernel=w.schedule.kernel,
         us_per_step=per_step,
         us_single_replay=time_graph(g1, reps=reps),
     )
@@ -380,16 +387,20 @@ def run(args):
         shape = SHAPES[args.family][shape_name]
         fam = FAMILIES[args.family](shape, args, gen)
         for batch in args.batches:
-            variants = [("replay", pv) for pv in PERSISTENT_CHOICES[args.persistent]] + [("conventional", None)]
-            if fla is not None and args.family in ("gdn", "kda") and batch > 8:
-                variants.append(("fla", None))
             variants = [
-                (algorithm, persistent, f, ph)
-                for algorithm, persistent in variants
+                ("replay", pv, wt)
+                for pv in PERSISTENT_CHOICES[args.persistent]
+                for wt in WRITE_THROUGH_CHOICES[args.write_through]
+            ] + [("conventional", None, False)]
+            if fla is not None and args.family in ("gdn", "kda") and batch > 8:
+                variants.append(("fla", None, False))
+            variants = [
+                (algorithm, persistent, wt, f, ph)
+                for algorithm, persistent, wt in variants
                 for f in (args.formats if algorithm == "replay" else [plain_format(args)])
                 for ph in (args.phases if algorithm == "replay" and batch > 8 else ["lockstep"])
             ]
-            for algorithm, persistent, fmt, phases in variants:
+            for algorithm, persistent, write_through, fmt, phases in variants:
                 for rows in args.rows or [None]:
                     try:
                         if algorithm == "fla":
@@ -397,9 +408,13 @@ def run(args):
                                 continue
                             r = bench_fla(fam, batch, args.reps, fla)
                         elif batch <= 8:
-                            r = bench_layers(fam, batch, algorithm, rows, args.reps, persistent, fmt=fmt)
+                            r = bench_layers(
+                                fam, batch, algorithm, rows, args.reps, persistent, fmt=fmt, write_through=write_through
+                            )
                         else:
-                            r = bench_pool(fam, batch, algorithm, rows, args.reps, persistent, fmt, phases)
+                            r = bench_pool(
+                                fam, batch, algorithm, rows, args.reps, persistent, fmt, phases, write_through
+                            )
                     except torch.OutOfMemoryError:
                         print(f"skip {shape_name} B={batch} {algorithm}: out of memory")
                         torch.cuda.empty_cache()
@@ -435,6 +450,7 @@ def run(args):
                         f"{shape_name:16s} B={batch:4d} {row['kernel']:12s} {fmt.name:13s} "
                         f"{phases:9s} rows={r['rows_used']} "
                         f"{'persistent ' if r['persistent'] else ''}"
+                        f"{'write-through ' if r.get('schedule_kernel') == 'write_through' else ''}"
                         f"step={r['us_per_step']:8.2f}us nonflush={r.get('us_nonflush') or 0:8.2f} "
                         f"flush={r.get('us_flush') or 0:8.2f} floor={floor:7.2f} "
                         f"({row['fraction_of_floor']:.2f}) {row['bandwidth_TBps']:.2f} TB/s",
@@ -465,6 +481,12 @@ def main():
         choices=list(PERSISTENT_CHOICES),
         default="auto",
         help="replay: persistent pipelined kernel, one CTA per tile, or both",
+    )
+    ap.add_argument(
+        "--write-through",
+        choices=list(WRITE_THROUGH_CHOICES),
+        default="off",
+        help="replay: the write-through step never (the wrapper's default), by the plan's rule, always, or off and on",
     )
     ap.add_argument("--no-peers", action="store_true", help="skip FLA (run when importable, GDN/KDA, B > 8)")
     ap.add_argument(

@@ -31,6 +31,18 @@ def check_optional_bool(arg: str, v) -> bool | None:
     return v
 
 
+def check_write_through(v, algorithm: str, state_dtype, read_dtype) -> bool | None:
+    """The wrappers' ``write_through``: None (the plan chooses), or a bool; True needs the replay
+    algorithm and a float32 checkpoint without a read copy (the only format the step updates)."""
+    v = check_optional_bool("write_through", v)
+    if v and (algorithm != "replay" or state_dtype != torch.float32 or read_dtype is not None):
+        raise ValueError(
+            "write_through: the write-through step needs algorithm='replay' and a float32 checkpoint "
+            f"without a read copy; got algorithm={algorithm!r}, state_dtype={state_dtype}, read_dtype={read_dtype!r}"
+        )
+    return v
+
+
 def check_algorithm(v) -> str:
     if not isinstance(v, str) or v not in ALGORITHMS:
         raise ValueError(f"algorithm: expected one of {list(ALGORITHMS)}, got {v!r}")

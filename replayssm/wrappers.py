@@ -38,6 +38,7 @@ from .configs import (  # noqa: F401 (re-exported)
     check_optional_bool,
     check_pad_slot_id,
     check_scale,
+    check_write_through,
     positive_int,
     supported,
 )
@@ -91,6 +92,7 @@ class _DecodeWrapper:
         device,
         debug,
         dims: dict,
+        write_through=False,
     ):
         """Check the shared keywords (all before touching any device), then allocate the fixed buffers.
         dims: the family's dims by keyword (the descriptor's dim_keys)."""
@@ -100,6 +102,7 @@ class _DecodeWrapper:
         self.debug = check_bool("debug", debug)
         self._rows_override = self.descriptor.check_rows(rows_per_cta, dims)
         self._persistent_override = check_optional_bool("persistent", persistent)
+        self._write_through_override = check_write_through(write_through, self.algorithm, state_dtype, self.read_dtype)
         self.window, self.state_dtype, self.io_dtype = window, state_dtype, io_dtype
         self.device = cuda_device("device", device)  # last: every argument error comes first, even without a GPU
         self._slots = torch.full((max_batch,), pad_slot_id, dtype=torch.int64, device=self.device)
@@ -424,6 +427,13 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     the kernel before it on the stream finishes. Only valid when that kernel does not write this
     step's cache: true in a model (projections and conv run between two steps of a layer), not for
     back-to-back steps of one cache or a step right after commit() of the same cache.
+    ``write_through`` (replay, float32 checkpoint, no read copy; default False): a write-through
+    step folds the row's ring records and the token into the checkpoint and writes it, leaving the
+    row no records: the conventional step's short chain on the replay cache, faster where a step
+    is latency-bound (small batches). None lets plan() choose it by batch (the batch's checkpoint
+    at most 8 MiB), True always. Rows served by it keep no records, so ``materialize(upto=j)``
+    has only the current state (j = 0) to give: leave it False where mid-window prefix states are
+    used. A verify plan ignores it; with caller-owned cursors the tile kernel runs instead.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -450,6 +460,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         device=None,
         debug: bool = False,
         read_dtype=None,
+        write_through: bool | None = False,
         pdl: bool = False,
         single_copy: bool = False,
         stochastic_rounding: bool = False,
@@ -474,6 +485,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             device,
             debug,
             dims,
+            write_through,
         )
 
     def create_cache(self, num_slots: int, max_draft: int = 1, *, A: torch.Tensor | None = None) -> Mamba2Cache:
@@ -512,7 +524,14 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
 
     def _plan_query(self, batch: int, T: int):
         return m2.plan_query(
-            self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits, self.pdl
+            self.dims,
+            batch,
+            self._persistent_override,
+            self._rows_override,
+            T,
+            self._device_limits,
+            self.pdl,
+            self._write_through_override,
         )
 
     def run(self, cache: Mamba2Cache, x, dt, A, B, C, D=None, z=None, dt_bias=None, out=None) -> torch.Tensor:
@@ -573,7 +592,8 @@ class GDNDecodeWrapper(_DecodeWrapper):
     takes a read copy beside a float32 checkpoint (a non-flush verify reads the copy and keeps each
     draft's v and beta; a flush verify recomputes the committed corrections from the checkpoint);
     with a single copy, stochastic rounding or a 16-bit checkpoint a verify plan raises ValueError.
-    ``create_cache`` allocates the copy and the extra ring arrays.
+    ``create_cache`` allocates the copy and the extra ring arrays. ``write_through``: as for
+    Mamba2DecodeWrapper.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -601,6 +621,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
         device=None,
         debug: bool = False,
         read_dtype=None,
+        write_through: bool | None = False,
         single_copy: bool = False,
         stochastic_rounding: bool = False,
     ):
@@ -625,6 +646,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             device,
             debug,
             dims,
+            write_through,
         )
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
@@ -662,7 +684,13 @@ class GDNDecodeWrapper(_DecodeWrapper):
 
     def _plan_query(self, batch: int, T: int):
         return gdn_ops.plan_query(
-            self.dims, batch, self._persistent_override, self._rows_override, T, self._device_limits
+            self.dims,
+            batch,
+            self._persistent_override,
+            self._rows_override,
+            T,
+            self._device_limits,
+            self._write_through_override,
         )
 
     def run(

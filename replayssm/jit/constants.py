@@ -75,6 +75,7 @@ KERNEL_NAMES: dict[int, str] = {
     _c["kKernelTile"]: "tile",
     _c["kKernelConventional"]: "conventional",
     _c["kKernelVerify"]: "verify",
+    _c["kKernelWriteThrough"]: "write_through",
 }
 FALLBACK_NAMES: dict[int, str | None] = {
     _c["kFallbackNone"]: None,
@@ -88,5 +89,10 @@ FALLBACK_NAMES: dict[int, str | None] = {
     "compiled for an older arch, e.g. sm_80 PTX that the driver JIT-compiled)",
 }
 PERSISTENT_AUTO, PERSISTENT_OFF, PERSISTENT_ON = _c["kPersistentAuto"], _c["kPersistentOff"], _c["kPersistentOn"]
+WRITE_THROUGH_AUTO, WRITE_THROUGH_OFF, WRITE_THROUGH_ON = (
+    _c["kWriteThroughAuto"],
+    _c["kWriteThroughOff"],
+    _c["kWriteThroughOn"],
+)
 PLAN_ERROR_BASE: int = _c["kPlanErrorBase"]
 del _c

@@ -175,6 +175,7 @@ class PlanQuery(ctypes.Structure):
         ("drafts", i32),
         ("has_limits", i32),
         ("pdl", i32),
+        ("write_through", i32),
         ("limits", DeviceLimits),
     ]
 
@@ -244,6 +245,10 @@ A100_LIMITS = dict(
 )
 
 
+def _tri_state(choice: bool | None, auto: int, off: int, on: int) -> int:
+    return auto if choice is None else (on if choice else off)
+
+
 def plan_query(
     batch: int,
     heads: int,
@@ -253,18 +258,22 @@ def plan_query(
     drafts: int = 0,
     limits: dict | None = None,
     pdl: bool = False,
+    write_through: bool | None = False,
 ) -> PlanQuery:
     """The plan entry's query. ``limits``: None (the module queries the current device) or a dict of
     DeviceLimits fields (e.g. H200_LIMITS) to plan without one. ``pdl``: allow a programmatic
-    dependent launch where the kernel supports it (Schedule.pdl says whether the plan uses it)."""
+    dependent launch where the kernel supports it (Schedule.pdl says whether the plan uses it).
+    ``write_through`` (replay decode): False (default) never runs the write-through step, None
+    lets the plan choose it by batch (common/schedule.h), True forces it."""
     q = PlanQuery(
         batch=batch,
         heads=heads,
         groups=groups,
-        persistent=C.PERSISTENT_AUTO if persistent is None else (C.PERSISTENT_ON if persistent else C.PERSISTENT_OFF),
+        persistent=_tri_state(persistent, C.PERSISTENT_AUTO, C.PERSISTENT_OFF, C.PERSISTENT_ON),
         rows_per_cta=rows_per_cta or 0,
         drafts=drafts,
         pdl=int(bool(pdl)),
+        write_through=_tri_state(write_through, C.WRITE_THROUGH_AUTO, C.WRITE_THROUGH_OFF, C.WRITE_THROUGH_ON),
     )
     if limits is not None:
         q.has_limits = 1

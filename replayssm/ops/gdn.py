@@ -287,9 +287,11 @@ def ring_struct(cache) -> Ring:
     return Ring(*arrays, *cursors, cache.work_counter.data_ptr(), cache.capacity, cache.hint_slots)
 
 
-def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None):
+def plan_query(dims: GDNDims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None, write_through=False):
     """The module's plan query (heads = HV, groups = HK); see replayssm.ops.abi.plan_query."""
-    return plan_query_(batch, dims.num_v_heads, dims.num_k_heads, persistent, rows_per_cta, drafts, limits)
+    return plan_query_(
+        batch, dims.num_v_heads, dims.num_k_heads, persistent, rows_per_cta, drafts, limits, write_through=write_through
+    )
 
 
 def load(

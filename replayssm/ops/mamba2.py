@@ -226,9 +226,11 @@ def ring_struct(cache) -> Ring:
     return Ring(*ring_fields(cache))
 
 
-def plan_query(dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None, pdl=False):
+def plan_query(
+    dims: Mamba2Dims, batch: int, persistent, rows_per_cta, drafts: int = 0, limits=None, pdl=False, write_through=False
+):
     """The module's plan query (heads = H, groups = G); see replayssm.ops.abi.plan_query."""
-    return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits, pdl)
+    return plan_query_(batch, dims.nheads, dims.ngroups, persistent, rows_per_cta, drafts, limits, pdl, write_through)
 
 
 def load(

@@ -9,6 +9,7 @@ recorder)."""
 from __future__ import annotations
 
 import ctypes
+import re
 import time
 
 import pytest
@@ -59,10 +60,11 @@ def modules(tmp_path_factory):
     return {k: load_module(d / f"{s.name}.so", s.name) for (k, s), d in zip(SPECS.items(), dirs)}
 
 
-def plan(mod, batch, heads, groups, persistent=None, rows=None, drafts=0, limits=H200_LIMITS, pdl=False) -> Schedule:
-    return Schedule.from_struct(
-        mod.plan(plan_query(batch, heads, groups, persistent, rows, drafts, limits, pdl), ScheduleStruct())
-    )
+def plan(
+    mod, batch, heads, groups, persistent=None, rows=None, drafts=0, limits=H200_LIMITS, pdl=False, write_through=False
+) -> Schedule:
+    q = plan_query(batch, heads, groups, persistent, rows, drafts, limits, pdl, write_through)
+    return Schedule.from_struct(mod.plan(q, ScheduleStruct()))
 
 
 # ---------------------------------------------------------------- the oracle (former Python heuristics)
@@ -397,6 +399,79 @@ def test_constants_are_parsed_from_the_header():
     assert c["kMaxDrafts"] == C.MAX_DRAFTS and c["kRowChoices"] == C.ROW_CHOICES
     assert set(C.KERNEL_NAMES.values()) >= {"persistent", "tile", "conventional", "verify"}
     assert m2.ROWS_CHOICES == gdn_ops.ROWS_CHOICES == C.ROW_CHOICES
+
+
+# ---------------------------------------------------------------- the write-through step
+WRITE_THROUGH_MAX_STATE_BYTES = 8 << 20  # the batch's whole fp32 checkpoint (schedule.h)
+
+
+@needs_nvcc
+class TestWriteThroughPlan:
+    """write_through=None: the step runs where the batch's whole checkpoint is at most 8 MiB, on
+    the tile kernel's tiling, with the tile launch kept for caller-owned cursors."""
+
+    CASES = [("m2", 128, 8, 64 * 128), ("gdn", 32, 16, 128 * 128), ("kda", 32, 32, 128 * 128)]
+
+    @pytest.mark.parametrize("batch", [1, 2, 3, 4, 5, 8, 64])
+    @pytest.mark.parametrize("key, heads, groups, head_elems", CASES, ids=[c[0] for c in CASES])
+    def test_auto_rule_follows_the_state_bytes(self, modules, key, heads, groups, head_elems, batch):
+        s = plan(modules[key], batch, heads, groups, write_through=None)
+        base = plan(modules[key], batch, heads, groups)  # write_through=False, the wrappers' default
+        wanted = batch * heads * head_elems * 4 <= WRITE_THROUGH_MAX_STATE_BYTES
+        assert (s.kernel == "write_through") == wanted, s
+        if wanted:
+            assert s.tile == base.tile and s.tile.kernel == "tile"  # (KDA B = 4: base runs persistent)
+            assert (s.main.rows_per_cta, s.main.grid, s.main.smem_bytes) == (
+                s.tile.rows_per_cta,
+                s.tile.grid,
+                s.tile.smem_bytes,
+            )
+        else:
+            assert s.main == base.main and s.tile == base.tile
+
+    def test_off_by_default_and_forced_on_at_any_batch(self, modules):
+        assert plan(modules["gdn"], 1, 32, 16).kernel == "tile"
+        s = plan(modules["gdn"], 256, 32, 16, write_through=True)
+        assert s.kernel == "write_through" and s.tile.kernel == "tile" and s.fallback is None
+
+    def test_forced_persistent_wins_over_the_automatic_rule(self, modules):
+        s = plan(modules["m2"], 1, 128, 8, persistent=True, write_through=None)
+        assert s.kernel == "persistent", s
+
+    def test_verify_and_conventional_plans_ignore_it(self, modules):
+        assert plan(modules["m2_verify"], 1, 128, 8, drafts=4, write_through=True).kernel == "verify"
+        assert plan(modules["m2_conv"], 1, 128, 8, write_through=True).kernel == "conventional"
+
+
+@pytest.mark.parametrize(
+    "cls, dims", [(Mamba2DecodeWrapper, (128, 64, 128, 8)), (GDNDecodeWrapper, (32, 16, 128, 128))]
+)
+class TestWriteThroughArgument:
+    def test_reaches_the_query(self, cls, dims):
+        for arg, code in ((False, C.WRITE_THROUGH_OFF), (None, C.WRITE_THROUGH_AUTO), (True, C.WRITE_THROUGH_ON)):
+            w, rec = _wrapper(cls, dims, write_through=arg)
+            w.plan(torch.arange(2, dtype=torch.int32))
+            assert rec.queries[-1].write_through == code
+        w, rec = _wrapper(cls, dims)
+        w.plan(torch.arange(2, dtype=torch.int32))
+        assert rec.queries[-1].write_through == C.WRITE_THROUGH_OFF  # the default
+
+    @pytest.mark.parametrize(
+        "kw, what",
+        [
+            (dict(state_dtype=torch.bfloat16), "state_dtype=torch.bfloat16"),
+            (dict(algorithm="conventional"), "algorithm='conventional'"),
+            (dict(read_dtype=torch.float8_e4m3fn), "read_dtype='float8_e4m3fn'"),
+        ],
+    )
+    def test_needs_a_plain_float32_checkpoint(self, cls, dims, kw, what):
+        with pytest.raises(ValueError, match=f"write_through: .*float32 checkpoint.*{re.escape(what)}"):
+            cls(*dims, window=16, max_batch=4, device=CPU, write_through=True, **kw)
+        cls(*dims, window=16, max_batch=4, device=CPU, write_through=None, **kw)  # auto: never picked there
+
+    def test_bad_type(self, cls, dims):
+        with pytest.raises(TypeError, match="write_through: expected a bool or None, got str"):
+            cls(*dims, window=16, max_batch=4, device=CPU, write_through="auto")
 
 
 # ---------------------------------------------------------------- wrappers

@@ -49,6 +49,11 @@ def seeded_generator() -> torch.Generator:
     return generator(seed_for(test) + k)
 
 
+def draw(gen: torch.Generator) -> float:
+    """One uniform number in [0, 1) from ``gen`` (a CUDA generator)."""
+    return float(torch.rand(1, generator=gen, device=gen.device))
+
+
 def active_rows(out: torch.Tensor, slots: torch.Tensor, what: str) -> torch.Tensor:
     """After a step whose ``out`` was poisoned with NaN: every output written and finite, the pad
     rows (slot < 0) zero. Returns the indices of the other rows (int64 [n])."""

@@ -22,7 +22,7 @@ import torch
 
 from replayssm.reference import gdn_step, kda_step
 
-from .common import rel_err, seeded_generator, snapshot, tolerances
+from .common import draw, rel_err, seeded_generator, snapshot, tolerances
 
 pytestmark = pytest.mark.gpu
 
@@ -132,14 +132,20 @@ def run_sequence(
     rows_per_cta=None,
     churn=True,
     persistent=None,
+    write_through=False,
 ):
     """Continuous batching over a pool (random permutations, pad rows, sequences reset or loaded
-    mid-window); returns the worst output error and the state error."""
+    mid-window); returns the worst output error and the state error. write_through: False, True
+    (every step written through), or the probability that a step is (the others are the tile
+    kernel's replay steps on the same cache, so write-through steps fold rings of any length)."""
     dev = torch.device("cuda")
     HV, _HK, K, V = cfg["HV"], cfg["HK"], cfg["K"], cfg["V"]
     w, cache = make(
         cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm, persistent=persistent
     )
+    w_wt = None
+    if write_through is not False:
+        w_wt = make(cfg, algorithm, 1, batch, rows_per_cta=rows_per_cta, use_l2norm=use_l2norm, write_through=True)[0]
     A_log, dt_bias = layer_weights(cfg, gen)
     unused = list(range(num_slots - 2, num_slots))
     active = list(range(num_slots - 2))
@@ -164,11 +170,14 @@ def run_sequence(
         slots = torch.where(pad, torch.full_like(slots, -1), slots).to(torch.int32)
         q, k, v, gate = step_inputs(batch, cfg, gen, gates=gates)
         out = torch.full((batch, HV, V), float("nan"), dtype=cfg["io"], device=dev)
-        w.plan(slots)
+        ww = w_wt if w_wt is not None and (write_through is True or draw(gen) < write_through) else w
+        ww.plan(slots)
         if persistent is not None and algorithm == "replay":  # a forced persistent may fall back (reported)
             assert w.persistent == (persistent and w.schedule.fallback is None), w.schedule
+        if ww is w_wt:
+            assert ww.schedule.kernel == "write_through", ww.schedule
         extra = dict(A_log=A_log, dt_bias=dt_bias) if gates == "raw" else {}
-        w.run(cache, q, k, v, out=out, **gate, **extra)
+        ww.run(cache, q, k, v, out=out, **gate, **extra)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite outputs"
         assert (out[pad] == 0).all(), f"step {step}: pad rows must be zero"

@@ -19,7 +19,7 @@ import torch
 
 from replayssm.reference import mamba2_step
 
-from .common import rel_err, seeded_generator, snapshot, tolerances
+from .common import draw, rel_err, seeded_generator, snapshot, tolerances
 from .mamba2_inputs import layer_weights, per_head, step_inputs
 
 pytestmark = pytest.mark.gpu
@@ -74,12 +74,19 @@ def run_sequence(
     rows_per_cta=None,
     churn=True,
     persistent=None,
+    write_through=False,
 ):
     """Continuous batching over a pool: random slot permutations, pad rows, sequences reset or
-    loaded mid-window. Returns the worst output error, the state error and the cache."""
+    loaded mid-window. Returns the worst output error, the state error and the cache.
+    write_through: False, True (every step written through), or the probability that a step is
+    (the others are the tile kernel's replay steps on the same cache, so write-through steps fold
+    rings of any length)."""
     dev = torch.device("cuda")
     H, P, N, G = cfg["H"], cfg["P"], cfg["N"], cfg["G"]
     w, cache = make(cfg, algorithm, num_slots, batch, rows_per_cta=rows_per_cta, persistent=persistent)
+    w_wt = None
+    if write_through is not False:
+        w_wt = make(cfg, algorithm, 1, batch, rows_per_cta=rows_per_cta, write_through=True)[0]
     A, D, dt_bias = layer_weights(H, gen, dev, expanded=expanded, P=P, N=N)
     unused = list(range(num_slots - 2, num_slots))  # never named by any row
     active = list(range(num_slots - 2))
@@ -104,10 +111,13 @@ def run_sequence(
         slots = torch.where(pad, torch.full_like(slots, -1), slots).to(torch.int32)
         x, dt, B, C, z = step_inputs(batch, H, P, N, G, cfg["io"], gen, dev, with_z=with_z, expanded_dt=expanded)
         out = torch.full((batch, H, P), float("nan"), dtype=cfg["io"], device=dev)
-        w.plan(slots)
+        ww = w_wt if w_wt is not None and (write_through is True or draw(gen) < write_through) else w
+        ww.plan(slots)
         if persistent is not None and algorithm == "replay":  # a forced persistent may fall back (reported)
             assert w.persistent == (persistent and w.schedule.fallback is None), w.schedule
-        w.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
+        if ww is w_wt:
+            assert ww.schedule.kernel == "write_through", ww.schedule
+        ww.run(cache, x, dt, A, B, C, D=D, z=z, dt_bias=dt_bias, out=out)
         torch.cuda.synchronize()
         assert torch.isfinite(out).all(), f"step {step}: unwritten or non-finite outputs"
         assert (out[pad] == 0).all(), f"step {step}: pad rows must be zero"

@@ -47,6 +47,7 @@ constexpr int32_t kKernelPersistent = 1;    // persistent pipelined replay decod
 constexpr int32_t kKernelTile = 2;          // replay decode, one CTA per (row, head, row tile)
 constexpr int32_t kKernelConventional = 3;  // conventional decode
 constexpr int32_t kKernelVerify = 4;        // replay or conventional verify
+constexpr int32_t kKernelWriteThrough = 5;  // replay decode's write-through step (small batches; schedule.h)
 
 // Schedule::fallback: why a plan that asked for the persistent kernel runs the tile kernel.
 constexpr int32_t kFallbackNone = 0;
@@ -60,6 +61,11 @@ constexpr int32_t kFallbackArch = 5;  // the device (or the module's code for it
 constexpr int32_t kPersistentAuto = -1;
 constexpr int32_t kPersistentOff = 0;
 constexpr int32_t kPersistentOn = 1;
+
+// PlanQuery::write_through.
+constexpr int32_t kWriteThroughAuto = -1;
+constexpr int32_t kWriteThroughOff = 0;
+constexpr int32_t kWriteThroughOn = 1;
 
 // replayssm_plan error codes (above every cudaError_t).
 constexpr int32_t kPlanErrorBase = 100000;

@@ -55,6 +55,10 @@ __device__ __forceinline__ Cursors cursors_after_step(const Cursors& seen, bool 
   return Cursors{flush ? pos : seen.start, flush ? 1 : seen.len + 1, 0};
 }
 
+// After a write-through step (the m records and the current token folded into the checkpoint):
+// no record left, the next one at `pos` (the current record's position).
+__device__ __forceinline__ Cursors cursors_after_write_through(int pos) { return Cursors{pos, 0, 0}; }
+
 // After a verify of n drafts: the committed records kept (or folded by a flush, the drafts then
 // starting at `first_draft`), n drafts pending.
 __device__ __forceinline__ Cursors cursors_after_verify(const Cursors& seen, bool flush, int first_draft, int n) {

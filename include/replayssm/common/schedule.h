@@ -39,6 +39,7 @@ struct PlanQuery {
   int32_t drafts;        // verify: planned drafts per row T (1..capacity); decode: 0
   int32_t has_limits;    // 1: use `limits` and model occupancy (no CUDA call); 0: query the current device
   int32_t pdl;           // 1: the caller allows programmatic dependent launch (common/pdl.cuh); 0: not
+  int32_t write_through;  // kWriteThroughAuto / kWriteThroughOff / kWriteThroughOn (replay decode only)
   DeviceLimits limits;   // has_limits = 1: the limits to plan for; 0: unused (the module reads the device's)
 };
 
@@ -149,6 +150,22 @@ inline int32_t largest_rows(int32_t dim, int64_t row_bytes, int64_t max_bytes) {
 // family's rule for this batch).
 inline bool persistent_wanted(const PlanQuery& q, bool automatic) {
   return q.persistent == kPersistentAuto ? automatic : q.persistent == kPersistentOn;
+}
+
+// The replay decode's write-through step (float32 checkpoint, no read copy, kernel-owned
+// cursors): every step folds the row's records and the current token into the checkpoint and
+// writes it, as the conventional step does, and appends nothing. At small batches a step is a
+// chain of dependent round trips, not bytes, and the ring's loads and reductions are links the
+// conventional step does not have. H200 (perf/results/decode_write_through_*.json): ... The rule:
+// the batch's whole checkpoint is at most kWriteThroughMaxStateBytes.
+constexpr int64_t kWriteThroughMaxStateBytes = int64_t{8} << 20;
+
+// Whether a replay decode plan runs the write-through step: as forced by the query, or else where
+// the module has it (`exists`), the persistent kernel is not forced and the batch's whole
+// checkpoint (`batch_state_bytes`) is at most kWriteThroughMaxStateBytes.
+inline bool write_through_wanted(const PlanQuery& q, bool exists, int64_t batch_state_bytes) {
+  if (q.write_through != kWriteThroughAuto) return q.write_through == kWriteThroughOn;
+  return exists && q.persistent != kPersistentOn && batch_state_bytes <= kWriteThroughMaxStateBytes;
 }
 
 // ---- Mamba-2 heuristics (H200 measurements; previously replayssm/ops/mamba2.py) ----------------
@@ -302,6 +319,7 @@ REPLAYSSM_FIELD(rows_per_cta)
 REPLAYSSM_FIELD(drafts)
 REPLAYSSM_FIELD(has_limits)
 REPLAYSSM_FIELD(pdl)
+REPLAYSSM_FIELD(write_through)
 REPLAYSSM_FIELD(limits)
 REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(KernelLaunch)

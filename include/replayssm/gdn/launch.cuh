@@ -76,6 +76,10 @@ struct ReplayDecode {
   // budget of common/persistent.cuh) and a warp's rows fit a lane each.
   template <int ROWS>
   static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32;
+  // The write-through step exists for a float32 checkpoint without a read copy.
+  static constexpr bool kWriteThroughOk = std::is_same_v<TS, float> && !RC::kEnabled;
+  template <int ROWS, bool WT>
+  static constexpr auto tile_kernel = replay_decode_kernel<TS, TI, K, V, L, ROWS, PerChannelDecay, RC, WT>;
 
   // Work units of the persistent kernel: a row's key head with its HV / HK value heads (GDN), or
   // one value head (KDA).
@@ -99,6 +103,11 @@ struct ReplayDecode {
         &s->tile, &s->fallback);
     if (e) return e;
     s->main = s->tile;
+    if (write_through_wanted(q, kWriteThroughOk, batch * q.heads * static_cast<int64_t>(V) * K * sizeof(TS))) {
+      if (!kWriteThroughOk) return kPlanBadQuery;
+      s->main.kernel = kKernelWriteThrough;  // the tile kernel's tiling; `tile` serves caller-owned cursors
+      return 0;
+    }
     const int64_t n_units = units(batch, q.heads, q.groups);
     if (!persistent_wanted(q, n_units >= kDeltaPersistentMinUnits)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
@@ -118,7 +127,12 @@ struct ReplayDecode {
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     if (!buffers_match<RC>(p.pool, p.ring)) return cudaErrorInvalidValue;
-    const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
+    // Per launch: the persistent kernel needs aligned inputs, and the write-through step moves the
+    // cursors itself (caller-owned ones are left to the caller's rule: the tile kernel runs).
+    const bool main_ok = s.main.kernel == kKernelPersistent     ? persistent_inputs_aligned<TI>(p)
+                         : s.main.kernel == kKernelWriteThrough ? p.ring.done != nullptr
+                                                                : false;
+    const KernelLaunch& k = main_ok ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       if (static_cast<int64_t>(k.units) != units(p.batch, p.num_v_heads, p.num_k_heads)) return cudaErrorInvalidValue;
       return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
@@ -130,20 +144,27 @@ struct ReplayDecode {
         return cudaErrorInvalidValue;
       });
     }
-    if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.num_v_heads, V)) return cudaErrorInvalidValue;
-    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
+    if ((k.kernel != kKernelTile && k.kernel != kKernelWriteThrough) || !tile_matches(k, p.batch, p.num_v_heads, V))
+      return cudaErrorInvalidValue;
+    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>, p, k,
-                            RingSmem<kRows>::bytes(p.ring.capacity), stream);
+      const size_t smem = RingSmem<kRows>::bytes(p.ring.capacity);
+      if constexpr (kWriteThroughOk)
+        if (k.kernel == kKernelWriteThrough) return launch_planned(tile_kernel<kRows, true>, p, k, smem, stream);
+      if (k.kernel == kKernelWriteThrough) return cudaErrorInvalidValue;
+      return launch_planned(tile_kernel<kRows, false>, p, k, smem, stream);
     });
   }
 
   static cudaError_t prepare() {
     return for_each_rows<V>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, RC>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(RingSmem<kRows>::bytes(kMaxRingCapacity<L>)));
+      const int ring_smem = static_cast<int>(RingSmem<kRows>::bytes(kMaxRingCapacity<L>));
+      cudaError_t e =
+          cudaFuncSetAttribute(tile_kernel<kRows, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_smem);
+      if constexpr (kWriteThroughOk)
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(tile_kernel<kRows, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_smem);
       if constexpr (kPersistentOk<kRows>) {
         // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
         bool has_code = false;

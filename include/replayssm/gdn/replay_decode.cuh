@@ -71,7 +71,8 @@ struct ReplayRingSmem {
   __host__ __device__ static size_t bytes(int R) { return a_offset(R) + kABytes; }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, class RC = NoReadCopy,
+          bool WriteThrough = false>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
   using Read = ReadCopyTile<RC, TS, K, ROWS, 4>;  // what a non-flush step reads (the copy, or the checkpoint)
   using ReadTile = typename Read::Tile;
@@ -83,6 +84,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   constexpr int kChunks = V / ROWS;
   static_assert(ReadTile::kPasses == Tile::kPasses, "both tiles give a thread the same rows");
   static_assert(!RC::kTwoCopy || K % 32 == 0, "the flush's channel pass takes key channels 32 at a time");
+  static_assert(!WriteThrough || (std::is_same_v<TS, float> && !RC::kEnabled),
+                "the write-through step updates a float32 checkpoint without a read copy");
 
   const CtaCoords c = cta_coords<V, ROWS>(p);
   int64_t slot;
@@ -102,7 +105,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   float* u_s = reinterpret_cast<float*>(ring_smem);  // [R][ROWS]
   float* kr_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R));  // [R][K]
   float* g_s = reinterpret_cast<float*>(ring_smem + Smem::u_bytes(R) + Smem::k_bytes(R));  // [R][kG]
-  {
+  auto fetch_ring = [&] {
     const float* uring = p.ring.u + slot * p.ring.u_stride_slot + c.hv * p.ring.u_stride_head + c.v0;
     const float* kring = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
     const float* gring = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head;
@@ -116,7 +119,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int i = tid; i < R * (K / 4); i += kThreads) cp_async16(g_s + i * 4, gring + i * 4);
     else
       for (int i = tid; i < R; i += kThreads) cp_async4(g_s + i, gring + i);
-  }
+  };
+  if constexpr (!WriteThrough) fetch_ring();  // write-through: only for m > 0, once the cursors are seen
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
   const uint32_t seed = flush_seed<RC>(p.pool, slot);
@@ -157,7 +161,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     for (int r = tid; r < ROWS; r += kThreads) out[r] = from_float<TI>(0.f);
     return;
   }
-  const bool flush = m + 1 > L;
+  // Write-through: every step folds its m records and the current token into the checkpoint.
+  const bool flush = WriteThrough || m + 1 > L;
+  if constexpr (WriteThrough)
+    if (m > 0) fetch_ring();  // after the inputs were requested: only rows left with records wait for it
   auto phys = [&](int j) {
     const int q = start + j;
     return q >= R ? q - R : q;
@@ -210,7 +217,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
   //    Read copy, flush: the window's terms in product form instead (gdn/wy.cuh): A, kx_j, kd_j
   //    in place and col (the ring's g become a = exp(g) in place).
-  const int last = flush ? m - 1 : m;  // decays applied to the checkpoint: records 0..last
+  // Decays applied to the checkpoint: records 0..last (write-through: the current token's too, so
+  // the fold gives S~ and kt, qt stay undecayed).
+  const int last = flush && !WriteThrough ? m - 1 : m;
   float w_lane = 1.f;  // GDN: lane j's replay weight w_j of record j (1 where the keys are decayed in place)
   if (RC::kTwoCopy && flush) {
     if constexpr (RC::kTwoCopy) {
@@ -245,7 +254,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     warp_suffix_sums(gj, lane, &incl, &excl);
     w_lane = j < m ? expf(excl) : 1.f;
     if (warp == 0 && j < m) w_s[j] = w_lane;
-    const float ck = expf(__shfl_sync(0xffffffffu, incl, 0)), fac = flush ? expf(gate_s[0]) : ck;
+    const float ck = expf(__shfl_sync(0xffffffffu, incl, 0)), fac = WriteThrough ? 1.f : flush ? expf(gate_s[0]) : ck;
     for (int i = tid; i < K; i += kThreads) {
       col_s[i] = ck;
       kt_s[i] = fac * ks * k_s[i];
@@ -263,7 +272,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
           sum += gcur_s[i];
         }
       }
-      const float ck = expf(sum), fac = flush ? expf(gcur_s[i]) : ck;
+      const float ck = expf(sum), fac = WriteThrough ? 1.f : flush ? expf(gcur_s[i]) : ck;
       col_s[i] = ck;
       kt_s[i] = fac * ks * k_s[i];
       qt_s[i] = fac * qs * q_s[i];
@@ -394,6 +403,30 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[Tile::col(lane, v) + e], sv[s][v][e]);
       }
+      if constexpr (WriteThrough) {
+        // sv is S~ (the current token's decays folded in): u and o from its two products, then
+        // S~ + u k^^T is stored (kt = k^, qt = q^ undecayed here).
+        float dk = 0.f, dq = 0.f;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) {
+            dk = fmaf(sv[s][v][e], kt_s[Tile::col(lane, v) + e], dk);
+            dq = fmaf(sv[s][v][e], qt_s[Tile::col(lane, v) + e], dq);
+          }
+        dk = group_sum<Tile::kLanes>(dk);  // every lane of the row's group gets both
+        dq = group_sum<Tile::kLanes>(dq);
+        const float u = gate_s[1] * (v_s[r] - dk);
+        TS* row = const_cast<TS*>(st) + static_cast<int64_t>(r) * K;
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v) {
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(u, kt_s[Tile::col(lane, v) + e], sv[s][v][e]);
+          store_stream16(row + Tile::col(lane, v), pack16<TS>(sv[s][v]));
+        }
+        if (Tile::row_leader(lane)) out_rows<TI, ROWS>(p, c)[r] = from_float<TI>(fmaf(u, kq_s[m], dq));
+        continue;
+      }
       // Store the folded row (checkpoint and copy as the format says), then read the step's
       // products out of what the state now holds.
       float held[Tile::kVpl][kV];
@@ -418,9 +451,10 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   __syncthreads();
 
-  // 4. Epilogue (thread per row): correction, output, and this step's record.
+  // 4. Epilogue (thread per row): correction, output, and this step's record (write-through:
+  //    the outputs are written and nothing is appended).
   const int pos = phys(m);
-  if (tid < ROWS) {
+  if (!WriteThrough && tid < ROWS) {
     const int r = tid;
     const float u = gate_s[1] * (v_s[r] - (sk_s[r] + rk_s[r]));
     const float o = fmaf(u, kq_s[m], sq_s[r] + rq_s[r]);
@@ -430,7 +464,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       static_cast<TI*>(p.ring.v)[slot * p.ring.v_stride_slot + c.hv * p.ring.v_stride_head +
                                  static_cast<int64_t>(pos) * V + c.v0 + r] = from_float<TI>(v_s[r]);
   }
-  if (c.chunk == 0) {
+  if (!WriteThrough && c.chunk == 0) {
     float* gout = p.ring.g + slot * p.ring.g_stride_slot + c.hv * p.ring.g_stride_head + static_cast<int64_t>(pos) * kG;
     if constexpr (PerChannelDecay)
       for (int i = tid; i < K; i += kThreads) gout[i] = gcur_s[i];
@@ -445,8 +479,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    const bool moved =
-        finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    const Cursors next = WriteThrough ? cursors_after_write_through(pos) : cursors_after_step(seen, flush, pos);
+    const bool moved = finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, next, p.error_flag);
     bump_flushes<RC>(p.pool, slot, moved, flush);
   }
 }

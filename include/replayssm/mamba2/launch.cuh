@@ -80,6 +80,10 @@ struct ReplayDecode {
   // budget of common/persistent.cuh) and a warp's rows fit a lane each.
   template <int ROWS>
   static constexpr bool kPersistentOk = Persistent<ROWS>::kFits && StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32;
+  // The write-through step exists for a float32 checkpoint without a read copy.
+  static constexpr bool kWriteThroughOk = std::is_same_v<TS, float> && !RC::kEnabled;
+  template <int ROWS, bool WT>
+  static constexpr auto tile_kernel = replay_decode_kernel<TS, TI, P, N, L, ROWS, RC, WT>;
 
   static int plan(PlanQuery q, Schedule* s) {
     if (const int e = check_query(q)) return e;
@@ -104,6 +108,11 @@ struct ReplayDecode {
     // The tile kernel waits for its prerequisites (replay_decode.cuh), where its code has
     // griddepcontrol: not in code compiled for an arch before sm_90 (e.g. sm_80 PTX on an H200).
     s->pdl = pdl_allowed(q, s->main, !tile_predates_sm90);
+    if (write_through_wanted(q, kWriteThroughOk, batch * q.heads * static_cast<int64_t>(P) * N * sizeof(TS))) {
+      if (!kWriteThroughOk) return kPlanBadQuery;
+      s->main.kernel = kKernelWriteThrough;  // the tile kernel's tiling; `tile` serves caller-owned cursors
+      return 0;
+    }
     if (!persistent_wanted(q, batch * q.heads >= kMamba2PersistentMinHeads)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
@@ -136,7 +145,12 @@ struct ReplayDecode {
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     if (!pool_matches_format<RC>(p.pool)) return cudaErrorInvalidValue;  // the pool carries this format's buffers
-    const KernelLaunch& k = s.main.kernel == kKernelPersistent && persistent_inputs_aligned<TI>(p) ? s.main : s.tile;
+    // Per launch: the persistent kernel needs aligned inputs, and the write-through step moves the
+    // cursors itself (caller-owned ones are left to the caller's rule: the tile kernel runs).
+    const bool main_ok = s.main.kernel == kKernelPersistent     ? persistent_inputs_aligned<TI>(p)
+                         : s.main.kernel == kKernelWriteThrough ? p.ring.done != nullptr
+                                                                : false;
+    const KernelLaunch& k = main_ok ? s.main : s.tile;
     if (k.kernel == kKernelPersistent) {
       const int group = p.ngroups > 0 ? p.nheads / p.ngroups : 0;
       if (k.heads_per_unit < 1 || k.heads_per_unit > kMaxUnitHeads || group % k.heads_per_unit ||
@@ -153,20 +167,28 @@ struct ReplayDecode {
         return cudaErrorInvalidValue;
       });
     }
-    if (k.kernel != kKernelTile || !tile_matches(k, p.batch, p.nheads, P)) return cudaErrorInvalidValue;
-    return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) {
+    if ((k.kernel != kKernelTile && k.kernel != kKernelWriteThrough) || !tile_matches(k, p.batch, p.nheads, P))
+      return cudaErrorInvalidValue;
+    return dispatch_rows<P>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>, p, k,
-                            ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity), stream, s.pdl && &k == &s.main);
+      const size_t smem = ReplayRingSmem<TI, N, kRows>::bytes(p.ring.capacity);
+      const bool pdl = s.pdl && &k == &s.main;
+      if constexpr (kWriteThroughOk)
+        if (k.kernel == kKernelWriteThrough) return launch_planned(tile_kernel<kRows, true>, p, k, smem, stream, pdl);
+      if (k.kernel == kKernelWriteThrough) return cudaErrorInvalidValue;
+      return launch_planned(tile_kernel<kRows, false>, p, k, smem, stream, pdl);
     });
   }
 
   static cudaError_t prepare() {
     return for_each_rows<P>([](auto rows) {
       constexpr int kRows = decltype(rows)::value;
-      cudaError_t e = cudaFuncSetAttribute(replay_decode_kernel<TS, TI, P, N, L, kRows, RC>,
-                                           cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>)));
+      const int ring_smem = static_cast<int>(ReplayRingSmem<TI, N, kRows>::bytes(kMaxRingCapacity<L>));
+      cudaError_t e =
+          cudaFuncSetAttribute(tile_kernel<kRows, false>, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_smem);
+      if constexpr (kWriteThroughOk)
+        if (e == cudaSuccess)
+          e = cudaFuncSetAttribute(tile_kernel<kRows, true>, cudaFuncAttributeMaxDynamicSharedMemorySize, ring_smem);
       if constexpr (kPersistentOk<kRows>) {
         // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
         bool has_code = false;

@@ -45,7 +45,7 @@ struct ReplayRingSmem {
   __host__ __device__ static size_t bytes(int R) { return B_bytes(R) + x_bytes(R) + align16(R * sizeof(float)); }
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy>
+template <typename TS, typename TI, int P, int N, int L, int ROWS, class RC = NoReadCopy, bool WriteThrough = false>
 __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p) {
   // What a non-flush step reads: the read copy's tile, or the checkpoint's (the loader and
   // dequantiser the GDN/KDA kernels share).
@@ -61,6 +61,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   constexpr int kNV = N / kBVec;  // 16-byte vectors per B/C row
   constexpr int kXV = ROWS / kBVec;  // 16-byte vectors per x-row chunk
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
+  static_assert(!WriteThrough || (std::is_same_v<TS, float> && !RC::kEnabled),
+                "the write-through step updates a float32 checkpoint without a read copy");
 
   const CtaCoords c = cta_coords<P, ROWS>(p);
   int64_t slot;
@@ -80,7 +82,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   TI* Bring_s = reinterpret_cast<TI*>(ring_smem);  // [R][N]
   TI* xring_s = reinterpret_cast<TI*>(ring_smem + Smem::B_bytes(R));  // [R][ROWS]
   float* dring_s = reinterpret_cast<float*>(ring_smem + Smem::B_bytes(R) + Smem::x_bytes(R));  // [R]
-  {
+  auto fetch_ring = [&] {
     const TI* Bring = static_cast<const TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group;
     const TI* xring =
         static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head + c.p0;
@@ -91,7 +93,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       cp_async16(xring_s + j * ROWS + q * kBVec, xring + static_cast<int64_t>(j) * P + q * kBVec);
     }
     for (int i = tid; i < R; i += kThreads) cp_async4(dring_s + i, dtring + i);
-  }
+  };
+  if constexpr (!WriteThrough) fetch_ring();  // write-through: only for m > 0, once the cursors are seen
   const int start = p.ring.start[slot];
   const int m = p.ring.len[slot];
   const uint32_t seed = flush_seed<RC>(p.pool, slot);
@@ -147,7 +150,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     zero_rows<TI, ROWS>(p, c);
     return;
   }
-  const bool flush = m + 1 > L;
+  // Write-through: every step folds its m records and the current token into the checkpoint.
+  const bool flush = WriteThrough || m + 1 > L;
 
 #pragma unroll
   for (int k = 0; k < kBC; ++k) {
@@ -162,6 +166,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     zg_s[tid] = zp != nullptr ? silu_gate(to_float(zraw)) : 1.f;
   }
   if (tid == kThreads - 1) dcur_s = dcur;
+  if constexpr (WriteThrough)
+    if (m > 0) fetch_ring();  // after the inputs arrived: only rows left with records wait for it
   cp_async_wait_all();
   __syncthreads();
 
@@ -178,7 +184,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     return q >= R ? q - R : q;
   };
   if (warp == 0) {
-    const int last = flush ? m - 1 : m;  // records folded (flush) or replayed (non-flush): 0..last
+    // Records folded (flush) or replayed (non-flush): 0..last; write-through folds the current
+    // token too (record m, with weight delta_m).
+    const int last = flush && !WriteThrough ? m - 1 : m;
     const int j = lane;
     const float dj = j > last ? 0.f : (j == m ? dcur_s : dring_s[phys(j)]);
     // incl = sum_{j<=i<=last} delta_i, excl = sum_{j<i<=last} delta_i
@@ -187,7 +195,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if (j <= last) w_s[j] = dj * expf(A * excl);
     if (j == 0) ck_s = expf(A * incl);
   }
-  {
+  if constexpr (!WriteThrough) {  // write-through: no output term outside the state
     constexpr int kGroupLanes = 8, kGroups = kThreads / kGroupLanes;
     static_assert(kNV % kGroupLanes == 0, "a B row must split into whole 16-byte vectors over 8 lanes");
     const int k = tid % kGroupLanes;
@@ -220,7 +228,9 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   // 3. Ring part of each row's output (the row's kRingLanes lanes take every kRingLanes-th
   //    record, then a shuffle sum), and the checkpoint part (registers).
-  {
+  if constexpr (WriteThrough) {
+    for (int r = tid; r < ROWS; r += kThreads) rsum_s[r] = 0.f;
+  } else {
     constexpr int kRingLanes = pow2_floor(kThreads / ROWS);  // 4 at 32 rows, 1 at P = 80's 80
     static_assert(kRingLanes >= 1 && kRingLanes <= 32, "a CTA must have a thread per row");
     const int r = tid / kRingLanes, k = tid % kRingLanes;
@@ -299,9 +309,24 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
           for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
       }
     }
+    if constexpr (WriteThrough) {  // the current token: S~ + delta_m x_m B_m^T
+      float Bm[Tile::kVpl][kV];
+#pragma unroll
+      for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+        for (int e = 0; e < kV; ++e) Bm[v][e] = Bcur_s[Tile::col(lane, v) + e];
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const float xw = w_s[m] * xcur_s[Tile::row(warp, lane, s)];
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bm[v][e], sv[s][v][e]);
+      }
+    }
     // Store the folded rows (checkpoint and copy as the format says) and read the output out of
     // what the state now holds.
-    const float decay_cur = expf(A * dcur_s);
+    const float decay_cur = WriteThrough ? 1.f : expf(A * dcur_s);  // write-through: folded already
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
@@ -334,8 +359,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   const int pos = phys(m);
   TI* xr_out = static_cast<TI*>(p.ring.x) + slot * p.ring.x_stride_slot + c.h * p.ring.x_stride_head +
                static_cast<int64_t>(pos) * P + c.p0;
-  if (tid < ROWS) xr_out[tid] = from_float<TI>(xcur_s[tid]);
-  if (c.chunk == 0) {
+  if (!WriteThrough && tid < ROWS) xr_out[tid] = from_float<TI>(xcur_s[tid]);
+  if (!WriteThrough && c.chunk == 0) {
     if (tid == 0) p.ring.dt[slot * p.ring.dt_stride_slot + c.h * p.ring.dt_stride_head + pos] = dcur_s;
     if (c.h % (p.nheads / p.ngroups) == 0) {
       TI* Bout = static_cast<TI*>(p.ring.B) + slot * p.ring.B_stride_slot + c.g * p.ring.B_stride_group +
@@ -345,8 +370,8 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   }
   if (tid == 0) {
     const Cursors seen{start, m, 0};
-    const bool moved =
-        finish_unit(p.ring, slot, p.nheads * kChunks, arrived, cursors_after_step(seen, flush, pos), p.error_flag);
+    const Cursors next = WriteThrough ? cursors_after_write_through(pos) : cursors_after_step(seen, flush, pos);
+    const bool moved = finish_unit(p.ring, slot, p.nheads * kChunks, arrived, next, p.error_flag);
     bump_flushes<RC>(p.pool, slot, moved, flush);
   }
 }
