@@ -214,6 +214,7 @@ _SPECS_BY_FILE = {
     "test_mamba2_read_copy": _read_copy_specs,
     "test_delta_read_copy": _delta_read_copy_specs,
     "test_state_formats": _state_format_specs,
+    "test_write_through": lambda: [*_mamba2_specs(), *_gdn_specs()],
 }
 
 
