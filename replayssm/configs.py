@@ -73,6 +73,7 @@ _COMMON_OPTIONS: dict[str, Callable[[Any], object]] = {
     "algorithm": check_algorithm,
     "pad_slot_id": check_pad_slot_id,
     "persistent": lambda v: check_optional_bool("persistent", v),
+    "write_through": lambda v: check_optional_bool("write_through", v),
     "debug": lambda v: check_bool("debug", v),
     "device": lambda v: cuda_device("device", v),
     "num_slots": lambda v: positive_int("num_slots", v),
@@ -122,7 +123,7 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     rows of a multiple of 128), single_copy (False; with fp8: the copy is the only state),
     stochastic_rounding (False; flushes round a bfloat16 checkpoint, alone or beside an fp8 or
     nvfp4 copy, or the single copy stochastically),
-    max_batch, algorithm, pad_slot_id, rows_per_cta, persistent, debug, device (checked only when
+    max_batch, algorithm, pad_slot_id, rows_per_cta, persistent, write_through, debug, device (checked only when
     given: a visible CUDA device of compute capability 8.0 or newer), arch (checked only when
     given: the arch to plan for, e.g. '8.0', '8.9', '9.0a', '10.0a'; sm_80 or newer, where every
     kernel but the sm_90 persistent pipeline exists), and the cache's num_slots and max_draft. An
@@ -148,7 +149,7 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
             config.get("io_dtype", torch.bfloat16),
         )
         fam.check_rows(config.get("rows_per_cta"), dims)
-        fam.check_format(
+        read, _, _ = fam.check_format(
             config.get("read_dtype"),
             config.get("algorithm", "replay"),
             state,
@@ -156,6 +157,7 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
             config.get("single_copy", False),
             config.get("stochastic_rounding", False),
         )
+        check_write_through(config.get("write_through", False), config.get("algorithm", "replay"), state, read)
         if "arch" in config:
             check_target_arch(config["arch"])
         for key, value in config.items():
