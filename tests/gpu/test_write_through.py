@@ -48,77 +48,48 @@ DELTA_CONFIGS = [
 DELTA_IDS = ["gdn", "gdn_io_f32", "gdn_K64", "gdn_V64", "gdn_KV256", "gdn_L8", "kda", "kda_io_f32", "kda_K64_V256"]
 
 
+def full_run(module, cfg, write_through):
+    """A whole sequence: three windows and more (every step) or six (mixed), six rows of twelve slots."""
+    steps = 3 * cfg["L"] + 5 if write_through is True else 6 * cfg["L"]
+    module.run_sequence(
+        cfg, "replay", steps=steps, batch=6, num_slots=12, gen=seeded_generator(), write_through=write_through
+    )
+
+
+def short_run(module, cfg, write_through, **kw):
+    """40 steps of four rows over eight slots, with one feature changed (kw)."""
+    module.run_sequence(
+        cfg, "replay", steps=40, batch=4, num_slots=8, gen=seeded_generator(), write_through=write_through, **kw
+    )
+
+
 @pytest.mark.parametrize("write_through", [True, MIXED], ids=["every_step", "mixed"])
 class TestMamba2WriteThrough:
     @pytest.mark.parametrize("cfg", M2_CONFIGS, ids=M2_IDS)
     def test_matches_reference(self, cfg, write_through):
-        steps = 3 * cfg["L"] + 5 if write_through is True else 6 * cfg["L"]
-        m2.run_sequence(
-            cfg, "replay", steps=steps, batch=6, num_slots=12, gen=seeded_generator(), write_through=write_through
-        )
+        full_run(m2, cfg, write_through)
 
     @pytest.mark.parametrize("rows", [16, 64])
     def test_other_tilings(self, rows, write_through):
-        m2.run_sequence(
-            m2.BASE,
-            "replay",
-            steps=40,
-            batch=4,
-            num_slots=8,
-            gen=seeded_generator(),
-            rows_per_cta=rows,
-            write_through=write_through,
-        )
+        short_run(m2, m2.BASE, write_through, rows_per_cta=rows)
 
     def test_without_z_and_expanded_weights(self, write_through):
-        m2.run_sequence(
-            m2.BASE,
-            "replay",
-            steps=40,
-            batch=4,
-            num_slots=8,
-            gen=seeded_generator(),
-            with_z=False,
-            expanded=True,
-            write_through=write_through,
-        )
+        short_run(m2, m2.BASE, write_through, with_z=False, expanded=True)
 
 
 @pytest.mark.parametrize("write_through", [True, MIXED], ids=["every_step", "mixed"])
 class TestDeltaWriteThrough:
     @pytest.mark.parametrize("cfg", DELTA_CONFIGS, ids=DELTA_IDS)
     def test_matches_reference(self, cfg, write_through):
-        steps = 3 * cfg["L"] + 5 if write_through is True else 6 * cfg["L"]
-        delta.run_sequence(
-            cfg, "replay", steps=steps, batch=6, num_slots=12, gen=seeded_generator(), write_through=write_through
-        )
+        full_run(delta, cfg, write_through)
 
     @pytest.mark.parametrize("cfg", [delta.BASE, delta.KDA], ids=["gdn", "kda"])
     def test_given_gates_without_l2norm(self, cfg, write_through):
-        delta.run_sequence(
-            {**cfg, "io": F32},
-            "replay",
-            steps=40,
-            batch=4,
-            num_slots=8,
-            gen=seeded_generator(),
-            gates="given",
-            use_l2norm=False,
-            write_through=write_through,
-        )
+        short_run(delta, {**cfg, "io": F32}, write_through, gates="given", use_l2norm=False)
 
     @pytest.mark.parametrize("rows", [16, 64])
     def test_other_tilings(self, rows, write_through):
-        delta.run_sequence(
-            delta.KDA,
-            "replay",
-            steps=40,
-            batch=4,
-            num_slots=8,
-            gen=seeded_generator(),
-            rows_per_cta=rows,
-            write_through=write_through,
-        )
+        short_run(delta, delta.KDA, write_through, rows_per_cta=rows)
 
 
 class TestWriteThroughGraphAndPlan:
