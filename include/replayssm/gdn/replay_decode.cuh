@@ -143,42 +143,16 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   const TI* qp = static_cast<const TI*>(p.in.q) + c.b * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
   const TI* kp = static_cast<const TI*>(p.in.k) + c.b * p.in.k_stride_batch + c.hk * p.in.k_stride_head;
   const TI* vp = static_cast<const TI*>(p.in.v) + c.b * p.in.v_stride_batch + c.hv * p.in.v_stride_head + c.v0;
-  // This step's inputs: every load is issued before the first shared-memory store (a store may
-  // alias a generic pointer's load, so a load after it waits for it: one round trip, not four).
-  constexpr int kKPer = (K + kThreads - 1) / kThreads, kRowsPer = (ROWS + kThreads - 1) / kThreads;
-  float qr[kKPer], kr[kKPer], gr[PerChannelDecay ? kKPer : 1], vr[kRowsPer];
-#pragma unroll
-  for (int e = 0; e < kKPer; ++e) {
-    const int i = tid + e * kThreads;
-    if (i < K) {
-      qr[e] = to_float(qp[i]);
-      kr[e] = to_float(kp[i]);
-      if constexpr (PerChannelDecay) gr[e] = step_log_decay_channel(p, c, i);
-    }
+  for (int i = tid; i < K; i += kThreads) {
+    q_s[i] = to_float(qp[i]);
+    k_s[i] = to_float(kp[i]);
   }
-#pragma unroll
-  for (int e = 0; e < kRowsPer; ++e)
-    if (tid + e * kThreads < ROWS) vr[e] = to_float(vp[tid + e * kThreads]);
-  float gate0 = 0.f, gate1 = 0.f;
+  for (int r = tid; r < ROWS; r += kThreads) v_s[r] = to_float(vp[r]);
+  if constexpr (PerChannelDecay)
+    for (int i = tid; i < K; i += kThreads) gcur_s[i] = step_log_decay_channel(p, c, i);
   if (tid == kThreads - 1) {
-    if constexpr (!PerChannelDecay) gate0 = step_log_decay(p, c);
-    gate1 = step_beta(p, c);
-  }
-#pragma unroll
-  for (int e = 0; e < kKPer; ++e) {
-    const int i = tid + e * kThreads;
-    if (i < K) {
-      q_s[i] = qr[e];
-      k_s[i] = kr[e];
-      if constexpr (PerChannelDecay) gcur_s[i] = gr[e];
-    }
-  }
-#pragma unroll
-  for (int e = 0; e < kRowsPer; ++e)
-    if (tid + e * kThreads < ROWS) v_s[tid + e * kThreads] = vr[e];
-  if (tid == kThreads - 1) {
-    if constexpr (!PerChannelDecay) gate_s[0] = gate0;
-    gate_s[1] = gate1;
+    if constexpr (!PerChannelDecay) gate_s[0] = step_log_decay(p, c);
+    gate_s[1] = step_beta(p, c);
   }
   if (m < 0 || m > L || start < 0 || start >= R) {
     if (tid == 0) raise_error(p.error_flag, kErrCorruptCursor);
