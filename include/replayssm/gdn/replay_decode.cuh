@@ -212,9 +212,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
 
   // Every thread has read the cursors: count this CTA in (the last one moves them at the end).
   int arrived = 0;
-  // EXPERIMENT: a write-through row with no record leaves its cursors as they are: no arrival.
-  const bool counted = !WriteThrough || m > 0;
-  if (tid == 0 && counted) arrived = arrive(p.ring, slot);
+  if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decays: fold them into kt, qt, col and the ring keys (kd_j replaces k_j in shared memory).
   //    Read copy, flush: the window's terms in product form instead (gdn/wy.cuh): A, kx_j, kd_j
@@ -479,7 +477,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int i = tid; i < K; i += kThreads) kout[i] = ks * k_s[i];
     }
   }
-  if (tid == 0 && counted) {
+  if (tid == 0) {
     const Cursors seen{start, m, 0};
     const Cursors next = WriteThrough ? cursors_after_write_through(pos) : cursors_after_step(seen, flush, pos);
     const bool moved = finish_unit(p.ring, slot, p.num_v_heads * kChunks, arrived, next, p.error_flag);

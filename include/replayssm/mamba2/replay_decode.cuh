@@ -174,9 +174,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   // Every thread of this CTA has read the cursors by now: count this CTA in. The last CTA of
   // the slot to arrive moves the cursors at the end (the others hold them in registers).
   int arrived = 0;
-  // EXPERIMENT: a write-through row with no record leaves its cursors as they are: no arrival.
-  const bool counted = !WriteThrough || m > 0;
-  if (tid == 0 && counted) arrived = arrive(p.ring, slot);
+  if (tid == 0) arrived = arrive(p.ring, slot);
 
   // 2. Decay weights (warp 0: one lane per record, suffix sums by shuffles) and B_j . C (an
   //    aligned group of 8 lanes per record, 16 records per pass: one pass for every step but a
@@ -370,7 +368,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
       for (int n = tid; n < N; n += kThreads) Bout[n] = from_float<TI>(Bcur_s[n]);
     }
   }
-  if (tid == 0 && counted) {
+  if (tid == 0) {
     const Cursors seen{start, m, 0};
     const Cursors next = WriteThrough ? cursors_after_write_through(pos) : cursors_after_step(seen, flush, pos);
     const bool moved = finish_unit(p.ring, slot, p.nheads * kChunks, arrived, next, p.error_flag);
