@@ -430,10 +430,12 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     ``write_through`` (replay, float32 checkpoint, no read copy; default False): a write-through
     step folds the row's ring records and the token into the checkpoint and writes it, leaving the
     row no records: the conventional step's short chain on the replay cache, faster where a step
-    is latency-bound (small batches). None lets plan() choose it by batch (the batch's checkpoint
-    at most 8 MiB), True always. Rows served by it keep no records, so ``materialize(upto=j)``
-    has only the current state (j = 0) to give: leave it False where mid-window prefix states are
-    used. A verify plan ignores it; with caller-owned cursors the tile kernel runs instead.
+    is latency-bound (small batches). None lets plan() choose it: for KDA where the batch's
+    checkpoint is at most 8 MiB (B <= 4 for Kimi-Linear), never for Mamba-2 and GDN, where it
+    measured no faster (include/replayssm/common/schedule.h); True always. Rows served by it keep
+    no records, so ``materialize(upto=j)`` has only the current state (j = 0) to give: leave it
+    False where mid-window prefix states are used. A verify plan ignores it; with caller-owned
+    cursors the tile kernel runs instead.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 

@@ -155,17 +155,24 @@ inline bool persistent_wanted(const PlanQuery& q, bool automatic) {
 // The replay decode's write-through step (float32 checkpoint, no read copy, kernel-owned
 // cursors): every step folds the row's records and the current token into the checkpoint and
 // writes it, as the conventional step does, and appends nothing. At small batches a step is a
-// chain of dependent round trips, not bytes, and the ring's loads and reductions are links the
-// conventional step does not have. H200 (perf/results/decode_write_through_*.json): ... The rule:
-// the batch's whole checkpoint is at most kWriteThroughMaxStateBytes.
+// chain of dependent round trips, not bytes, and replaying the ring adds links to it. H100,
+// 16-layer graph, µs per layer-step, replay / write-through / conventional
+// (perf/results/write_through_small_batch_{gdn,kda}.json, mamba2 in its log):
+//   KDA      B=1 7.07 / 5.99 / 5.55   B=2 8.64 / 7.18 / 6.73   B=4 9.80 (persistent) / 9.46 / 9.39
+//   GDN      B=1 6.26 / 6.30 / 5.99   B=2 7.19 / 7.45 / 7.08   B=4 9.80 / 9.76 / 9.39
+//   Mamba-2  B=1 6.03 / 5.98 / 5.98   B=2 7.84 / 8.65 / 8.45   B=4 11.13 / 13.51 / 15.09
+// It pays only where the ring is costly to replay: KDA's per-channel decays (a gate ring as large
+// as the key ring, and a per-channel suffix sum before the key products). The automatic rule:
+// KDA, with the batch's whole checkpoint at most kWriteThroughMaxStateBytes (B <= 4 for
+// Kimi-Linear); Mamba-2 and GDN only when forced.
 constexpr int64_t kWriteThroughMaxStateBytes = int64_t{8} << 20;
 
 // Whether a replay decode plan runs the write-through step: as forced by the query, or else where
-// the module has it (`exists`), the persistent kernel is not forced and the batch's whole
-// checkpoint (`batch_state_bytes`) is at most kWriteThroughMaxStateBytes.
-inline bool write_through_wanted(const PlanQuery& q, bool exists, int64_t batch_state_bytes) {
+// the module has it (`exists`), the persistent kernel is not forced and the family's rule
+// (`automatic`) holds.
+inline bool write_through_wanted(const PlanQuery& q, bool exists, bool automatic) {
   if (q.write_through != kWriteThroughAuto) return q.write_through == kWriteThroughOn;
-  return exists && q.persistent != kPersistentOn && batch_state_bytes <= kWriteThroughMaxStateBytes;
+  return exists && automatic && q.persistent != kPersistentOn;
 }
 
 // ---- Mamba-2 heuristics (H200 measurements; previously replayssm/ops/mamba2.py) ----------------

@@ -103,7 +103,8 @@ struct ReplayDecode {
         &s->tile, &s->fallback);
     if (e) return e;
     s->main = s->tile;
-    if (write_through_wanted(q, kWriteThroughOk, batch * q.heads * static_cast<int64_t>(V) * K * sizeof(TS))) {
+    const int64_t state_bytes = batch * q.heads * static_cast<int64_t>(V) * K * sizeof(TS);
+    if (write_through_wanted(q, kWriteThroughOk, PerChannelDecay && state_bytes <= kWriteThroughMaxStateBytes)) {
       if (!kWriteThroughOk) return kPlanBadQuery;
       s->main.kernel = kKernelWriteThrough;  // the tile kernel's tiling; `tile` serves caller-owned cursors
       return 0;

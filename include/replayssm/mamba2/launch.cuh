@@ -108,7 +108,7 @@ struct ReplayDecode {
     // The tile kernel waits for its prerequisites (replay_decode.cuh), where its code has
     // griddepcontrol: not in code compiled for an arch before sm_90 (e.g. sm_80 PTX on an H200).
     s->pdl = pdl_allowed(q, s->main, !tile_predates_sm90);
-    if (write_through_wanted(q, kWriteThroughOk, batch * q.heads * static_cast<int64_t>(P) * N * sizeof(TS))) {
+    if (write_through_wanted(q, kWriteThroughOk, false)) {  // forced only: no faster here (schedule.h)
       if (!kWriteThroughOk) return kPlanBadQuery;
       s->main.kernel = kKernelWriteThrough;  // the tile kernel's tiling; `tile` serves caller-owned cursors
       return 0;
