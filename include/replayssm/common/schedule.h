@@ -157,7 +157,7 @@ inline bool persistent_wanted(const PlanQuery& q, bool automatic) {
 // writes it, as the conventional step does, and appends nothing. At small batches a step is a
 // chain of dependent round trips, not bytes, and replaying the ring adds links to it. H100,
 // 16-layer graph, µs per layer-step, replay / write-through / conventional
-// (perf/results/write_through_small_batch_{gdn,kda}.json, mamba2 in its log):
+// (perf/results/write_through_small_batch_{gdn,kda}_h100.json, mamba2 in its log):
 //   KDA      B=1 7.07 / 5.99 / 5.55   B=2 8.64 / 7.18 / 6.73   B=4 9.80 (persistent) / 9.46 / 9.39
 //   GDN      B=1 6.26 / 6.30 / 5.99   B=2 7.19 / 7.45 / 7.08   B=4 9.80 / 9.76 / 9.39
 //   Mamba-2  B=1 6.03 / 5.98 / 5.98   B=2 7.84 / 8.65 / 8.45   B=4 11.13 / 13.51 / 15.09
