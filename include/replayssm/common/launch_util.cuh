@@ -153,6 +153,16 @@ cudaError_t launch_planned(Kernel kernel, const Params& params, const KernelLaun
   return cudaLaunchKernelEx(&cfg, kernel, params);
 }
 
+// The planned launch that serves this step, the one choice a replay decode makes per launch: the
+// persistent kernel needs 16-byte aligned step inputs, and the write-through step moves the
+// cursors itself (with caller-owned cursors the caller's rule holds: the tile kernel runs).
+inline const KernelLaunch& served_launch(const Schedule& s, bool inputs_aligned, bool kernel_owned_cursors) {
+  const bool main_ok = s.main.kernel == kKernelPersistent     ? inputs_aligned
+                       : s.main.kernel == kKernelWriteThrough ? kernel_owned_cursors
+                                                              : false;
+  return main_ok ? s.main : s.tile;
+}
+
 // Whether a planned tile launch matches the params it is given (the plan's batch and heads).
 inline bool tile_matches(const KernelLaunch& k, int64_t batch, int heads, int dim) {
   return k.rows_per_cta > 0 && dim % k.rows_per_cta == 0 &&

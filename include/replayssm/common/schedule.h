@@ -175,6 +175,14 @@ inline bool write_through_wanted(const PlanQuery& q, bool exists, bool automatic
   return exists && automatic && q.persistent != kPersistentOn;
 }
 
+// A wanted write-through step in place of the planned tile kernel, at its tiling (`tile` stays
+// for caller-owned cursors); kPlanBadQuery where the module has no such step.
+inline int plan_write_through(bool exists, Schedule* s) {
+  if (!exists) return kPlanBadQuery;
+  s->main.kernel = kKernelWriteThrough;
+  return 0;
+}
+
 // ---- Mamba-2 heuristics (H200 measurements; previously replayssm/ops/mamba2.py) ----------------
 
 // Persistent pipelined replay step once there are enough heads to stream (the launcher splits

@@ -104,11 +104,8 @@ struct ReplayDecode {
     if (e) return e;
     s->main = s->tile;
     const int64_t state_bytes = batch * q.heads * static_cast<int64_t>(V) * K * sizeof(TS);
-    if (write_through_wanted(q, kWriteThroughOk, PerChannelDecay && state_bytes <= kWriteThroughMaxStateBytes)) {
-      if (!kWriteThroughOk) return kPlanBadQuery;
-      s->main.kernel = kKernelWriteThrough;  // the tile kernel's tiling; `tile` serves caller-owned cursors
-      return 0;
-    }
+    if (write_through_wanted(q, kWriteThroughOk, PerChannelDecay && state_bytes <= kWriteThroughMaxStateBytes))
+      return plan_write_through(kWriteThroughOk, s);
     const int64_t n_units = units(batch, q.heads, q.groups);
     if (!persistent_wanted(q, n_units >= kDeltaPersistentMinUnits)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : delta_persistent_rows(V, K, sizeof(TS));
@@ -128,12 +125,7 @@ struct ReplayDecode {
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     if (!buffers_match<RC>(p.pool, p.ring)) return cudaErrorInvalidValue;
-    // Per launch: the persistent kernel needs aligned inputs, and the write-through step moves the
-    // cursors itself (caller-owned ones are left to the caller's rule: the tile kernel runs).
-    const bool main_ok = s.main.kernel == kKernelPersistent     ? persistent_inputs_aligned<TI>(p)
-                         : s.main.kernel == kKernelWriteThrough ? p.ring.done != nullptr
-                                                                : false;
-    const KernelLaunch& k = main_ok ? s.main : s.tile;
+    const KernelLaunch& k = served_launch(s, persistent_inputs_aligned<TI>(p), p.ring.done != nullptr);
     if (k.kernel == kKernelPersistent) {
       if (static_cast<int64_t>(k.units) != units(p.batch, p.num_v_heads, p.num_k_heads)) return cudaErrorInvalidValue;
       return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {

@@ -108,11 +108,8 @@ struct ReplayDecode {
     // The tile kernel waits for its prerequisites (replay_decode.cuh), where its code has
     // griddepcontrol: not in code compiled for an arch before sm_90 (e.g. sm_80 PTX on an H200).
     s->pdl = pdl_allowed(q, s->main, !tile_predates_sm90);
-    if (write_through_wanted(q, kWriteThroughOk, false)) {  // forced only: no faster here (schedule.h)
-      if (!kWriteThroughOk) return kPlanBadQuery;
-      s->main.kernel = kKernelWriteThrough;  // the tile kernel's tiling; `tile` serves caller-owned cursors
-      return 0;
-    }
+    if (write_through_wanted(q, kWriteThroughOk, false))  // forced only: no faster here (schedule.h)
+      return plan_write_through(kWriteThroughOk, s);
     if (!persistent_wanted(q, batch * q.heads >= kMamba2PersistentMinHeads)) return 0;
     const int32_t rows = q.rows_per_cta ? q.rows_per_cta : mamba2_persistent_rows(P, N, sizeof(TS));
     KernelFacts f{};
@@ -145,12 +142,7 @@ struct ReplayDecode {
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     if (p.ring.capacity < L + 1 || p.ring.capacity > kMaxRingCapacity<L>) return cudaErrorInvalidValue;
     if (!pool_matches_format<RC>(p.pool)) return cudaErrorInvalidValue;  // the pool carries this format's buffers
-    // Per launch: the persistent kernel needs aligned inputs, and the write-through step moves the
-    // cursors itself (caller-owned ones are left to the caller's rule: the tile kernel runs).
-    const bool main_ok = s.main.kernel == kKernelPersistent     ? persistent_inputs_aligned<TI>(p)
-                         : s.main.kernel == kKernelWriteThrough ? p.ring.done != nullptr
-                                                                : false;
-    const KernelLaunch& k = main_ok ? s.main : s.tile;
+    const KernelLaunch& k = served_launch(s, persistent_inputs_aligned<TI>(p), p.ring.done != nullptr);
     if (k.kernel == kKernelPersistent) {
       const int group = p.ngroups > 0 ? p.nheads / p.ngroups : 0;
       if (k.heads_per_unit < 1 || k.heads_per_unit > kMaxUnitHeads || group % k.heads_per_unit ||
