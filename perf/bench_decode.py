@@ -61,6 +61,7 @@ class Mamba2Family:
     """Builds wrappers, caches and step inputs of one Mamba-2 shape."""
 
     family_name = "mamba2"  # perf/mode_bytes.py's name
+    wrapper_extra: dict = {}  # more wrapper keywords (perf/bench_skip.py: skip_tolerance, count_skips)
 
     def __init__(self, shape, args, gen):
         self.s, self.args, self.gen = shape, args, gen
@@ -85,6 +86,7 @@ class Mamba2Family:
             persistent=persistent,
             **(fmt or plain_format(a)).wrapper_kwargs(),
             **({"write_through": write_through} if algorithm == "replay" else {}),
+            **self.wrapper_extra,
         )
 
     def inputs(self, batch):

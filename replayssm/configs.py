@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from .decay_skip import check_skip_tolerance
 from .devices import cuda_device
 from .families import (  # noqa: F401 (re-exported: the checks every layer uses)
     FAMILIES,
@@ -115,7 +116,8 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     """Capture-safe probe: does a kernel exist for this configuration, and would the wrapper
     constructor and ``create_cache`` accept these arguments? Returns (ok, reason).
 
-    mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), dt_softplus; gdn and kda keys:
+    mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), dt_softplus, pdl, skip_tolerance
+    (None, 0 or a number in (0, 1); replay only: replayssm.decay_skip), count_skips; gdn and kda keys:
     num_v_heads, num_k_heads, head_k_dim, head_v_dim (required), use_l2norm, scale; all families:
     window (16), state_dtype (float32), io_dtype (bfloat16) (dtypes as torch.dtype or name),
     read_dtype (None; torch.float8_e4m3fn, 'nvfp4' or torch.bfloat16, a read copy of a float32
@@ -158,6 +160,8 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
             config.get("stochastic_rounding", False),
         )
         check_write_through(config.get("write_through", False), config.get("algorithm", "replay"), state, read)
+        if "skip_tolerance" in config:
+            check_skip_tolerance(config["skip_tolerance"], config.get("algorithm", "replay"))
         if "arch" in config:
             check_target_arch(config["arch"])
         for key, value in config.items():

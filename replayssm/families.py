@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from .decay_skip import check_skip_tolerance
 from .jit.constants import ROW_CHOICES
 from .ops import generators
 from .ops.tiling import check_rows
@@ -296,7 +297,12 @@ MAMBA2 = Family(
     dim_defaults={"ngroups": 1},
     tile_key="head_dim",
     row_key="state_dim",
-    options={"dt_softplus": lambda v: check_bool("dt_softplus", v), "pdl": lambda v: check_bool("pdl", v)},
+    options={
+        "dt_softplus": lambda v: check_bool("dt_softplus", v),
+        "pdl": lambda v: check_bool("pdl", v),
+        "skip_tolerance": check_skip_tolerance,
+        "count_skips": lambda v: check_bool("count_skips", v),
+    },
     per_channel=False,
     # docs/benchmarks.md §4
     model_shapes={

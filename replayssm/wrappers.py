@@ -42,6 +42,7 @@ from .configs import (  # noqa: F401 (re-exported)
     positive_int,
     supported,
 )
+from .decay_skip import check_skip_tolerance, skip_below
 from .devices import cuda_device
 from .families import FAMILIES, Family
 from .jit.constants import ENTRY_COMMIT, ENTRY_STEP
@@ -436,6 +437,14 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     no records, so ``materialize(upto=j)`` has only the current state (j = 0) to give: leave it
     False where mid-window prefix states are used. A verify plan ignores it; with caller-owned
     cursors the tile kernel runs instead.
+    ``skip_tolerance`` (replay; default None: read every tile): decay-aware read skipping
+    (replayssm.decay_skip, docs/decay_skipping.md). The persistent decode step reads no checkpoint
+    (or read-copy) tile of a head whose cumulative decay this step is at most the tolerance: 0 skips
+    only where the decay is 0 in float32 (bit-identical results); r in (0, 1) changes an output by
+    at most r times what the undecayed checkpoint adds to it. Flushes skip only exact zeros, so the
+    checkpoint never changes. The tile kernels, the write-through step and the verify read every
+    tile. ``count_skips=True`` keeps ``w.skip_counts`` (int64 [2] on the device: head-steps skipped,
+    head-steps decided), summed over launches.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -466,6 +475,8 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         pdl: bool = False,
         single_copy: bool = False,
         stochastic_rounding: bool = False,
+        skip_tolerance: float | None = None,
+        count_skips: bool = False,
     ):
         dims = dict(nheads=nheads, head_dim=head_dim, state_dim=state_dim, ngroups=ngroups)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
@@ -474,6 +485,8 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         )
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.pdl = check_bool("pdl", pdl)
+        self.skip_tolerance = check_skip_tolerance(skip_tolerance, algorithm)
+        count_skips = check_bool("count_skips", count_skips)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self._init_common(
             window,
@@ -489,6 +502,9 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             dims,
             write_through,
         )
+        #: count_skips: int64 [2] on the device, (head-steps skipped, head-steps decided) by the
+        #: persistent decode step's skipping, summed over launches (zero it to restart); else None.
+        self.skip_counts = torch.zeros(2, dtype=torch.int64, device=self.device) if count_skips else None
 
     def create_cache(self, num_slots: int, max_draft: int = 1, *, A: torch.Tensor | None = None) -> Mamba2Cache:
         """A Mamba2Cache matching the wrapper (dims, window, dtypes, device). A: the layer's per-head
@@ -562,6 +578,8 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         p = m2.DecodeParams(
             inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups, dt_softplus=int(self.dt_softplus)
         )
+        p.skip_below = skip_below(self.skip_tolerance)
+        p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         self._launch(m2, p, cache)
         return out
 

@@ -94,5 +94,7 @@ WRITE_THROUGH_AUTO, WRITE_THROUGH_OFF, WRITE_THROUGH_ON = (
     _c["kWriteThroughOff"],
     _c["kWriteThroughOn"],
 )
+#: Decay skipping: below this log decay expf() is 0 in float32 (skip_tolerance = 0 skips only there).
+UNDERFLOW_LOG_DECAY: int = _c["kUnderflowLogDecay"]
 PLAN_ERROR_BASE: int = _c["kPlanErrorBase"]
 del _c

@@ -113,7 +113,8 @@ class DecodeParams(ctypes.Structure):
         ("ngroups", i32),
         ("dt_softplus", i32),
         ("heads_per_unit", i32),
-        ("reserved", i32),
+        ("skip_below", ctypes.c_float),
+        ("skip_stats", c_ptr),
     ]
 
 

@@ -221,6 +221,18 @@ WRAPPER_REJECTED = [
     (WRAPPERS, dict(persistent=1), TypeError, "persistent", ["int"]),
     ([Mamba2DecodeWrapper], dict(dt_softplus="no"), TypeError, "dt_softplus", ["str", "'no'"]),
     ([Mamba2DecodeWrapper], dict(dt_softplus=1), TypeError, "dt_softplus", ["int"]),
+    ([Mamba2DecodeWrapper], dict(skip_tolerance="default"), ValueError, "skip_tolerance", ["'default'", "0"]),
+    ([Mamba2DecodeWrapper], dict(skip_tolerance=True), TypeError, "skip_tolerance", ["bool"]),
+    ([Mamba2DecodeWrapper], dict(skip_tolerance=1.0), ValueError, "skip_tolerance", ["(0, 1)", "1.0"]),
+    ([Mamba2DecodeWrapper], dict(skip_tolerance=-1e-3), ValueError, "skip_tolerance", ["-0.001"]),
+    (
+        [Mamba2DecodeWrapper],
+        dict(skip_tolerance=0, algorithm="conventional"),
+        ValueError,
+        "skip_tolerance",
+        ["conventional"],
+    ),
+    ([Mamba2DecodeWrapper], dict(count_skips="yes"), TypeError, "count_skips", ["str", "'yes'"]),
     ([GDNDecodeWrapper, KDADecodeWrapper], dict(use_l2norm="no"), TypeError, "use_l2norm", ["'no'"]),
     ([GDNDecodeWrapper, KDADecodeWrapper], dict(scale=True), TypeError, "scale", ["bool"]),
     ([GDNDecodeWrapper, KDADecodeWrapper], dict(scale="0.1"), TypeError, "scale", ["str"]),
@@ -249,6 +261,22 @@ class TestConstructorArguments:
         assert w._slots.tolist() == [7] * 4
         m = Mamba2DecodeWrapper(H, P, N, G, max_batch=4, dt_softplus=False, debug=True, device=CPU)
         assert m.dt_softplus is False and m.debug is True
+        assert m.skip_tolerance is None and m.skip_counts is None
+        m = Mamba2DecodeWrapper(H, P, N, G, max_batch=4, skip_tolerance=0, count_skips=True, device=CPU)
+        assert m.skip_tolerance == 0.0 and m.skip_counts.tolist() == [0, 0]
+
+    def test_skip_tolerance_sets_the_kernels_threshold(self):
+        """DecodeParams.skip_below: 0 never skips; tolerance 0 the float32 underflow; r > 0 ln(r)."""
+        import math
+
+        from replayssm.decay_skip import skip_below
+        from replayssm.jit.constants import UNDERFLOW_LOG_DECAY
+
+        assert skip_below(None) == 0.0
+        assert skip_below(0) == UNDERFLOW_LOG_DECAY == -105
+        assert math.exp(UNDERFLOW_LOG_DECAY) < 2.0**-149 / 2  # rounds to 0 in float32
+        assert skip_below(1e-3) == pytest.approx(math.log(1e-3))
+        assert skip_below(1e-60) == UNDERFLOW_LOG_DECAY  # a tolerance below the underflow skips no more
 
     @pytest.mark.parametrize(
         "kw, exc, arg",
@@ -306,6 +334,9 @@ class TestSupported:
             ("mamba2", dict(MAMBA2, num_slots=0), ["num_slots", "0"]),
             ("mamba2", dict(MAMBA2, window=16.0), ["window", "16.0"]),
             ("mamba2", dict(MAMBA2, dt_softplus="no"), ["dt_softplus", "'no'"]),
+            ("mamba2", dict(MAMBA2, skip_tolerance="default"), ["skip_tolerance", "'default'"]),
+            ("mamba2", dict(MAMBA2, skip_tolerance=0, algorithm="conventional"), ["skip_tolerance", "replay"]),
+            ("gdn", dict(DELTA, skip_tolerance=0), ["unknown", "skip_tolerance"]),
             ("gdn", dict(DELTA, use_l2norm="no"), ["use_l2norm", "'no'"]),
             ("kda", dict(DELTA, scale=True), ["scale", "bool"]),
             ("mamba2", dict(MAMBA2, pad_slot_id="x"), ["pad_slot_id", "'x'"]),

@@ -202,6 +202,17 @@ def _state_format_specs():
     return specs
 
 
+def _decay_skip_specs():
+    """Mamba-2 replay decode in each format test_decay_skip runs (P64 N128 L16, bf16 io)."""
+    import torch
+
+    from replayssm.ops.generators import mamba2_decode_spec
+
+    from .test_decay_skip import FORMATS, L, N, P
+
+    return [mamba2_decode_spec("replay_decode", P, N, torch.float32, torch.bfloat16, L, **f) for f in FORMATS]
+
+
 # Which modules each test file needs (only the collected files' modules are pre-warmed).
 _SPECS_BY_FILE = {
     "test_mamba2_decode": _mamba2_specs,
@@ -215,6 +226,7 @@ _SPECS_BY_FILE = {
     "test_delta_read_copy": _delta_read_copy_specs,
     "test_state_formats": _state_format_specs,
     "test_write_through": lambda: [*_mamba2_specs(), *_gdn_specs()],
+    "test_decay_skip": _decay_skip_specs,
 }
 
 

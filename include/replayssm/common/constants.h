@@ -67,6 +67,10 @@ constexpr int32_t kWriteThroughAuto = -1;
 constexpr int32_t kWriteThroughOff = 0;
 constexpr int32_t kWriteThroughOn = 1;
 
+// Decay skipping (common/decay_skip.cuh): below this log decay expf() is 0 in float32 (it
+// underflows at -103.97); skip_tolerance = 0 skips a head's read only below it.
+constexpr int32_t kUnderflowLogDecay = -105;
+
 // replayssm_plan error codes (above every cudaError_t).
 constexpr int32_t kPlanErrorBase = 100000;
 constexpr int32_t kPlanBadQuery = 100001;  // batch, heads or groups out of range for this module

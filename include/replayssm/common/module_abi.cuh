@@ -92,6 +92,7 @@ inline const ConstantRow kConstantTable[] = {
     REPLAYSSM_CONSTANT(kWriteThroughAuto),
     REPLAYSSM_CONSTANT(kWriteThroughOff),
     REPLAYSSM_CONSTANT(kWriteThroughOn),
+    REPLAYSSM_CONSTANT(kUnderflowLogDecay),
     REPLAYSSM_CONSTANT(kPlanErrorBase),
     REPLAYSSM_CONSTANT(kPlanBadQuery),
     REPLAYSSM_CONSTANT(kPlanBadRows),

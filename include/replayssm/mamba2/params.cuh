@@ -73,7 +73,10 @@ struct DecodeParams {
   int32_t ngroups;
   int32_t dt_softplus;
   int32_t heads_per_unit;  // persistent kernel: copied by the launcher from the plan's schedule (0 from the host)
-  int32_t reserved;
+  // Decay skipping (common/decay_skip.cuh; the persistent decode step only): a head whose cumulative
+  // log decay this step is below skip_below (< 0) reads no checkpoint tile; 0: never skip.
+  float skip_below;
+  unsigned long long* skip_stats;  // [2] head-steps skipped, head-steps decided; or nullptr
 };
 
 // A verify: T draft tokens per batch row. Every per-token input of `d.in` (x, z, B, C, out, dt)
@@ -137,7 +140,8 @@ REPLAYSSM_FIELD(nheads)
 REPLAYSSM_FIELD(ngroups)
 REPLAYSSM_FIELD(dt_softplus)
 REPLAYSSM_FIELD(heads_per_unit)
-REPLAYSSM_FIELD(reserved)
+REPLAYSSM_FIELD(skip_below)
+REPLAYSSM_FIELD(skip_stats)
 REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(mamba2::VerifyParams)
 REPLAYSSM_FIELD(d)

@@ -28,6 +28,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/decay_skip.cuh"
 #include "../common/mma_row_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
@@ -189,12 +190,22 @@ struct PersistentReplay : GroupUnits {
   __device__ void produce(int lane) const {
     const int R = p.ring.capacity;
     UnitCursors cur;
+    uint32_t skip = 0;  // the unit's heads that read no tile (decay skipping)
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
-      read_unit_header(p.slots, p.ring, c.b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur,
+      UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur,
                        [&](int64_t slot) { return flush_seed<RC>(p.pool, slot); });
+      skip = 0;
       if (cur.status != kUnitActive) return 0;
+      if (p.skip_below < 0.f) {
+        skip = decayed_heads(c, cur, R, lane);
+        if (lane == 0) {
+          header->skip = skip;
+          count_skips(p.skip_stats, skip, heads_per_unit);
+        }
+      }
       const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
       TI* UC = reinterpret_cast<TI*>(U + Layout::kC.offset);
@@ -227,7 +238,9 @@ struct PersistentReplay : GroupUnits {
       const int h = tc.h, p0 = tc.p0, m = cur.m;
       const int rows = flush ? kFlushRows : ROWS;
       if (lane == 0) {
-        if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
+        if ((skip >> tc.head) & 1u) {
+          mbar_arrive(bar);  // the "+ 1" arrival, with no bytes: the head's tile is not read
+        } else if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename RC::T*>(p.pool.read) + slot * p.pool.read_stride_slot +
                             h * p.pool.read_stride_head + static_cast<int64_t>(p0) * RC::row_elems(N);
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);  // the "+ 1" arrival
@@ -363,6 +376,36 @@ struct PersistentReplay : GroupUnits {
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
   }
 
+  // Producer warp, every lane: the heads of unit c whose cumulative log decay A sum_j delta_j this
+  // step (the records head_values sums: m - 1 folded on a flush, the current token too otherwise)
+  // is below p.skip_below, or on a flush below kUnderflowLogDecay (common/decay_skip.cuh). Lane j
+  // loads record j's delta (lane m: the current token's), every lane each head's A: one round
+  // trip for all heads.
+  __device__ __forceinline__ uint32_t decayed_heads(const UnitCoords& c, const UnitCursors& cur, int R,
+                                                    int lane) const {
+    const bool flush = cur.m + 1 > L;
+    const int m = cur.m;
+    const float* dr = p.ring.dt + cur.slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
+    const int rec = lane < m ? cur.phys(lane, R) : 0;
+    float term[kMaxUnitHeads], rate[kMaxUnitHeads];
+#pragma unroll
+    for (int i = 0; i < kMaxUnitHeads; ++i) {
+      term[i] = 0.f;
+      rate[i] = 0.f;
+      if (i < heads_per_unit) {
+        const int h = c.h0 + i;
+        rate[i] = load_scalar(p.in.A, h);
+        if (lane < m) {
+          term[i] = dr[i * p.ring.dt_stride_head + rec];
+        } else if (lane == m && !flush) {
+          float d = load_scalar(p.in.dt, c.b, h) + load_scalar(p.in.dt_bias, h);
+          term[i] = p.dt_softplus ? softplus(d) : d;
+        }
+      }
+    }
+    return heads_decayed_below(term, rate, heads_per_unit, flush ? kUnderflowLogDecayF : p.skip_below);
+  }
+
   // Head i of the unit (one warp; lane j = record j): this step's delta, the decay weights
   // w_j = delta_j exp(A sum_{j<i<=last} delta_i) of the records (last = m - 1 folded on a flush,
   // m replayed otherwise), stored as the fold weights w_j (flush) or the ring coefficients
@@ -447,7 +490,12 @@ struct PersistentReplay : GroupUnits {
 
     float ypre[GTile::kPasses];
     float y_ck = 0.f;  // the checkpoint part of row rl's output (lanes < kRowsPerWarp)
-    if constexpr (!kFlush && kMmaDots) {
+    const bool skipped = (us.skip >> tc.head) & 1u;  // the producer loaded no tile: its part is 0
+    if (!kFlush && skipped) {
+      release();
+#pragma unroll
+      for (int s = 0; s < GTile::kPasses; ++s) ypre[s] = 0.f;
+    } else if constexpr (!kFlush && kMmaDots) {
       const unsigned char* rows = S + Layout::kTile.offset + warp * 16 * N * sizeof(ReadElem);
       float dot[1];
       MmaRowDots<ReadElem, N, 1>::dots(rows, uv.buffer + Layout::kDotFrag.offset, lane, dot);
@@ -506,12 +554,18 @@ struct PersistentReplay : GroupUnits {
       for (int s = 0; s < FlushTile::kPasses; ++s) {
         const int r = FlushTile::row(warp, lane, s);
         float f = hv.ck;  // a single copy's codes carry their row's scale
-        if constexpr (RC::kSingle && RC::kScaled)
-          f *= reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
+        if constexpr (RC::kSingle && RC::kScaled) {
+          if (!skipped) f *= reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
+        }
         using TF = typename FlushTile::Elem;
         const TF* T = reinterpret_cast<const TF*>(S + Layout::kTile.offset);
 #pragma unroll
         for (int v = 0; v < FlushTile::kVpl; ++v) {
+          if (skipped) {  // the decay underflowed: f S_c is 0, and the tile was not loaded
+#pragma unroll
+            for (int e = 0; e < kV; ++e) sv[s][v][e] = 0.f;
+            continue;
+          }
           unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * N + FlushTile::col(lane, v)), sv[s][v]);
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] *= f;

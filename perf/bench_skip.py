@@ -1,0 +1,137 @@
+"""Decay-aware read skipping (issue 18): the Mamba-2 persistent step's time and skipped fraction
+against ``skip_tolerance``, side by side in one run.
+
+    python perf/bench_skip.py --batches 64 256 512 --formats fp32 fp32+fp8 fp32+nvfp4 \\
+        --tolerances none 0 1e-3 1e-2 1e-1 [--a-range 1 16] [--phases lockstep staggered]
+
+Per (batch, format, phases): the replay step without skipping (``none``) and at each tolerance,
+timed as perf/bench_decode.py times B >= 32 (one graph of a whole window on a pool of random
+slots; medians over replays), then the fraction of head-steps the kernel skipped, counted by the
+kernel itself (``count_skips``) over two windows of fresh inputs from the same distributions on
+the same pool, in a separate, untimed run. Decay statistics: A uniform in -[--a-range] per head
+(the model init range by default: [-16, -1]), dt as perf/bench_decode.py draws it (dt_bias from a
+log-uniform [1e-3, 1e-1] delta, raw dt 0.5 N(0, 1)). Rows: perf/bench_decode.py's fields plus
+``skip_tolerance`` (a number or "none"), ``skipped_fraction``, ``a_range`` and ``speedup``
+(the ``none`` row's time over this row's, same run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_common import meta, read_bandwidth_TBps, write_results  # noqa: E402
+from bench_decode import FORMATS, SHAPES, Mamba2Family, bench_pool, fill_states, stagger  # noqa: E402
+
+
+def skipped_fraction(fam, batch, fmt, phases) -> float:
+    """Head-steps skipped / decided by the kernel over two windows after one of warm-up."""
+    L = fam.args.window
+    fam.wrapper_extra = {**fam.wrapper_extra, "count_skips": True}
+    try:
+        w = fam.wrapper(batch, "replay", None, None, fmt)
+    finally:
+        fam.wrapper_extra = {k: v for k, v in fam.wrapper_extra.items() if k != "count_skips"}
+    cache = w.create_cache(2 * batch)
+    fill_states(cache, fam.gen)
+    if phases == "staggered":
+        stagger(cache, fam.gen)
+    w.plan(torch.randperm(2 * batch, device="cuda", generator=fam.gen)[:batch].to(torch.int32))
+    out = fam.out(batch)
+    for i in range(3 * L):
+        if i == L:
+            w.skip_counts.zero_()
+        fam.run(w, cache, fam.inputs(batch), out)
+    skipped, decided = w.skip_counts.tolist()
+    assert cache.check_errors() == 0
+    return skipped / decided if decided else float("nan")
+
+
+def run(args):
+    gen = torch.Generator(device="cuda")
+    gen.manual_seed(args.seed)
+    bw = read_bandwidth_TBps()
+    shape = SHAPES["mamba2"][args.shape]
+    fam = Mamba2Family(shape, args, gen)
+    lo, hi = args.a_range
+    fam.A = -torch.empty(shape["H"], device="cuda").uniform_(lo, hi, generator=gen)
+    rows = []
+    for batch in args.batches:
+        for fmt in args.formats:
+            for phases in args.phases:
+                base = None
+                for tol in args.tolerances:
+                    fam.wrapper_extra = {"skip_tolerance": tol}
+                    r = bench_pool(fam, batch, "replay", None, args.reps, None, fmt, phases)
+                    frac = skipped_fraction(fam, batch, fmt, phases) if tol is not None else 0.0
+                    fam.wrapper_extra = {}
+                    base = r["us_per_step"] if tol is None else base
+                    row = {
+                        "family": "mamba2",
+                        "mode": "decode",
+                        "kernel": "replayssm",
+                        "shape": args.shape,
+                        "dims": shape,
+                        "batch": batch,
+                        "L": args.window,
+                        "T": 1,
+                        "format": fmt.name,
+                        "read_dtype": fmt.read_dtype or str(fmt.state_dtype).removeprefix("torch."),
+                        "phases": phases,
+                        "skip_tolerance": "none" if tol is None else tol,
+                        "skipped_fraction": frac,
+                        "a_range": [-hi, -lo],
+                        **r,
+                        "speedup": base / r["us_per_step"] if base else None,
+                    }
+                    rows.append(row)
+                    print(
+                        f"B={batch:4d} {fmt.name:11s} {phases:9s} tol={row['skip_tolerance']!s:6s} "
+                        f"skipped={frac:6.1%} step={r['us_per_step']:8.2f}us nonflush={r['us_nonflush'] or 0:8.2f} "
+                        f"flush={r['us_flush'] or 0:8.2f} speedup={row['speedup'] or 1:.3f}",
+                        flush=True,
+                    )
+                    torch.cuda.empty_cache()
+    return rows, {"read_bandwidth_TBps": bw}
+
+
+def tolerance(text: str) -> float | None:
+    return None if text == "none" else float(text)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", default="nemotron-super", choices=list(SHAPES["mamba2"]))
+    ap.add_argument("--batches", nargs="+", type=int, default=[64, 256, 512])
+    ap.add_argument("--formats", nargs="+", default=["fp32", "fp32+fp8", "fp32+nvfp4"], choices=list(FORMATS))
+    ap.add_argument("--tolerances", nargs="+", type=tolerance, default=[None, 0.0, 1e-3, 1e-2, 1e-1])
+    ap.add_argument("--a-range", nargs=2, type=float, default=[1.0, 16.0], help="A uniform in [-HI, -LO]")
+    ap.add_argument("--phases", nargs="+", default=["lockstep"], choices=["lockstep", "staggered"])
+    ap.add_argument("--window", type=int, default=16)
+    ap.add_argument("--reps", type=int, default=30)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--name", default="skip_mamba2")
+    ap.add_argument("--out", default=None)
+    args = ap.parse_args()
+    if args.tolerances[0] is not None:
+        args.tolerances = [None, *args.tolerances]  # the reading step first: every speedup's base
+    args.io_dtype = torch.bfloat16
+    args.state_dtype = torch.float32
+    args.formats = [FORMATS[f] for f in args.formats]
+    if not all(math.isfinite(a) and a > 0 for a in args.a_range):
+        ap.error("--a-range: two positive numbers")
+    rows, extra = run(args)
+    m = meta()
+    m.update(extra)
+    print(f"wrote {write_results(args.name, m, rows, args.out)}")
+
+
+if __name__ == "__main__":
+    main()
