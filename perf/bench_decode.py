@@ -127,6 +127,7 @@ class GDNFamily:
     wrapper_cls = GDNDecodeWrapper
     per_channel = False  # KDA: one decay per key channel
     family_name = "gdn"
+    wrapper_extra: dict = {}  # more wrapper keywords (perf/bench_skip.py)
 
     def __init__(self, shape, args, gen):
         self.s, self.args, self.gen = shape, args, gen
@@ -151,6 +152,7 @@ class GDNFamily:
             persistent=persistent,
             **(fmt or plain_format(a)).wrapper_kwargs(),
             **({"write_through": write_through} if algorithm == "replay" else {}),
+            **self.wrapper_extra,
         )
 
     def inputs(self, batch):

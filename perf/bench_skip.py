@@ -1,17 +1,18 @@
-"""Decay-aware read skipping (issue 18): the Mamba-2 persistent step's time and skipped fraction
-against ``skip_tolerance``, side by side in one run.
+"""Decay-aware read skipping (issue 18): the persistent step's time and skipped fraction against
+``skip_tolerance``, side by side in one run (Mamba-2 or GDN).
 
-    python perf/bench_skip.py --batches 64 256 512 --formats fp32 fp32+fp8 fp32+nvfp4 \\
+    python perf/bench_skip.py --family mamba2 --batches 64 256 512 --formats fp32 fp32+fp8 fp32+nvfp4 \\
         --tolerances none 0 1e-3 1e-2 1e-1 [--a-range 1 16] [--phases lockstep staggered]
 
 Per (batch, format, phases): the replay step without skipping (``none``) and at each tolerance,
 timed as perf/bench_decode.py times B >= 32 (one graph of a whole window on a pool of random
 slots; medians over replays), then the fraction of head-steps the kernel skipped, counted by the
 kernel itself (``count_skips``) over two windows of fresh inputs from the same distributions on
-the same pool, in a separate, untimed run. Decay statistics: A uniform in -[--a-range] per head
-(the model init range by default: [-16, -1]), dt as perf/bench_decode.py draws it (dt_bias from a
-log-uniform [1e-3, 1e-1] delta, raw dt 0.5 N(0, 1)). Rows: perf/bench_decode.py's fields plus
-``skip_tolerance`` (a number or "none"), ``skipped_fraction``, ``a_range`` and ``speedup``
+a pool of its own, in a separate, untimed run. Decay statistics: the decay rate uniform in
+[--a-range] per head (Mamba-2: A = -rate; GDN: A_log = log rate; the model init range by
+default: [1, 16]), dt as perf/bench_decode.py draws it (dt_bias from a log-uniform [1e-3, 1e-1]
+delta; raw dt 0.5 N(0, 1) for Mamba-2, a N(0, 1) for GDN). Rows: perf/bench_decode.py's fields plus
+``skip_tolerance`` (a number or "none"), ``skipped_fraction``, ``decay_rate_range`` and ``speedup``
 (the ``none`` row's time over this row's, same run).
 """
 
@@ -28,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from bench_common import meta, read_bandwidth_TBps, write_results  # noqa: E402
-from bench_decode import FORMATS, SHAPES, Mamba2Family, bench_pool, fill_states, stagger  # noqa: E402
+from bench_decode import FORMATS, SHAPES, GDNFamily, Mamba2Family, bench_pool, fill_states, stagger  # noqa: E402
 
 
 def skipped_fraction(fam, batch, fmt, phases) -> float:
@@ -58,10 +59,14 @@ def run(args):
     gen = torch.Generator(device="cuda")
     gen.manual_seed(args.seed)
     bw = read_bandwidth_TBps()
-    shape = SHAPES["mamba2"][args.shape]
-    fam = Mamba2Family(shape, args, gen)
+    shape = SHAPES[args.family][args.shape]
     lo, hi = args.a_range
-    fam.A = -torch.empty(shape["H"], device="cuda").uniform_(lo, hi, generator=gen)
+    if args.family == "mamba2":
+        fam = Mamba2Family(shape, args, gen)
+        fam.A = -torch.empty(shape["H"], device="cuda").uniform_(lo, hi, generator=gen)
+    else:
+        fam = GDNFamily(shape, args, gen)
+        fam.A_log = torch.empty(shape["HV"], device="cuda").uniform_(math.log(lo), math.log(hi), generator=gen)
     rows = []
     for batch in args.batches:
         for fmt in args.formats:
@@ -69,12 +74,17 @@ def run(args):
                 base = None
                 for tol in args.tolerances:
                     fam.wrapper_extra = {"skip_tolerance": tol}
-                    r = bench_pool(fam, batch, "replay", None, args.reps, None, fmt, phases)
-                    frac = skipped_fraction(fam, batch, fmt, phases) if tol is not None else 0.0
-                    fam.wrapper_extra = {}
+                    try:
+                        r = bench_pool(fam, batch, "replay", None, args.reps, None, fmt, phases)
+                        frac = skipped_fraction(fam, batch, fmt, phases) if tol is not None else 0.0
+                    except ValueError as e:  # e.g. GDN at a tolerance above 0 without a read copy
+                        print(f"B={batch:4d} {fmt.name:11s} tol={tol}: not run ({e})", flush=True)
+                        continue
+                    finally:
+                        fam.wrapper_extra = {}
                     base = r["us_per_step"] if tol is None else base
                     row = {
-                        "family": "mamba2",
+                        "family": args.family,
                         "mode": "decode",
                         "kernel": "replayssm",
                         "shape": args.shape,
@@ -87,7 +97,7 @@ def run(args):
                         "phases": phases,
                         "skip_tolerance": "none" if tol is None else tol,
                         "skipped_fraction": frac,
-                        "a_range": [-hi, -lo],
+                        "decay_rate_range": [lo, hi],
                         **r,
                         "speedup": base / r["us_per_step"] if base else None,
                     }
@@ -108,18 +118,22 @@ def tolerance(text: str) -> float | None:
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--shape", default="nemotron-super", choices=list(SHAPES["mamba2"]))
+    ap.add_argument("--family", default="mamba2", choices=["mamba2", "gdn"])
+    ap.add_argument("--shape", default=None, help="default: the family's first shape")
     ap.add_argument("--batches", nargs="+", type=int, default=[64, 256, 512])
     ap.add_argument("--formats", nargs="+", default=["fp32", "fp32+fp8", "fp32+nvfp4"], choices=list(FORMATS))
     ap.add_argument("--tolerances", nargs="+", type=tolerance, default=[None, 0.0, 1e-3, 1e-2, 1e-1])
-    ap.add_argument("--a-range", nargs=2, type=float, default=[1.0, 16.0], help="A uniform in [-HI, -LO]")
+    ap.add_argument("--a-range", nargs=2, type=float, default=[1.0, 16.0], help="decay rate uniform in [LO, HI]")
     ap.add_argument("--phases", nargs="+", default=["lockstep"], choices=["lockstep", "staggered"])
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--name", default="skip_mamba2")
+    ap.add_argument("--name", default=None)
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
+    args.shape = args.shape or next(iter(SHAPES[args.family]))
+    if args.shape not in SHAPES[args.family]:
+        ap.error(f"--shape: expected one of {list(SHAPES[args.family])}, got {args.shape!r}")
     if args.tolerances[0] is not None:
         args.tolerances = [None, *args.tolerances]  # the reading step first: every speedup's base
     args.io_dtype = torch.bfloat16
@@ -130,7 +144,7 @@ def main():
     rows, extra = run(args)
     m = meta()
     m.update(extra)
-    print(f"wrote {write_results(args.name, m, rows, args.out)}")
+    print(f"wrote {write_results(args.name or f'skip_{args.family}', m, rows, args.out)}")
 
 
 if __name__ == "__main__":

@@ -1,14 +1,22 @@
 """The wrappers' ``skip_tolerance``: decay-aware read skipping (docs/decay_skipping.md).
 
-A replay step reads a head's checkpoint tile only to add ``exp(c) S_c[row] . v`` to its outputs,
-with ``c`` the head's cumulative log decay over the window this step (Mamba-2: ``A * sum delta``).
+A replay step reads a head's checkpoint tile only to add ``exp(c)`` times products of ``S_c``'s rows
+to its outputs, with ``c`` the head's cumulative log decay over the window this step (Mamba-2: ``A * sum delta``).
 With ``skip_tolerance`` set, the persistent decode step's producer computes ``c`` per head before
-it issues the tile's loads, and issues none where ``exp(c) <= skip_tolerance``:
+it issues the tile's loads, and issues none where ``exp(c) <= skip_tolerance``
+(Mamba-2; GDN per value head, ``c`` the sum of its gates g):
 
 * ``0``: only where ``exp(c)`` is 0 in float32 (``c < UNDERFLOW_LOG_DECAY``): outputs and states
   are bit-identical to not skipping;
 * ``r`` in (0, 1): each output of a skipped head differs from the unskipped one by at most
-  ``r * |S_c[row] . v|`` (at most ``r`` times what the checkpoint would add undecayed).
+  Mamba-2 ``r |S_c[row] . C|`` (times the z gate): exactly the dropped term, scaled by a decay
+  of at most ``r``; GDN ``r ||S_c[row]||_2 ||q^||_2`` (beside a read copy only). A skipped GDN step
+  also appends corrections computed without ``exp(c) S_c``; the steps that follow then run the
+  exact delta rule from a state that lacks it, and since each step acts on a state row through
+  ``exp(g) (I - beta k^ k^T)`` (norm at most ``exp(g)`` for beta in [0, 1] and unit k^), what is
+  missing from a row at step m is at most ``exp(c_m) ||S_c[row]||``, ``exp(c_m) <= r`` once the
+  head is skipped. The decays must not grow (g <= 0, A < 0 with delta >= 0), so a head once
+  skipped stays skipped until the flush; the flush recomputes the corrections from ``S_hp``.
 
 A flush drops the checkpoint's read only where its decay is 0 in float32, whatever the tolerance,
 so the checkpoint is never changed by skipping. The tile kernels (small batches), the write-through
@@ -23,9 +31,14 @@ import math
 from .jit.constants import UNDERFLOW_LOG_DECAY
 
 
-def check_skip_tolerance(v, algorithm: str = "replay") -> float | None:
-    """None (no skipping), 0 or a number in (0, 1). TypeError/ValueError name the argument; the
-    reference's "default" (one output ulp) is refused: it needs the outputs before the read."""
+def check_skip_tolerance(
+    v, algorithm: str = "replay", family: str = "mamba2", read_dtype=None, single_copy: bool = False
+) -> float | None:
+    """None (no skipping), 0 or a number in (0, 1). TypeError/ValueError name the argument. The
+    reference's "default" (one output ulp) is refused: it needs the outputs before the read. GDN
+    takes r > 0 only beside a read copy (two copies): its steps append corrections computed from
+    the checkpoint, and only a read copy's flush recomputes them exactly, so elsewhere skipping at a
+    tolerance would reach the checkpoint. KDA (per-channel decays) has no skipping kernel."""
     if v is None:
         return None
     if v == "default":
@@ -39,6 +52,13 @@ def check_skip_tolerance(v, algorithm: str = "replay") -> float | None:
         raise ValueError(f"skip_tolerance: expected None, 0 or a number in (0, 1), got {v!r}")
     if algorithm != "replay":
         raise ValueError(f"skip_tolerance: expected algorithm='replay' (a replay step skips reads), got {algorithm!r}")
+    if family == "kda":
+        raise ValueError(f"skip_tolerance: expected None for KDA (no kernel skips per-channel decays), got {v!r}")
+    if family == "gdn" and v > 0 and (read_dtype is None or single_copy):
+        raise ValueError(
+            f"skip_tolerance: expected 0 for GDN without a read copy (the corrections it appends would carry the "
+            f"skipped part into the checkpoint), got {v!r}"
+        )
     return float(v)
 
 

@@ -289,6 +289,8 @@ def _delta_rings(per_channel: bool):
 _DELTA_OPTIONS: Mapping[str, Callable[[Any], object]] = {
     "use_l2norm": lambda v: check_bool("use_l2norm", v),
     "scale": check_scale,
+    "skip_tolerance": check_skip_tolerance,
+    "count_skips": lambda v: check_bool("count_skips", v),
 }
 
 MAMBA2 = Family(

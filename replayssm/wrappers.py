@@ -78,6 +78,8 @@ class _DecodeWrapper:
     read_dtype: str | None = None  # the read copy's format name (replayssm.reference.quant), or None
     single_copy: bool = False  # the read copy is the only state (no checkpoint)
     stochastic_rounding: bool = False  # flushes round a bf16 checkpoint or the single copy stochastically
+    skip_tolerance: float | None = None  # decay skipping's tolerance (replayssm.decay_skip), or None
+    skip_counts: torch.Tensor | None = None  # count_skips: int64 [2] on the device (skipped, decided)
     dims: Any  # the family's dims (ops.mamba2.Mamba2Dims / ops.gdn.GDNDims), set by the constructor
 
     def _init_common(
@@ -354,6 +356,11 @@ class _DecodeWrapper:
         if bits:
             raise RuntimeError(f"{what}: kernel reported: {cache.describe_errors(bits)}")
 
+    def _fill_skip(self, p) -> None:
+        """Decay skipping's fields of a family's DecodeParams ``p`` (replayssm.decay_skip)."""
+        p.skip_below = skip_below(self.skip_tolerance)
+        p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
+
     def _launch(self, ops, p, cache: ReplayCache) -> None:
         """Fill what every family's DecodeParams ``p`` shares and launch the step (or the verify,
         wrapping ``p`` with the draft plan) with the plan's schedule (no decision here).
@@ -485,7 +492,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         )
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.pdl = check_bool("pdl", pdl)
-        self.skip_tolerance = check_skip_tolerance(skip_tolerance, algorithm)
+        self.skip_tolerance = check_skip_tolerance(skip_tolerance, algorithm, self.family)
         count_skips = check_bool("count_skips", count_skips)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self._init_common(
@@ -578,8 +585,7 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         p = m2.DecodeParams(
             inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups, dt_softplus=int(self.dt_softplus)
         )
-        p.skip_below = skip_below(self.skip_tolerance)
-        p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
+        self._fill_skip(p)
         self._launch(m2, p, cache)
         return out
 
@@ -613,7 +619,10 @@ class GDNDecodeWrapper(_DecodeWrapper):
     draft's v and beta; a flush verify recomputes the committed corrections from the checkpoint);
     with a single copy, stochastic rounding or a 16-bit checkpoint a verify plan raises ValueError.
     ``create_cache`` allocates the copy and the extra ring arrays. ``write_through``: as for
-    Mamba2DecodeWrapper.
+    Mamba2DecodeWrapper. ``skip_tolerance``, ``count_skips``: as for Mamba2DecodeWrapper, per value
+    head (its decay: the sum of its gates g); a tolerance above 0 needs a read copy (two copies),
+    whose flush recomputes the corrections the skipped steps appended. KDA refuses them (no kernel
+    skips per-channel decays).
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -644,12 +653,18 @@ class GDNDecodeWrapper(_DecodeWrapper):
         write_through: bool | None = False,
         single_copy: bool = False,
         stochastic_rounding: bool = False,
+        skip_tolerance: float | None = None,
+        count_skips: bool = False,
     ):
         dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
         self.read_dtype, self.single_copy, self.stochastic_rounding = self.descriptor.check_format(
             read_dtype, algorithm, state_dtype, dims, single_copy, stochastic_rounding
         )
+        self.skip_tolerance = check_skip_tolerance(
+            skip_tolerance, algorithm, self.family, self.read_dtype, self.single_copy
+        )
+        count_skips = check_bool("count_skips", count_skips)
         self.use_l2norm = check_bool("use_l2norm", use_l2norm)
         scale = check_scale(scale)
         self.scale = scale if scale is not None else head_k_dim**-0.5
@@ -668,6 +683,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             dims,
             write_through,
         )
+        self.skip_counts = torch.zeros(2, dtype=torch.int64, device=self.device) if count_skips else None
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims
@@ -754,6 +770,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             use_l2norm=int(self.use_l2norm),
             scale=self.scale,
         )
+        self._fill_skip(p)
         self._launch(gdn_ops, p, cache)
         return out
 

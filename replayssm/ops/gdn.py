@@ -111,6 +111,8 @@ class DecodeParams(ctypes.Structure):
         ("num_k_heads", i32),
         ("use_l2norm", i32),
         ("scale", ctypes.c_float),
+        ("skip_below", ctypes.c_float),
+        ("skip_stats", c_ptr),
     ]
 
 

@@ -203,14 +203,22 @@ def _state_format_specs():
 
 
 def _decay_skip_specs():
-    """Mamba-2 replay decode in each format test_decay_skip runs (P64 N128 L16, bf16 io)."""
+    """Replay decode in each (family, format) test_decay_skip runs (bf16 io, L16)."""
     import torch
 
-    from replayssm.ops.generators import mamba2_decode_spec
+    from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec
 
-    from .test_decay_skip import FORMATS, L, N, P
+    from .test_decay_skip import EXACT_CASES, FORMATS, GDN, TOLERANCE_CASES, L, Mamba2
 
-    return [mamba2_decode_spec("replay_decode", P, N, torch.float32, torch.bfloat16, L, **f) for f in FORMATS]
+    f32, bf16 = torch.float32, torch.bfloat16
+    specs = {}
+    for family, fmt in {*EXACT_CASES, *TOLERANCE_CASES}:
+        if family == "mamba2":
+            s = mamba2_decode_spec("replay_decode", Mamba2.P, Mamba2.N, f32, bf16, L, **FORMATS[fmt])
+        else:
+            s = gdn_decode_spec("replay_decode", GDN.K, GDN.V, f32, bf16, L, **FORMATS[fmt])
+        specs[s.name] = s
+    return list(specs.values())
 
 
 # Which modules each test file needs (only the collected files' modules are pre-warmed).

@@ -21,17 +21,22 @@ namespace replayssm {
 // order differs by far less than the margin, so skipping below it gives exactly what reading would.
 constexpr float kUnderflowLogDecayF = static_cast<float>(kUnderflowLogDecay);
 
-// Producer warp, every lane: per head i < heads, lane j holds term[i] (its part of the head's
-// summed decay, 0 where it has none) and every lane holds rate[i] (the factor on the sum: Mamba-2's
-// A; 1 where the terms are log decays already). Returns the warp-uniform mask of heads whose
-// rate[i] * sum_j term[i] < below.
+// Most heads of a unit whose skip decision a producer forms (GDN: value heads per key head; a
+// unit with more reads every tile).
+constexpr int kMaxSkipHeads = 8;
+
+// Producer warp, every lane: per head i < heads, lane j holds term[i] (record j's part of head
+// i's summed decay, 0 where it has none), lane i holds `own` (head i's part from this step's token,
+// 0 on a flush) and every lane holds rate[i] (the factor on the sum: Mamba-2's A; 1 where the
+// terms are log decays already). Returns the warp-uniform mask of heads whose
+// rate[i] * (sum_j term[i] + own of lane i) < below.
 template <int kMaxHeads>
 __device__ __forceinline__ uint32_t heads_decayed_below(const float (&term)[kMaxHeads], const float (&rate)[kMaxHeads],
-                                                        int heads, float below) {
+                                                        float own, int heads, float below) {
   uint32_t mask = 0;
 #pragma unroll
   for (int i = 0; i < kMaxHeads; ++i) {
-    if (i < heads && rate[i] * group_sum<32>(term[i]) < below) mask |= 1u << i;
+    if (i < heads && rate[i] * (group_sum<32>(term[i]) + __shfl_sync(0xffffffffu, own, i)) < below) mask |= 1u << i;
   }
   return mask;
 }

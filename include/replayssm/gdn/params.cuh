@@ -83,6 +83,10 @@ struct DecodeParams {
   int32_t num_k_heads;     // HK (HV % HK == 0)
   int32_t use_l2norm;   // normalise q and k (eps 1e-6) before use
   float scale;          // multiplies q (K^-1/2 by default)
+  // Decay skipping (common/decay_skip.cuh; the GDN persistent decode step only): a value head whose
+  // cumulative log decay this step is below skip_below (< 0) reads no checkpoint tile; 0: never.
+  float skip_below;
+  unsigned long long* skip_stats;  // [2] head-steps skipped, head-steps decided; or nullptr
 };
 
 // A verify: T draft tokens per batch row. Every per-token input of `d.in` (q, k, v, out, g, a,
@@ -151,6 +155,8 @@ REPLAYSSM_FIELD(num_v_heads)
 REPLAYSSM_FIELD(num_k_heads)
 REPLAYSSM_FIELD(use_l2norm)
 REPLAYSSM_FIELD(scale)
+REPLAYSSM_FIELD(skip_below)
+REPLAYSSM_FIELD(skip_stats)
 REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(gdn::VerifyParams)
 REPLAYSSM_FIELD(d)

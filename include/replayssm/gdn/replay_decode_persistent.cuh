@@ -35,6 +35,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/decay_skip.cuh"
 #include "../common/mma_row_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_units.cuh"
@@ -242,13 +243,23 @@ struct PersistentReplay {
   __device__ void produce(int lane) const {
     const int R = p.ring.capacity;
     UnitCursors cur;
+    uint32_t skip = 0;  // the unit's value heads that read no tile (decay skipping)
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const int64_t b = u / units_per_row;
       const int hv0 = first_head(u), hk = key_head(hv0);
-      read_unit_header(p.slots, p.ring, b, L, reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset), lane, cur,
+      UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
+      read_unit_header(p.slots, p.ring, b, L, header, lane, cur,
                        [&](int64_t slot) { return flush_seed<RC>(p.pool, slot); });
+      skip = 0;
       if (cur.status != kUnitActive) return 0;
+      if (!PerChannelDecay && p.skip_below < 0.f) {
+        skip = decayed_heads(b, hv0, cur, R, lane);
+        if (lane == 0) {
+          header->skip = skip;
+          count_skips(p.skip_stats, skip, heads_per_unit);
+        }
+      }
       const int64_t slot = cur.slot;
       const int m = cur.m;
       const TI* qp = static_cast<const TI*>(p.in.q) + b * p.in.q_stride_batch + hk * p.in.q_stride_head;
@@ -298,7 +309,9 @@ struct PersistentReplay {
       // tile, `rows` fp32 contiguous in the ring), completing on the stage's barrier with the tile.
       const uint32_t ring_bytes = exact ? 0u : static_cast<uint32_t>(m) * rows * 4u;
       if (lane == 0) {
-        if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
+        if ((skip >> (hv % heads_per_unit)) & 1u) {
+          mbar_arrive_expect_tx(bar, ring_bytes);  // the "+ 1" arrival: the head's tile is not read
+        } else if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
                             hv * p.pool.read_stride_head + static_cast<int64_t>(v0) * RC::row_elems(K);
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes + ring_bytes);  // the "+ 1" arrival
@@ -586,6 +599,34 @@ struct PersistentReplay {
     }
   }
 
+  // Producer warp, every lane (GDN): the value heads of unit (b, hv0) whose cumulative log decay
+  // this step (the records' g and, on a non-flush step, the current token's; a flush: the records
+  // only) is below p.skip_below, or on a flush below kUnderflowLogDecay (common/decay_skip.cuh).
+  // A two-copy flush recomputes the window's corrections from S_hp and reads it always. Lane j
+  // loads record j's g of every head, lane i head i's this step: one round trip for all heads.
+  __device__ __forceinline__ uint32_t decayed_heads(int64_t b, int hv0, const UnitCursors& cur, int R, int lane) const {
+    const bool flush = cur.m + 1 > L;
+    if ((RC::kTwoCopy && flush) || heads_per_unit > kMaxSkipHeads) return 0u;
+    const int m = cur.m;
+    const float* gr = p.ring.g + cur.slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
+    const int rec = lane < m ? cur.phys(lane, R) : 0;
+    float term[kMaxSkipHeads], rate[kMaxSkipHeads];
+#pragma unroll
+    for (int i = 0; i < kMaxSkipHeads; ++i) {
+      term[i] = i < heads_per_unit && lane < m ? gr[i * p.ring.g_stride_head + rec] : 0.f;
+      rate[i] = 1.f;
+    }
+    const float own = !flush && lane < heads_per_unit ? current_log_decay(b, hv0 + lane) : 0.f;
+    return heads_decayed_below(term, rate, own, heads_per_unit, flush ? kUnderflowLogDecayF : p.skip_below);
+  }
+
+  // GDN: this step's log decay of value head hv of row b, loaded (stage_log_decay's value).
+  __device__ __forceinline__ float current_log_decay(int64_t b, int hv) const {
+    if (p.in.g.ptr != nullptr) return load_scalar(p.in.g, b, hv);
+    const float x = load_scalar(p.in.a, b, hv) + load_scalar(p.in.dt_bias, hv);
+    return -expf(load_scalar(p.in.A_log, hv)) * softplus(x);
+  }
+
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).
   __device__ __forceinline__ float gate_channel(uint32_t wg, uint32_t wb, float negA, int64_t b, int hv, int c) const {
     if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, b * p.in.g.stride0 + hv * p.in.g.stride1 + c, wg);
@@ -646,6 +687,7 @@ struct PersistentReplay {
       }
     }
     const float beta = hs.beta, wj = hs.wj, ck = hs.ck, fac = hs.fac, gm = hs.gm;
+    const bool skipped = (us.skip >> (hv % heads_per_unit)) & 1u;  // no tile loaded: its parts are 0
 
     // Ring parts of S~ k^ and S~ q^ of this warp's row lane % kRowsPerWarp (non-flush): the
     // records are split over the kSplit lanes that share a row, then summed over them.
@@ -675,8 +717,13 @@ struct PersistentReplay {
       if (!flush) {  // the warp's 16 rows on tensor cores: row lane % 16 lands in lane
         const int rw = warp * kRowsPerWarp + lane % kRowsPerWarp;
         float dot[Layout::kDotVectors];
-        Dots::dots(S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
-                   U + Layout::kKeyRing.offset, lane, dot);
+        if (skipped) {
+#pragma unroll
+          for (int i = 0; i < Layout::kDotVectors; ++i) dot[i] = 0.f;
+        } else {
+          Dots::dots(S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
+                     U + Layout::kKeyRing.offset, lane, dot);
+        }
         // GDN: the vectors were k and q; KDA: kt and qt in two parts each (their factors folded in).
         float dk, dq;
         if constexpr (PerChannelDecay) {
@@ -687,8 +734,9 @@ struct PersistentReplay {
           dq = uv.qs * dot[1];
         }
         float row_scale = 1.f;
-        if constexpr (RC::kScaled)
-          row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
+        if constexpr (RC::kScaled) {
+          if (!skipped) row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
+        }
         const float vl = to_float(Sv[rw]);
         release();
         const float f = fac * row_scale;
@@ -703,7 +751,11 @@ struct PersistentReplay {
 
     // Checkpoint parts: S k^ and S q^ (non-flush), or the folded S' (flush), times fac.
     float sk[G::kPasses], sq[G::kPasses];
-    if (!flush) {
+    if (!flush && skipped) {
+      release();
+#pragma unroll
+      for (int s = 0; s < G::kPasses; ++s) sk[s] = sq[s] = 0.f;
+    } else if (!flush) {
       Read rt;
       rt.load_shared(S + Layout::kTile.offset,
                      reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset), warp, lane);
@@ -728,14 +780,23 @@ struct PersistentReplay {
           for (int e = 0; e < kV; ++e) col[v][e] = ck;
         }
       }
+      if (skipped) {  // the decay underflowed and the tile was not loaded: this warp's rows read as 0
+#pragma unroll
+        for (int s = 0; s < G::kPasses; ++s)
+#pragma unroll
+          for (int v = 0; v < G::kVpl; ++v)
+            *reinterpret_cast<uint4*>(const_cast<TF*>(T) + G::row(warp, lane, s) * K + G::col(lane, v)) = uint4{};
+        __syncwarp();
+      }
       // All of this warp's rows at once, records outermost: each decayed key is read once.
       float sv[G::kPasses][G::kVpl][kV];
 #pragma unroll
       for (int s = 0; s < G::kPasses; ++s) {
         const int r = G::row(warp, lane, s);
         float f = 1.f;  // a single copy's codes carry their row's scale
-        if constexpr (RC::kSingle && RC::kScaled)
-          f = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
+        if constexpr (RC::kSingle && RC::kScaled) {
+          if (!skipped) f = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
+        }
 #pragma unroll
         for (int v = 0; v < G::kVpl; ++v) {
           unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * K + G::col(lane, v)), sv[s][v]);

@@ -379,8 +379,8 @@ struct PersistentReplay : GroupUnits {
   // Producer warp, every lane: the heads of unit c whose cumulative log decay A sum_j delta_j this
   // step (the records head_values sums: m - 1 folded on a flush, the current token too otherwise)
   // is below p.skip_below, or on a flush below kUnderflowLogDecay (common/decay_skip.cuh). Lane j
-  // loads record j's delta (lane m: the current token's), every lane each head's A: one round
-  // trip for all heads.
+  // loads record j's delta of every head, lane i head i's delta this step, every lane each head's
+  // A: one round trip for all heads.
   __device__ __forceinline__ uint32_t decayed_heads(const UnitCoords& c, const UnitCursors& cur, int R,
                                                     int lane) const {
     const bool flush = cur.m + 1 > L;
@@ -390,20 +390,15 @@ struct PersistentReplay : GroupUnits {
     float term[kMaxUnitHeads], rate[kMaxUnitHeads];
 #pragma unroll
     for (int i = 0; i < kMaxUnitHeads; ++i) {
-      term[i] = 0.f;
-      rate[i] = 0.f;
-      if (i < heads_per_unit) {
-        const int h = c.h0 + i;
-        rate[i] = load_scalar(p.in.A, h);
-        if (lane < m) {
-          term[i] = dr[i * p.ring.dt_stride_head + rec];
-        } else if (lane == m && !flush) {
-          float d = load_scalar(p.in.dt, c.b, h) + load_scalar(p.in.dt_bias, h);
-          term[i] = p.dt_softplus ? softplus(d) : d;
-        }
-      }
+      term[i] = i < heads_per_unit && lane < m ? dr[i * p.ring.dt_stride_head + rec] : 0.f;
+      rate[i] = i < heads_per_unit ? load_scalar(p.in.A, c.h0 + i) : 0.f;
     }
-    return heads_decayed_below(term, rate, heads_per_unit, flush ? kUnderflowLogDecayF : p.skip_below);
+    float own = 0.f;  // lane i: head i's delta this step
+    if (!flush && lane < heads_per_unit) {
+      own = load_scalar(p.in.dt, c.b, c.h0 + lane) + load_scalar(p.in.dt_bias, c.h0 + lane);
+      if (p.dt_softplus) own = softplus(own);
+    }
+    return heads_decayed_below(term, rate, own, heads_per_unit, flush ? kUnderflowLogDecayF : p.skip_below);
   }
 
   // Head i of the unit (one warp; lane j = record j): this step's delta, the decay weights
@@ -559,13 +554,14 @@ struct PersistentReplay : GroupUnits {
         }
         using TF = typename FlushTile::Elem;
         const TF* T = reinterpret_cast<const TF*>(S + Layout::kTile.offset);
+        if (skipped) {  // the decay underflowed and the tile was not loaded: this row reads as 0
+#pragma unroll
+          for (int v = 0; v < FlushTile::kVpl; ++v)
+            *reinterpret_cast<uint4*>(const_cast<TF*>(T) + r * N + FlushTile::col(lane, v)) = uint4{};
+          __syncwarp();
+        }
 #pragma unroll
         for (int v = 0; v < FlushTile::kVpl; ++v) {
-          if (skipped) {  // the decay underflowed: f S_c is 0, and the tile was not loaded
-#pragma unroll
-            for (int e = 0; e < kV; ++e) sv[s][v][e] = 0.f;
-            continue;
-          }
           unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * N + FlushTile::col(lane, v)), sv[s][v]);
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] *= f;
