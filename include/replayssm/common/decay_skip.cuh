@@ -25,21 +25,48 @@ constexpr float kUnderflowLogDecayF = static_cast<float>(kUnderflowLogDecay);
 // unit with more reads every tile).
 constexpr int kMaxSkipHeads = 8;
 
-// Producer warp, every lane: per head i < heads, lane j holds term[i] (record j's part of head
-// i's summed decay, 0 where it has none), lane i holds `own` (head i's part from this step's token,
-// 0 on a flush) and every lane holds rate[i] (the factor on the sum: Mamba-2's A; 1 where the
-// terms are log decays already). Returns the warp-uniform mask of heads whose
-// rate[i] * (sum_j term[i] + own of lane i) < below.
-template <int kMaxHeads>
-__device__ __forceinline__ uint32_t heads_decayed_below(const float (&term)[kMaxHeads], const float (&rate)[kMaxHeads],
-                                                        float own, int heads, float below) {
-  uint32_t mask = 0;
+// The records of a slot's ring, prefetched with its cursors: every physical record (lane j holds
+// records j, j + 32, ...) of up to kHeads heads, before the cursors say which are live.
+template <int kHeads, int kRing>
+struct RingRows {
+  static constexpr int kPasses = (kRing + 31) / 32;
+  float v[kHeads][kPasses];
+
+  // Every lane: row(i) points at head i's R (= capacity <= kRing) records, i < heads.
+  template <class Row>
+  __device__ __forceinline__ void load(Row&& row, int heads, int capacity, int lane) {
 #pragma unroll
-  for (int i = 0; i < kMaxHeads; ++i) {
-    if (i < heads && rate[i] * (group_sum<32>(term[i]) + __shfl_sync(0xffffffffu, own, i)) < below) mask |= 1u << i;
+    for (int i = 0; i < kHeads; ++i)
+#pragma unroll
+      for (int q = 0; q < kPasses; ++q) {
+        const int j = lane + 32 * q;
+        v[i][q] = i < heads && j < capacity ? row(i)[j] : 0.f;
+      }
   }
-  return mask;
-}
+
+  // Per head i < heads: rate of lane i times (the live records' sum + own of lane i) below
+  // `below`? Records start .. start + m - 1 (mod capacity) are live. own: lane i's part of head
+  // i from this step's token (0 on a flush); rate: lane i's factor on head i's sum (Mamba-2's A;
+  // 1 where the records are log decays). Returns the warp-uniform mask.
+  __device__ __forceinline__ uint32_t decayed(int heads, int start, int m, int capacity, float own, float rate,
+                                              float below, int lane) const {
+    uint32_t mask = 0;
+#pragma unroll
+    for (int i = 0; i < kHeads; ++i) {
+      if (i >= heads) break;
+      float t = 0.f;
+#pragma unroll
+      for (int q = 0; q < kPasses; ++q) {
+        const int j = lane + 32 * q;
+        const int age = j >= start ? j - start : j + capacity - start;  // logical index of record j
+        if (j < capacity && age < m) t += v[i][q];
+      }
+      const float c = __shfl_sync(0xffffffffu, rate, i) * (group_sum<32>(t) + __shfl_sync(0xffffffffu, own, i));
+      if (c < below) mask |= 1u << i;
+    }
+    return mask;
+  }
+};
 
 // Producer lane 0: count an active unit's decisions (skip_stats: [0] head-steps skipped, [1]
 // head-steps decided; nullptr: not counted).

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "cp_async.cuh"
 #include "cursors.cuh"
@@ -64,13 +65,29 @@ __device__ __forceinline__ int read_unit_cursors(const SlotArg& slots, const Rin
   return kUnitActive;
 }
 
+// No loads to issue beside a unit's cursors (read_unit_header's default).
+struct NoPrefetch {
+  __device__ __forceinline__ void operator()(int64_t) const {}
+};
+
 // Producer warp, every lane: lane 0 reads batch row b's slot and cursors and writes them to the
 // unit header; every lane gets them back (a broadcast). Whatever the status, `cursors` is
 // warp-uniform on return. `seed(slot)`: what the header's seed is for an active unit (read with
-// the cursors: stochastic formats hash the slot's flush count).
-template <typename RingT, class Seed>
+// the cursors: stochastic formats hash the slot's flush count). `prefetch(slot)` (every lane, for
+// a slot in range): loads whose addresses need only the slot, issued before lane 0 reads the
+// cursors so that both take one round trip (decay skipping's ring rows, common/decay_skip.cuh).
+template <typename RingT, class Seed, class Prefetch = NoPrefetch>
 __device__ __forceinline__ void read_unit_header(const SlotArg& slots, const RingT& ring, int64_t b, int L,
-                                                 UnitHeader* header, int lane, UnitCursors& cursors, Seed&& seed) {
+                                                 UnitHeader* header, int lane, UnitCursors& cursors, Seed&& seed,
+                                                 Prefetch&& prefetch = NoPrefetch{}) {
+  if constexpr (!std::is_same_v<std::decay_t<Prefetch>, NoPrefetch>) {
+    int64_t slot = 0;
+    int kind = 0;
+    if (lane == 0) kind = static_cast<int>(decode_slot(slots, b, &slot));
+    slot = __shfl_sync(0xffffffffu, slot, 0);
+    kind = __shfl_sync(0xffffffffu, kind, 0);
+    if (kind == static_cast<int>(SlotKind::kValid)) prefetch(slot);
+  }
   if (lane == 0) {
     cursors.status = read_unit_cursors(slots, ring, b, L, &cursors.slot, &cursors.start, &cursors.m);
     header->slot = cursors.slot;

@@ -182,6 +182,8 @@ struct PersistentReplay {
   static_assert(kFlushRows % kIV == 0 && kFlushRows % 4 == 0, "a v-row chunk must be whole 16-byte vectors");
   static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
+  // Decay skipping's prefetched g ring rows (common/decay_skip.cuh): GDN's value heads of a unit.
+  using SkipRows = RingRows<kMaxSkipHeads, L + kMaxDrafts>;
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
@@ -207,11 +209,12 @@ struct PersistentReplay {
     int64_t b;
     int hv;
     int v0;
+    int head;  // index of the value head in the unit
   };
   __device__ TileCoords tile_of(int64_t u, int t, bool flush) const {
     const int rows = flush ? kFlushRows : ROWS;
     const int chunks = V / rows;
-    return TileCoords{u / units_per_row, first_head(u) + t / chunks, (t % chunks) * rows};
+    return TileCoords{u / units_per_row, first_head(u) + t / chunks, (t % chunks) * rows, t / chunks};
   }
 
   // What the consumers compute once per unit for every tile of it (besides the UnitState).
@@ -249,16 +252,42 @@ struct PersistentReplay {
       const int64_t b = u / units_per_row;
       const int hv0 = first_head(u), hk = key_head(hv0);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      read_unit_header(p.slots, p.ring, b, L, header, lane, cur,
-                       [&](int64_t slot) { return flush_seed<RC>(p.pool, slot); });
+      auto seed = [&](int64_t slot) {
+        return flush_seed<RC>(p.pool, slot);
+      };
       skip = 0;
-      if (cur.status != kUnitActive) return 0;
-      if (!PerChannelDecay && p.skip_below < 0.f) {
-        skip = decayed_heads(b, hv0, cur, R, lane);
+      if (!PerChannelDecay && p.skip_below < 0.f && heads_per_unit <= kMaxSkipHeads) {
+        // Decay skipping (GDN): value head `lane`'s gate this step (it needs only the row), then
+        // every value head's g ring row with the cursors (it needs only the slot): no round trip
+        // beyond the cursors'. A two-copy flush recomputes the window's corrections from S_hp
+        // and reads it always.
+        float gate = 0.f, a_log = 0.f, bias = 0.f;  // loaded now, used once the cursors are in
+        if (lane < heads_per_unit) {
+          const ScalarArg& gw = p.in.g.ptr != nullptr ? p.in.g : p.in.a;
+          gate = load_scalar(gw, b, hv0 + lane);
+          a_log = load_scalar(p.in.A_log, hv0 + lane);
+          bias = load_scalar(p.in.dt_bias, hv0 + lane);
+        }
+        SkipRows rows;
+        read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed, [&](int64_t slot) {
+          const float* gr = p.ring.g + slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
+          rows.load([&](int i) { return gr + i * p.ring.g_stride_head; }, heads_per_unit, R, lane);
+        });
+        if (cur.status != kUnitActive) return 0;
+        const bool flush = cur.m + 1 > L;
+        if (!(RC::kTwoCopy && flush)) {
+          // this step's log decay (stage_log_decay's value)
+          const float own = p.in.g.ptr != nullptr ? gate : -expf(a_log) * softplus(gate + bias);
+          skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, 1.f,
+                              flush ? kUnderflowLogDecayF : p.skip_below, lane);
+        }
         if (lane == 0) {
           header->skip = skip;
           count_skips(p.skip_stats, skip, heads_per_unit);
         }
+      } else {
+        read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
+        if (cur.status != kUnitActive) return 0;
       }
       const int64_t slot = cur.slot;
       const int m = cur.m;
@@ -309,7 +338,7 @@ struct PersistentReplay {
       // tile, `rows` fp32 contiguous in the ring), completing on the stage's barrier with the tile.
       const uint32_t ring_bytes = exact ? 0u : static_cast<uint32_t>(m) * rows * 4u;
       if (lane == 0) {
-        if ((skip >> (hv % heads_per_unit)) & 1u) {
+        if ((skip >> tc.head) & 1u) {
           mbar_arrive_expect_tx(bar, ring_bytes);  // the "+ 1" arrival: the head's tile is not read
         } else if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
@@ -599,34 +628,6 @@ struct PersistentReplay {
     }
   }
 
-  // Producer warp, every lane (GDN): the value heads of unit (b, hv0) whose cumulative log decay
-  // this step (the records' g and, on a non-flush step, the current token's; a flush: the records
-  // only) is below p.skip_below, or on a flush below kUnderflowLogDecay (common/decay_skip.cuh).
-  // A two-copy flush recomputes the window's corrections from S_hp and reads it always. Lane j
-  // loads record j's g of every head, lane i head i's this step: one round trip for all heads.
-  __device__ __forceinline__ uint32_t decayed_heads(int64_t b, int hv0, const UnitCursors& cur, int R, int lane) const {
-    const bool flush = cur.m + 1 > L;
-    if ((RC::kTwoCopy && flush) || heads_per_unit > kMaxSkipHeads) return 0u;
-    const int m = cur.m;
-    const float* gr = p.ring.g + cur.slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
-    const int rec = lane < m ? cur.phys(lane, R) : 0;
-    float term[kMaxSkipHeads], rate[kMaxSkipHeads];
-#pragma unroll
-    for (int i = 0; i < kMaxSkipHeads; ++i) {
-      term[i] = i < heads_per_unit && lane < m ? gr[i * p.ring.g_stride_head + rec] : 0.f;
-      rate[i] = 1.f;
-    }
-    const float own = !flush && lane < heads_per_unit ? current_log_decay(b, hv0 + lane) : 0.f;
-    return heads_decayed_below(term, rate, own, heads_per_unit, flush ? kUnderflowLogDecayF : p.skip_below);
-  }
-
-  // GDN: this step's log decay of value head hv of row b, loaded (stage_log_decay's value).
-  __device__ __forceinline__ float current_log_decay(int64_t b, int hv) const {
-    if (p.in.g.ptr != nullptr) return load_scalar(p.in.g, b, hv);
-    const float x = load_scalar(p.in.a, b, hv) + load_scalar(p.in.dt_bias, hv);
-    return -expf(load_scalar(p.in.A_log, hv)) * softplus(x);
-  }
-
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).
   __device__ __forceinline__ float gate_channel(uint32_t wg, uint32_t wb, float negA, int64_t b, int hv, int c) const {
     if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, b * p.in.g.stride0 + hv * p.in.g.stride1 + c, wg);
@@ -687,7 +688,7 @@ struct PersistentReplay {
       }
     }
     const float beta = hs.beta, wj = hs.wj, ck = hs.ck, fac = hs.fac, gm = hs.gm;
-    const bool skipped = (us.skip >> (hv % heads_per_unit)) & 1u;  // no tile loaded: its parts are 0
+    const bool skipped = (us.skip >> tc.head) & 1u;  // no tile loaded: its parts are 0
 
     // Ring parts of S~ k^ and S~ q^ of this warp's row lane % kRowsPerWarp (non-flush): the
     // records are split over the kSplit lanes that share a row, then summed over them.

@@ -154,6 +154,8 @@ struct PersistentReplay : GroupUnits {
   static constexpr bool kMmaDots = Layout::kMmaDots;
   static_assert(!kMmaDots || ReadTile::kRowsPerWarp == 16, "tensor-core dots take a warp's 16 rows");
   static_assert(L <= 32, "decay weights are one lane per record");
+  // Decay skipping's prefetched dt ring rows (common/decay_skip.cuh): every head a unit can have.
+  using SkipRows = RingRows<RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads, L + kMaxDrafts>;
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
@@ -195,16 +197,35 @@ struct PersistentReplay : GroupUnits {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur,
-                       [&](int64_t slot) { return flush_seed<RC>(p.pool, slot); });
+      auto seed = [&](int64_t slot) {
+        return flush_seed<RC>(p.pool, slot);
+      };
       skip = 0;
-      if (cur.status != kUnitActive) return 0;
-      if (p.skip_below < 0.f) {
-        skip = decayed_heads(c, cur, R, lane);
+      if (p.skip_below < 0.f) {  // decay skipping: decide before any tile is requested
+        // Head `lane`'s A and raw dt (they need only the row), then every head's dt ring row
+        // with the cursors (it needs only the slot): no round trip beyond the cursors'.
+        float rate = 0.f, own = 0.f;
+        if (lane < heads_per_unit) {
+          rate = load_scalar(p.in.A, c.h0 + lane);
+          own = load_scalar(p.in.dt, c.b, c.h0 + lane) + load_scalar(p.in.dt_bias, c.h0 + lane);
+        }
+        SkipRows rows;
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
+          const float* dr = p.ring.dt + slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
+          rows.load([&](int i) { return dr + i * p.ring.dt_stride_head; }, heads_per_unit, R, lane);
+        });
+        if (cur.status != kUnitActive) return 0;
+        const bool flush = cur.m + 1 > L;  // a flush decides on the records alone, and only on zeros
+        if (p.dt_softplus) own = softplus(own);
+        skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, rate,
+                            flush ? kUnderflowLogDecayF : p.skip_below, lane);
         if (lane == 0) {
           header->skip = skip;
           count_skips(p.skip_stats, skip, heads_per_unit);
         }
+      } else {
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
+        if (cur.status != kUnitActive) return 0;
       }
       const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
@@ -374,31 +395,6 @@ struct PersistentReplay : GroupUnits {
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
-  }
-
-  // Producer warp, every lane: the heads of unit c whose cumulative log decay A sum_j delta_j this
-  // step (the records head_values sums: m - 1 folded on a flush, the current token too otherwise)
-  // is below p.skip_below, or on a flush below kUnderflowLogDecay (common/decay_skip.cuh). Lane j
-  // loads record j's delta of every head, lane i head i's delta this step, every lane each head's
-  // A: one round trip for all heads.
-  __device__ __forceinline__ uint32_t decayed_heads(const UnitCoords& c, const UnitCursors& cur, int R,
-                                                    int lane) const {
-    const bool flush = cur.m + 1 > L;
-    const int m = cur.m;
-    const float* dr = p.ring.dt + cur.slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
-    const int rec = lane < m ? cur.phys(lane, R) : 0;
-    float term[kMaxUnitHeads], rate[kMaxUnitHeads];
-#pragma unroll
-    for (int i = 0; i < kMaxUnitHeads; ++i) {
-      term[i] = i < heads_per_unit && lane < m ? dr[i * p.ring.dt_stride_head + rec] : 0.f;
-      rate[i] = i < heads_per_unit ? load_scalar(p.in.A, c.h0 + i) : 0.f;
-    }
-    float own = 0.f;  // lane i: head i's delta this step
-    if (!flush && lane < heads_per_unit) {
-      own = load_scalar(p.in.dt, c.b, c.h0 + lane) + load_scalar(p.in.dt_bias, c.h0 + lane);
-      if (p.dt_softplus) own = softplus(own);
-    }
-    return heads_decayed_below(term, rate, own, heads_per_unit, flush ? kUnderflowLogDecayF : p.skip_below);
   }
 
   // Head i of the unit (one warp; lane j = record j): this step's delta, the decay weights
