@@ -17,8 +17,8 @@ decays g = -1e3 and -10 beside g in [-0.5, -0.01], given directly).
 * ``skip_tolerance=r``: over 4,096 steps each output differs from the reading wrapper's by at most
   the stated bound (Mamba-2 r |S_c[row] . C| |silu(z)|; GDN, beside a read copy,
   r ||S_c[row]|| ||q^||; S_c what the step reads) plus one bf16 ulp of the larger output (each is
-  rounded to bf16 by half an ulp of its own), and the checkpoint and read copy stay bit-identical (flushes skip only exact zeros; GDN's
-  two-copy flush recomputes the corrections).
+  rounded to bf16 by half an ulp of its own), and the checkpoint and read copy stay bit-identical
+  (flushes skip only exact zeros; GDN's two-copy flush recomputes the corrections).
 * The tile kernel reads every tile: with the same tolerance it counts nothing and matches.
 """
 
@@ -273,7 +273,8 @@ class TestSkipTolerance:
             ref, got = step_both(fam, ((w_ref, c_ref), (w_skip, c_skip)), slots, inp)
             ref, got = ref.double(), got.double()
             # each output rounds to bf16 by half an ulp at its own magnitude: one ulp of the larger
-            ulp = torch.exp2(torch.floor(torch.log2(torch.maximum(ref.abs(), got.abs()).clamp_min(2.0**-126))) - 7)
+            big = torch.maximum(ref.abs(), got.abs()).clamp_min(2.0**-126)
+            ulp = torch.exp2(torch.floor(torch.log2(big)) - 7)
             excess = (got - ref).abs() - (tol * fam.checkpoint_part(Sc.double(), inp) * (1 + 1e-3) + ulp)
             worst = torch.maximum(worst, torch.nan_to_num(excess, nan=math.inf).amax())
         assert float(worst) <= 0, f"an output moved {float(worst):.3e} beyond the stated bound"
