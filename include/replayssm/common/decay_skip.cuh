@@ -47,26 +47,45 @@ struct RingRows {
   // Per head i < heads: rate of lane i times (the live records' sum + own of lane i) below
   // `below`? Records start .. start + m - 1 (mod capacity) are live. own: lane i's part of head
   // i from this step's token (0 on a flush); rate: lane i's factor on head i's sum (Mamba-2's A;
-  // 1 where the records are log decays). Returns the warp-uniform mask.
+  // 1 where the records are log decays). Every head's sum is reduced in the same butterfly, so
+  // the heads' shuffles overlap. Returns the warp-uniform mask.
   __device__ __forceinline__ uint32_t decayed(int heads, int start, int m, int capacity, float own, float rate,
                                               float below, int lane) const {
+    bool live[kPasses];
+#pragma unroll
+    for (int q = 0; q < kPasses; ++q) {
+      const int j = lane + 32 * q;
+      const int age = j >= start ? j - start : j + capacity - start;  // logical index of record j
+      live[q] = j < capacity && age < m;
+    }
+    float t[kHeads];
+#pragma unroll
+    for (int i = 0; i < kHeads; ++i) {
+      t[i] = 0.f;
+#pragma unroll
+      for (int q = 0; q < kPasses; ++q) t[i] += live[q] ? v[i][q] : 0.f;
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2)
+#pragma unroll
+      for (int i = 0; i < kHeads; ++i) t[i] += __shfl_xor_sync(0xffffffffu, t[i], off);
     uint32_t mask = 0;
 #pragma unroll
     for (int i = 0; i < kHeads; ++i) {
-      if (i >= heads) break;
-      float t = 0.f;
-#pragma unroll
-      for (int q = 0; q < kPasses; ++q) {
-        const int j = lane + 32 * q;
-        const int age = j >= start ? j - start : j + capacity - start;  // logical index of record j
-        if (j < capacity && age < m) t += v[i][q];
-      }
-      const float c = __shfl_sync(0xffffffffu, rate, i) * (group_sum<32>(t) + __shfl_sync(0xffffffffu, own, i));
-      if (c < below) mask |= 1u << i;
+      const float c = __shfl_sync(0xffffffffu, rate, i) * (t[i] + __shfl_sync(0xffffffffu, own, i));
+      if (i < heads && c < below) mask |= 1u << i;
     }
     return mask;
   }
 };
+
+// Producer warp, every lane: a skipped tile's stage region (`bytes`, 16-byte blocks) reads as
+// zeros, so the consumers' unchanged code adds exactly 0 for it (0 scales, 0 codes, 0 values).
+// Ordered before lane 0's arrival on the stage's barrier by the warp barrier.
+__device__ __forceinline__ void zero_stage_bytes(unsigned char* dst, size_t bytes, int lane) {
+  for (size_t o = static_cast<size_t>(lane) * 16; o < bytes; o += 32 * 16) *reinterpret_cast<uint4*>(dst + o) = uint4{};
+  __syncwarp();
+}
 
 // Producer lane 0: count an active unit's decisions (skip_stats: [0] head-steps skipped, [1]
 // head-steps decided; nullptr: not counted).

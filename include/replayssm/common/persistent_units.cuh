@@ -31,9 +31,7 @@ struct UnitHeader {
   int32_t status;  // kUnitActive or why the unit is skipped
   int32_t unit;    // the unit's index, or kNoMoreUnits: the CTA's walk is over (written by the pipeline)
   uint32_t seed;   // stochastic formats: the seed of the slot's flush (common/read_copy.cuh flush_seed)
-  uint32_t skip;  // decay skipping: bit i set where the unit's head i reads no checkpoint tile (common/decay_skip.cuh)
 };
-static_assert(sizeof(UnitHeader) == 32, "the verify's draft header follows the unit header");
 constexpr int32_t kNoMoreUnits = -1;
 
 // The cursors a unit works with, as the producer warp sees them.
@@ -95,7 +93,6 @@ __device__ __forceinline__ void read_unit_header(const SlotArg& slots, const Rin
     header->m = cursors.m;
     header->status = cursors.status;
     header->seed = cursors.status == kUnitActive ? seed(cursors.slot) : 0u;
-    header->skip = 0u;
   }
   cursors.slot = __shfl_sync(0xffffffffu, cursors.slot, 0);
   cursors.start = __shfl_sync(0xffffffffu, cursors.start, 0);
@@ -112,14 +109,12 @@ struct UnitState {
   int arrived = 0;  // consumer thread 0: the slot's arrival count before this unit (cursors.cuh)
   bool flush = false;  // the ring is full: fold the records into the checkpoint
   uint32_t seed = 0;  // stochastic formats: the random bits' seed of this flush
-  uint32_t skip = 0;  // heads of the unit whose checkpoint tiles the producer did not load
 
   // From the header the producer wrote (status kUnitActive), for a family with L-record rings of
   // `capacity` records.
   __device__ __forceinline__ void from_header(const UnitHeader& h, int L, int capacity) {
     slot = h.slot;
     seed = h.seed;
-    skip = h.skip;
     start = h.start;
     m = h.m;
     flush = m + 1 > L;

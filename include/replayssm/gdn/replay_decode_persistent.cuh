@@ -281,10 +281,7 @@ struct PersistentReplay {
           skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, 1.f,
                               flush ? kUnderflowLogDecayF : p.skip_below, lane);
         }
-        if (lane == 0) {
-          header->skip = skip;
-          count_skips(p.skip_stats, skip, heads_per_unit);
-        }
+        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       } else {
         read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
         if (cur.status != kUnitActive) return 0;
@@ -337,8 +334,10 @@ struct PersistentReplay {
       // A tile's u ring rows are one bulk copy per live record (lane j: record j's rows of the
       // tile, `rows` fp32 contiguous in the ring), completing on the stage's barrier with the tile.
       const uint32_t ring_bytes = exact ? 0u : static_cast<uint32_t>(m) * rows * 4u;
+      const bool skipped = (skip >> tc.head) & 1u;
+      if (skipped) zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
       if (lane == 0) {
-        if ((skip >> tc.head) & 1u) {
+        if (skipped) {
           mbar_arrive_expect_tx(bar, ring_bytes);  // the "+ 1" arrival: the head's tile is not read
         } else if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename Read::Elem*>(p.pool.read) + slot * p.pool.read_stride_slot +
@@ -688,7 +687,6 @@ struct PersistentReplay {
       }
     }
     const float beta = hs.beta, wj = hs.wj, ck = hs.ck, fac = hs.fac, gm = hs.gm;
-    const bool skipped = (us.skip >> tc.head) & 1u;  // no tile loaded: its parts are 0
 
     // Ring parts of S~ k^ and S~ q^ of this warp's row lane % kRowsPerWarp (non-flush): the
     // records are split over the kSplit lanes that share a row, then summed over them.
@@ -718,13 +716,8 @@ struct PersistentReplay {
       if (!flush) {  // the warp's 16 rows on tensor cores: row lane % 16 lands in lane
         const int rw = warp * kRowsPerWarp + lane % kRowsPerWarp;
         float dot[Layout::kDotVectors];
-        if (skipped) {
-#pragma unroll
-          for (int i = 0; i < Layout::kDotVectors; ++i) dot[i] = 0.f;
-        } else {
-          Dots::dots(S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
-                     U + Layout::kKeyRing.offset, lane, dot);
-        }
+        Dots::dots(S + Layout::kTile.offset + static_cast<size_t>(warp) * kRowsPerWarp * K * sizeof(ReadElem),
+                   U + Layout::kKeyRing.offset, lane, dot);
         // GDN: the vectors were k and q; KDA: kt and qt in two parts each (their factors folded in).
         float dk, dq;
         if constexpr (PerChannelDecay) {
@@ -735,9 +728,8 @@ struct PersistentReplay {
           dq = uv.qs * dot[1];
         }
         float row_scale = 1.f;
-        if constexpr (RC::kScaled) {
-          if (!skipped) row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
-        }
+        if constexpr (RC::kScaled)
+          row_scale = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[rw];
         const float vl = to_float(Sv[rw]);
         release();
         const float f = fac * row_scale;
@@ -752,11 +744,7 @@ struct PersistentReplay {
 
     // Checkpoint parts: S k^ and S q^ (non-flush), or the folded S' (flush), times fac.
     float sk[G::kPasses], sq[G::kPasses];
-    if (!flush && skipped) {
-      release();
-#pragma unroll
-      for (int s = 0; s < G::kPasses; ++s) sk[s] = sq[s] = 0.f;
-    } else if (!flush) {
+    if (!flush) {
       Read rt;
       rt.load_shared(S + Layout::kTile.offset,
                      reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset), warp, lane);
@@ -781,23 +769,14 @@ struct PersistentReplay {
           for (int e = 0; e < kV; ++e) col[v][e] = ck;
         }
       }
-      if (skipped) {  // the decay underflowed and the tile was not loaded: this warp's rows read as 0
-#pragma unroll
-        for (int s = 0; s < G::kPasses; ++s)
-#pragma unroll
-          for (int v = 0; v < G::kVpl; ++v)
-            *reinterpret_cast<uint4*>(const_cast<TF*>(T) + G::row(warp, lane, s) * K + G::col(lane, v)) = uint4{};
-        __syncwarp();
-      }
       // All of this warp's rows at once, records outermost: each decayed key is read once.
       float sv[G::kPasses][G::kVpl][kV];
 #pragma unroll
       for (int s = 0; s < G::kPasses; ++s) {
         const int r = G::row(warp, lane, s);
         float f = 1.f;  // a single copy's codes carry their row's scale
-        if constexpr (RC::kSingle && RC::kScaled) {
-          if (!skipped) f = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
-        }
+        if constexpr (RC::kSingle && RC::kScaled)
+          f = reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
 #pragma unroll
         for (int v = 0; v < G::kVpl; ++v) {
           unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * K + G::col(lane, v)), sv[s][v]);

@@ -219,10 +219,7 @@ struct PersistentReplay : GroupUnits {
         if (p.dt_softplus) own = softplus(own);
         skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, rate,
                             flush ? kUnderflowLogDecayF : p.skip_below, lane);
-        if (lane == 0) {
-          header->skip = skip;
-          count_skips(p.skip_stats, skip, heads_per_unit);
-        }
+        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       } else {
         read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
         if (cur.status != kUnitActive) return 0;
@@ -258,8 +255,10 @@ struct PersistentReplay : GroupUnits {
       const int64_t b = tc.b, slot = cur.slot;
       const int h = tc.h, p0 = tc.p0, m = cur.m;
       const int rows = flush ? kFlushRows : ROWS;
+      const bool skipped = (skip >> tc.head) & 1u;
+      if (skipped) zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
       if (lane == 0) {
-        if ((skip >> tc.head) & 1u) {
+        if (skipped) {
           mbar_arrive(bar);  // the "+ 1" arrival, with no bytes: the head's tile is not read
         } else if (RC::kEnabled && (!flush || RC::kSingle)) {  // a non-flush unit (or a single copy) reads the copy
           const auto* src = static_cast<const typename RC::T*>(p.pool.read) + slot * p.pool.read_stride_slot +
@@ -481,12 +480,7 @@ struct PersistentReplay : GroupUnits {
 
     float ypre[GTile::kPasses];
     float y_ck = 0.f;  // the checkpoint part of row rl's output (lanes < kRowsPerWarp)
-    const bool skipped = (us.skip >> tc.head) & 1u;  // the producer loaded no tile: its part is 0
-    if (!kFlush && skipped) {
-      release();
-#pragma unroll
-      for (int s = 0; s < GTile::kPasses; ++s) ypre[s] = 0.f;
-    } else if constexpr (!kFlush && kMmaDots) {
+    if constexpr (!kFlush && kMmaDots) {
       const unsigned char* rows = S + Layout::kTile.offset + warp * 16 * N * sizeof(ReadElem);
       float dot[1];
       MmaRowDots<ReadElem, N, 1>::dots(rows, uv.buffer + Layout::kDotFrag.offset, lane, dot);
@@ -545,17 +539,10 @@ struct PersistentReplay : GroupUnits {
       for (int s = 0; s < FlushTile::kPasses; ++s) {
         const int r = FlushTile::row(warp, lane, s);
         float f = hv.ck;  // a single copy's codes carry their row's scale
-        if constexpr (RC::kSingle && RC::kScaled) {
-          if (!skipped) f *= reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
-        }
+        if constexpr (RC::kSingle && RC::kScaled)
+          f *= reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kScaleOffset)[r];
         using TF = typename FlushTile::Elem;
         const TF* T = reinterpret_cast<const TF*>(S + Layout::kTile.offset);
-        if (skipped) {  // the decay underflowed and the tile was not loaded: this row reads as 0
-#pragma unroll
-          for (int v = 0; v < FlushTile::kVpl; ++v)
-            *reinterpret_cast<uint4*>(const_cast<TF*>(T) + r * N + FlushTile::col(lane, v)) = uint4{};
-          __syncwarp();
-        }
 #pragma unroll
         for (int v = 0; v < FlushTile::kVpl; ++v) {
           unpack16<TF>(*reinterpret_cast<const uint4*>(T + r * N + FlushTile::col(lane, v)), sv[s][v]);
