@@ -32,14 +32,15 @@ from bench_common import meta, read_bandwidth_TBps, write_results  # noqa: E402
 from bench_decode import FORMATS, SHAPES, GDNFamily, Mamba2Family, bench_pool, fill_states, stagger  # noqa: E402
 
 
-def skipped_fraction(fam, batch, fmt, phases) -> float:
-    """Head-steps skipped / decided by the kernel over two windows after one of warm-up."""
+def skipped_fraction(fam, batch, fmt, phases, tol) -> float:
+    """Head-steps skipped / decided by the kernel at tolerance ``tol`` over two windows after one
+    of warm-up (``fam.wrapper_extra`` is left as the caller set it)."""
     L = fam.args.window
-    fam.wrapper_extra = {**fam.wrapper_extra, "count_skips": True}
+    extra, fam.wrapper_extra = fam.wrapper_extra, {"skip_tolerance": tol, "count_skips": True}
     try:
         w = fam.wrapper(batch, "replay", None, None, fmt)
     finally:
-        fam.wrapper_extra = {k: v for k, v in fam.wrapper_extra.items() if k != "count_skips"}
+        fam.wrapper_extra = extra
     cache = w.create_cache(2 * batch)
     fill_states(cache, fam.gen)
     if phases == "staggered":
@@ -76,7 +77,7 @@ def run(args):
                     fam.wrapper_extra = {"skip_tolerance": tol}
                     try:
                         r = bench_pool(fam, batch, "replay", None, args.reps, None, fmt, phases)
-                        frac = skipped_fraction(fam, batch, fmt, phases) if tol is not None else 0.0
+                        frac = skipped_fraction(fam, batch, fmt, phases, tol) if tol is not None else 0.0
                     except ValueError as e:  # e.g. GDN at a tolerance above 0 without a read copy
                         print(f"B={batch:4d} {fmt.name:11s} tol={tol}: not run ({e})", flush=True)
                         continue

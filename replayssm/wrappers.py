@@ -96,9 +96,12 @@ class _DecodeWrapper:
         debug,
         dims: dict,
         write_through=False,
+        skip_tolerance=None,
+        count_skips=False,
     ):
         """Check the shared keywords (all before touching any device), then allocate the fixed buffers.
-        dims: the family's dims by keyword (the descriptor's dim_keys)."""
+        dims: the family's dims by keyword (the descriptor's dim_keys). Needs the read format
+        (self.read_dtype, self.single_copy) checked first."""
         self.algorithm = check_algorithm(algorithm)
         self.max_batch = positive_int("max_batch", max_batch)
         self.pad_slot_id = check_pad_slot_id(pad_slot_id)
@@ -106,9 +109,16 @@ class _DecodeWrapper:
         self._rows_override = self.descriptor.check_rows(rows_per_cta, dims)
         self._persistent_override = check_optional_bool("persistent", persistent)
         self._write_through_override = check_write_through(write_through, self.algorithm, state_dtype, self.read_dtype)
+        self.skip_tolerance = check_skip_tolerance(
+            skip_tolerance, self.algorithm, self.family, self.read_dtype, self.single_copy
+        )
+        count_skips = check_bool("count_skips", count_skips)
         self.window, self.state_dtype, self.io_dtype = window, state_dtype, io_dtype
         self.device = cuda_device("device", device)  # last: every argument error comes first, even without a GPU
         self._slots = torch.full((max_batch,), pad_slot_id, dtype=torch.int64, device=self.device)
+        #: count_skips: int64 [2] on the device, (head-steps skipped, head-steps decided) by the
+        #: persistent decode step's skipping, summed over launches (zero it to restart); else None.
+        self.skip_counts = torch.zeros(2, dtype=torch.int64, device=self.device) if count_skips else None
         self._batch: int | None = None
         self._modules: dict = {}
         self._module: Any = None  # the loaded module serving the plan (replayssm.jit.loader.Module)
@@ -492,8 +502,6 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         )
         self.dt_softplus = check_bool("dt_softplus", dt_softplus)
         self.pdl = check_bool("pdl", pdl)
-        self.skip_tolerance = check_skip_tolerance(skip_tolerance, algorithm, self.family)
-        count_skips = check_bool("count_skips", count_skips)
         self.dims = m2.Mamba2Dims(nheads, head_dim, state_dim, ngroups)
         self._init_common(
             window,
@@ -508,10 +516,9 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
             debug,
             dims,
             write_through,
+            skip_tolerance,
+            count_skips,
         )
-        #: count_skips: int64 [2] on the device, (head-steps skipped, head-steps decided) by the
-        #: persistent decode step's skipping, summed over launches (zero it to restart); else None.
-        self.skip_counts = torch.zeros(2, dtype=torch.int64, device=self.device) if count_skips else None
 
     def create_cache(self, num_slots: int, max_draft: int = 1, *, A: torch.Tensor | None = None) -> Mamba2Cache:
         """A Mamba2Cache matching the wrapper (dims, window, dtypes, device). A: the layer's per-head
@@ -661,10 +668,6 @@ class GDNDecodeWrapper(_DecodeWrapper):
         self.read_dtype, self.single_copy, self.stochastic_rounding = self.descriptor.check_format(
             read_dtype, algorithm, state_dtype, dims, single_copy, stochastic_rounding
         )
-        self.skip_tolerance = check_skip_tolerance(
-            skip_tolerance, algorithm, self.family, self.read_dtype, self.single_copy
-        )
-        count_skips = check_bool("count_skips", count_skips)
         self.use_l2norm = check_bool("use_l2norm", use_l2norm)
         scale = check_scale(scale)
         self.scale = scale if scale is not None else head_k_dim**-0.5
@@ -682,8 +685,9 @@ class GDNDecodeWrapper(_DecodeWrapper):
             debug,
             dims,
             write_through,
+            skip_tolerance,
+            count_skips,
         )
-        self.skip_counts = torch.zeros(2, dtype=torch.int64, device=self.device) if count_skips else None
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims

@@ -29,6 +29,8 @@ import math
 import pytest
 import torch
 
+from replayssm.jit.constants import UNDERFLOW_LOG_DECAY
+
 from .common import active_rows
 from .mamba2_inputs import layer_weights, step_inputs
 
@@ -36,7 +38,7 @@ pytestmark = pytest.mark.gpu
 
 F32, BF16, F8 = torch.float32, torch.bfloat16, torch.float8_e4m3fn
 L, SLOTS, BATCH = 16, 6, 4
-UNDERFLOW = -105.0  # replayssm.jit.constants.UNDERFLOW_LOG_DECAY
+UNDERFLOW = float(UNDERFLOW_LOG_DECAY)  # below it expf() is 0 in float32 (-105)
 FORMATS = {
     "fp32": dict(read_dtype=None),
     "fp8": dict(read_dtype=F8),

@@ -5,9 +5,10 @@
 // The decision is the decay rule: skip head h where c = its cumulative log decay this step (the
 // sum over the window's records and, on a non-flush step, the current token, of log decays) is
 // below `below` (the params' skip_below, ln of the tolerance; kUnderflowLogDecay for tolerance 0).
-// The checkpoint's part of an output is exp(c) S_c[row] . v (Mamba-2: v = C), so skipping changes
-// it by at most the tolerance times |S_c[row] . v|. A flush skips reading S_c only where
-// exp(c) is 0 in float32 (the fold is then bit-identical), whatever the tolerance.
+// What that bounds per output (Mamba-2: the dropped term exp(c) S_c[row] . C; GDN: exp(c)
+// ||S_c[row]|| ||q^||, through the corrections the skipped steps append) is derived in
+// replayssm/decay_skip.py. A flush skips reading S_c only where exp(c) is 0 in float32 (the
+// fold is then bit-identical), whatever the tolerance.
 #pragma once
 
 #include <cstdint>
