@@ -9,6 +9,9 @@
 # Writes $OUT/ab.json (every row tagged `variant` = base | new, `variant_commit`) and $OUT/ab.log.
 # Each tree's modules are built in parallel first (perf/profile_step.py, a few steps at B = 8, in
 # its own JIT cache), then each family's benchmark runs for base, then for new.
+# BENCH=skip runs perf/bench_skip.py (decay skipping; families mamba2 and gdn) instead of
+# perf/bench_decode.py. A tree's .gl/aot.tar.xz (perf/prebuild_modules.py, run in that tree) is
+# served to that tree's runs only.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cmd=${1:-}; shift || true
@@ -30,11 +33,22 @@ mkdir -p "$OUT" /tmp/ab
 base_commit=$(cat "$root/.gl/base/COMMIT" 2>/dev/null || echo unknown)
 new_commit=${REPLAYSSM_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo worktree)}
 declare -A dirs=([base]=$root/.gl/base [new]=$root)
+declare -A aot=([base]= [new]=)
+for v in base new; do
+  if [[ -f ${dirs[$v]}/.gl/aot.tar.xz ]]; then
+    mkdir -p /tmp/ab/aot_$v && tar -xJf "${dirs[$v]}/.gl/aot.tar.xz" -C /tmp/ab/aot_$v && aot[$v]=/tmp/ab/aot_$v
+  fi
+done
+case ${BENCH:-decode} in
+  decode) bench=(perf/bench_decode.py --no-peers) ;;
+  skip) bench=(perf/bench_skip.py) ;;
+  *) echo "BENCH: expected decode or skip, got ${BENCH}" >&2; exit 2 ;;
+esac
 for v in base new; do
   for spec in "${specs[@]}"; do
     fam=${spec%%:*}
     for f in $(echo "${spec#*:}" | tr , ' '); do
-      (cd "${dirs[$v]}" && PYTHONPATH=${dirs[$v]} REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v \
+      (cd "${dirs[$v]}" && PYTHONPATH=${dirs[$v]} REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_AOT_DIR=${aot[$v]} \
         python3 perf/profile_step.py --family "$fam" --batch 8 --format "$f" --steps 1 > /dev/null 2>&1 \
         || echo "build of $v $fam $f failed (the benchmark will build it, or report it)") &
     done
@@ -48,8 +62,8 @@ for spec in "${specs[@]}"; do
   for v in base new; do
     d=${dirs[$v]}
     commit=$([[ $v == base ]] && echo "$base_commit" || echo "$new_commit")
-    (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_COMMIT=$commit \
-      python3 perf/bench_decode.py --family "$fam" --formats $formats --no-peers "$@" \
+    (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_AOT_DIR=${aot[$v]} REPLAYSSM_COMMIT=$commit \
+      python3 "${bench[@]}" --family "$fam" --formats $formats "$@" \
         --name "ab_${fam}_$v" --out /tmp/ab) 2>&1 | sed "s/^/$v /" | tee -a "$OUT/ab.log" | grep -E "B=|rror"
   done
 done

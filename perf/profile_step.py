@@ -29,12 +29,15 @@ ap.add_argument("--draft-len", type=int, default=None, help="verify T drafts per
 ap.add_argument("--steps", type=int, default=48)
 ap.add_argument("--window", type=int, default=16)
 ap.add_argument("--format", default="fp32", choices=list(FORMATS), help="replay decode: the state format")
+ap.add_argument("--skip-tolerance", type=float, default=None, help="decay skipping (issue 18): the wrapper's skip_tolerance")
 a = ap.parse_args()
 fmt = FORMATS[a.format]
 a.state_dtype, a.io_dtype = fmt.state_dtype, torch.bfloat16
 gen = torch.Generator(device="cuda")
 gen.manual_seed(0)
 fam = FAMILIES[a.family](SHAPES[a.family][DEFAULT_SHAPES[a.family]], a, gen)
+if a.skip_tolerance is not None:
+    fam.wrapper_extra = {"skip_tolerance": a.skip_tolerance}
 w = fam.wrapper(a.batch, a.algorithm, a.rows, None, fmt)
 T = a.draft_len
 cache = w.create_cache(2 * a.batch, max_draft=T or 1)

@@ -17,6 +17,7 @@
 #pragma once
 
 #include <cstdint>
+#include <type_traits>
 
 #include "align.cuh"
 #include "persistent_units.cuh"
@@ -134,6 +135,14 @@ struct WorkCounter {
   }
 };
 
+// Phases of PersistentPipeline::produce's peek.
+constexpr int kPeekPhases = 2;
+
+// No header loads issued ahead (PersistentPipeline::produce's default peek).
+struct NoPeek {
+  __device__ __forceinline__ void operator()(int64_t, int) const {}
+};
+
 template <class Budget, size_t kUnitBytes, size_t kStageBytes>
 struct PersistentPipeline {
   using StagePosition = PipelineState<Budget::kStages>;
@@ -186,9 +195,16 @@ struct PersistentPipeline {
   // unit buffer whose index is kNoMoreUnits. build_order(RowOrder&): fills the order of the units
   // taken from the counter (row_order.cuh; every lane), called once, after the first unit's tiles
   // are issued, and only when the counter is used.
-  template <class BuildOrder, class FillUnit, class FillStage>
+  // peek(u, phase) (optional, every lane): work towards unit u's header ahead of it, in
+  // kPeekPhases phases (e.g. UnitHeaderLoads' loads, persistent_units.cuh), so that fill_unit(u)
+  // finds it done. Once the order is built, the next unit is known after this unit's first tile
+  // is issued: phase k follows tile k, and the unit's last tile runs the phases still to come,
+  // while the consumers still have this unit's tiles to work on. fill_unit must not assume a
+  // peek: the first units of a CTA are not peeked.
+  template <class BuildOrder, class FillUnit, class FillStage, class Peek = NoPeek>
   __device__ void produce(int64_t units, WorkCounter work, BuildOrder&& build_order, FillUnit&& fill_unit,
-                          FillStage&& fill_stage) const {
+                          FillStage&& fill_stage, Peek&& peek = NoPeek{}) const {
+    constexpr bool kPeeks = !std::is_same_v<std::decay_t<Peek>, NoPeek>;
     RowOrder order;
     bool ordered = false;
     StagePosition stage_pos;
@@ -214,17 +230,29 @@ struct PersistentPipeline {
         mbar_arrive(&unit_full[unit_pos.index()]);  // the "+ 1" of kFullArrivals
       }
       mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
+      // The unit after this one (-1: not resolved yet), resolved early where it can be peeked.
+      int64_t after = -1;
+      auto resolve = [&] {
+        int64_t v = __shfl_sync(0xffffffffu, next, 0);
+        return v < units ? order.unit(v, lane) : v;
+      };
       for (int t = 0; t < tiles; ++t, stage_pos.advance()) {
         mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
         fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
         mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
+        if constexpr (kPeeks) {
+          if (ordered) {
+            if (t == 0) after = resolve();
+            if (after < units)
+              for (int phase = t; phase < kPeekPhases && (phase == t || t == tiles - 1); ++phase) peek(after, phase);
+          }
+        }
       }
       if (!ordered && work.used()) {
         build_order(order);
         ordered = true;
       }
-      u = __shfl_sync(0xffffffffu, next, 0);
-      if (u < units) u = order.unit(u, lane);
+      u = after >= 0 ? after : resolve();
     }
     cp_async_wait_all();
   }
