@@ -29,7 +29,9 @@ ap.add_argument("--draft-len", type=int, default=None, help="verify T drafts per
 ap.add_argument("--steps", type=int, default=48)
 ap.add_argument("--window", type=int, default=16)
 ap.add_argument("--format", default="fp32", choices=list(FORMATS), help="replay decode: the state format")
-ap.add_argument("--skip-tolerance", type=float, default=None, help="decay skipping (issue 18): the wrapper's skip_tolerance")
+ap.add_argument(
+    "--skip-tolerance", type=float, default=None, help="decay skipping (issue 18): the wrapper's skip_tolerance"
+)
 a = ap.parse_args()
 fmt = FORMATS[a.format]
 a.state_dtype, a.io_dtype = fmt.state_dtype, torch.bfloat16

@@ -52,6 +52,7 @@ class Mamba2:
     """H = 8 heads of P = 64 rows, N = 128, two groups (units of four heads)."""
 
     H, P, N, G = 8, 64, 128, 2
+    batch, slots = BATCH, SLOTS
     name = "mamba2"
 
     def __init__(self, gen, decayed=True):
@@ -64,7 +65,7 @@ class Mamba2:
         from replayssm import Mamba2DecodeWrapper
 
         return Mamba2DecodeWrapper(
-            self.H, self.P, self.N, self.G, window=L, state_dtype=F32, io_dtype=BF16, max_batch=BATCH,
+            self.H, self.P, self.N, self.G, window=L, state_dtype=F32, io_dtype=BF16, max_batch=self.batch,
             persistent=persistent, skip_tolerance=skip, count_skips=skip is not None, **fmt,
         )  # fmt: skip
 
@@ -72,7 +73,7 @@ class Mamba2:
         return (self.H, self.P, self.N)
 
     def inputs(self):
-        x, dt, B, C, z = step_inputs(BATCH, self.H, self.P, self.N, self.G, BF16, self.gen, "cuda")
+        x, dt, B, C, z = step_inputs(self.batch, self.H, self.P, self.N, self.G, BF16, self.gen, "cuda")
         return dict(x=x, dt=dt, B=B, C=C, z=z)
 
     def run(self, w, cache, inp, out):
@@ -81,12 +82,12 @@ class Mamba2:
         )
 
     def log_decay_terms(self, inp):
-        """[BATCH, H] this step's log decay per head (float64)."""
+        """[batch, H] this step's log decay per head (float64)."""
         d = torch.nn.functional.softplus(inp["dt"].double() + self.dt_bias.double())
         return self.A.double() * d
 
     def checkpoint_part(self, Sc, inp):
-        """[BATCH, H, P]: what the undecayed checkpoint Sc [BATCH, H, P, N] adds to each output."""
+        """[batch, H, P]: what the undecayed checkpoint Sc [batch, H, P, N] adds to each output."""
         Cg = inp["C"].double().repeat_interleave(self.H // self.G, dim=1)
         return torch.einsum("bhpn,bhn->bhp", Sc, Cg).abs() * torch.nn.functional.silu(inp["z"].double()).abs()
 
@@ -97,6 +98,7 @@ class GDN:
 
     HV, HK, K, V = 8, 4, 128, 128
     H = HV
+    batch, slots = BATCH, SLOTS
     name = "gdn"
 
     def __init__(self, gen, decayed=True):
@@ -109,7 +111,7 @@ class GDN:
         from replayssm import GDNDecodeWrapper
 
         return GDNDecodeWrapper(
-            self.HV, self.HK, self.K, self.V, window=L, state_dtype=F32, io_dtype=BF16, max_batch=BATCH,
+            self.HV, self.HK, self.K, self.V, window=L, state_dtype=F32, io_dtype=BF16, max_batch=self.batch,
             persistent=persistent, skip_tolerance=skip, count_skips=skip is not None, **fmt,
         )  # fmt: skip
 
@@ -117,8 +119,8 @@ class GDN:
         return (self.HV, self.V, self.K)
 
     def inputs(self):
-        rnd = lambda *s: torch.randn(BATCH, *s, device="cuda", generator=self.gen)  # noqa: E731
-        jitter = torch.rand(BATCH, self.HV, device="cuda", generator=self.gen)
+        rnd = lambda *s: torch.randn(self.batch, *s, device="cuda", generator=self.gen)  # noqa: E731
+        jitter = torch.rand(self.batch, self.HV, device="cuda", generator=self.gen)
         return dict(
             q=rnd(self.HK, self.K).to(BF16),
             k=rnd(self.HK, self.K).to(BF16),
@@ -157,10 +159,10 @@ def kept(cache, rings=True) -> list[torch.Tensor]:
 def two_caches(fam, fmt, skip, persistent=True):
     """The reading wrapper and cache, the skipping ones, both caches loaded with one random state."""
     (w_ref, w_skip) = fam.wrapper(fmt, None, persistent), fam.wrapper(fmt, skip, persistent)
-    c_ref, c_skip = w_ref.create_cache(SLOTS), w_skip.create_cache(SLOTS)
-    S0 = 0.5 * torch.randn(SLOTS, *fam.state_shape(), device="cuda", generator=fam.gen)
+    c_ref, c_skip = w_ref.create_cache(fam.slots), w_skip.create_cache(fam.slots)
+    S0 = 0.5 * torch.randn(fam.slots, *fam.state_shape(), device="cuda", generator=fam.gen)
     for c in (c_ref, c_skip):
-        c.load_state(list(range(SLOTS)), S0)
+        c.load_state(list(range(fam.slots)), S0)
     return w_ref, c_ref, w_skip, c_skip
 
 
@@ -168,7 +170,7 @@ def step_both(fam, pair, slots, inp):
     """One step of the same inputs through both (wrapper, cache) pairs; outputs poisoned first."""
     outs = []
     for w, cache in pair:
-        out = torch.full((BATCH, fam.H, fam.state_shape()[1]), float("nan"), dtype=BF16, device="cuda")
+        out = torch.full((fam.batch, fam.H, fam.state_shape()[1]), float("nan"), dtype=BF16, device="cuda")
         w.plan(slots)
         fam.run(w, cache, inp, out)
         outs.append(out)
@@ -178,10 +180,10 @@ def step_both(fam, pair, slots, inp):
 class Window:
     """float64 bookkeeping of each slot's window: records m and, per head, the summed log decays."""
 
-    def __init__(self, H, flush_reads):
+    def __init__(self, H, flush_reads, slots=SLOTS):
         self.flush_reads = flush_reads  # a flush reads the checkpoint whatever its decay
-        self.m = [0] * SLOTS
-        self.csum = torch.zeros(SLOTS, H, dtype=torch.float64, device="cuda")
+        self.m = [0] * slots
+        self.csum = torch.zeros(slots, H, dtype=torch.float64, device="cuda")
 
     def log_decays(self, slots, terms) -> torch.Tensor:
         """[rows, H] the log decay each active row's step decides on (flush: the records only;
@@ -200,38 +202,74 @@ class Window:
         return torch.stack(out)
 
 
-def random_slots(gen) -> torch.Tensor:
-    perm = torch.randperm(SLOTS, generator=gen, device="cuda")[:BATCH].to(torch.int32)
+def random_slots(gen, slots=SLOTS, batch=BATCH) -> torch.Tensor:
+    perm = torch.randperm(slots, generator=gen, device="cuda")[:batch].to(torch.int32)
     if float(torch.rand(1, generator=gen, device="cuda")) < 0.2:
-        perm[int(torch.randint(0, BATCH, (1,), generator=gen, device="cuda"))] = -1
+        perm[int(torch.randint(0, batch, (1,), generator=gen, device="cuda"))] = -1
     return perm
+
+
+def check_bit_identical(fam, fmt):
+    """Tolerance 0 over 2L + 8 steps of random subsets of the pool (pads, rows in every phase):
+    outputs and every buffer of the cache equal the reading wrapper's, and the kernel skipped
+    between the head-steps float64 puts clearly below and those it puts near the threshold."""
+    w_ref, c_ref, w_skip, c_skip = two_caches(fam, FORMATS[fmt], 0)
+    two_copy = FORMATS[fmt]["read_dtype"] is not None and not FORMATS[fmt].get("single_copy", False)
+    win = Window(fam.H, flush_reads=fam.name == "gdn" and two_copy, slots=fam.slots)
+    lo = hi = decided = 0
+    for step in range(2 * L + 8):
+        slots = random_slots(fam.gen, fam.slots, fam.batch)
+        inp = fam.inputs()
+        c = win.log_decays(slots, fam.log_decay_terms(inp))
+        lo += int((c < UNDERFLOW - 0.5).sum())
+        hi += int((c < UNDERFLOW + 0.5).sum())
+        decided += c.numel()
+        ref, got = step_both(fam, ((w_ref, c_ref), (w_skip, c_skip)), slots, inp)
+        assert w_skip.schedule.kernel == "persistent"
+        active_rows(got, slots, f"step {step}")
+        assert torch.equal(ref, got), f"step {step}: outputs differ from the reading wrapper's"
+    for a, b in zip(kept(c_ref), kept(c_skip), strict=True):
+        assert torch.equal(a, b), "the skipping wrapper's cache differs from the reading one's"
+    skipped, counted = w_skip.skip_counts.tolist()
+    assert counted == decided
+    assert 0 < lo <= skipped <= hi, f"skipped {skipped}, float64 expects {lo}..{hi}"
+    assert c_skip.check_errors() == 0
+    return w_skip.schedule
 
 
 @pytest.mark.parametrize("family, fmt", EXACT_CASES, ids=[f"{f}-{m}" for f, m in EXACT_CASES])
 class TestSkipExact:
     def test_bit_identical(self, family, fmt, gen):
-        fam = FAMILIES[family](gen)
-        w_ref, c_ref, w_skip, c_skip = two_caches(fam, FORMATS[fmt], 0)
-        two_copy = FORMATS[fmt]["read_dtype"] is not None and not FORMATS[fmt].get("single_copy", False)
-        win = Window(fam.H, flush_reads=family == "gdn" and two_copy)
-        lo = hi = decided = 0
-        for step in range(2 * L + 8):
-            slots = random_slots(gen)
-            inp = fam.inputs()
-            c = win.log_decays(slots, fam.log_decay_terms(inp))
-            lo += int((c < UNDERFLOW - 0.5).sum())
-            hi += int((c < UNDERFLOW + 0.5).sum())
-            decided += c.numel()
-            ref, got = step_both(fam, ((w_ref, c_ref), (w_skip, c_skip)), slots, inp)
-            assert w_skip.schedule.kernel == "persistent"
-            active_rows(got, slots, f"step {step}")
-            assert torch.equal(ref, got), f"step {step}: outputs differ from the reading wrapper's"
-        for a, b in zip(kept(c_ref), kept(c_skip), strict=True):
-            assert torch.equal(a, b), "the skipping wrapper's cache differs from the reading one's"
-        skipped, counted = w_skip.skip_counts.tolist()
-        assert counted == decided
-        assert 0 < lo <= skipped <= hi, f"skipped {skipped}, float64 expects {lo}..{hi}"
-        assert c_skip.check_errors() == 0
+        check_bit_identical(FAMILIES[family](gen), fmt)
+
+
+class Mamba2Wide(Mamba2):
+    """Nemotron's 128 heads in eight groups, 48 rows: more units than the persistent grid's CTAs."""
+
+    H, G = 128, 8
+    batch, slots = 48, 52
+
+
+class GDNWide(GDN):
+    """Qwen3-Next's HV = 32 over HK = 16, 32 rows: more units than the persistent grid's CTAs."""
+
+    HV, HK = 32, 16
+    H = HV
+    batch, slots = 32, 36
+
+
+WIDE_CASES = [("mamba2", "fp32"), ("mamba2", "fp8"), ("gdn", "fp8")]
+
+
+@pytest.mark.parametrize("family, fmt", WIDE_CASES, ids=[f"{f}-{m}" for f, m in WIDE_CASES])
+class TestSkipManyUnits:
+    def test_bit_identical_many_units_per_cta(self, family, fmt, gen):
+        """As TestSkipExact where the CTAs take units from the counter: the producer decides each
+        unit after the first from the cursors and ring rows it loaded while the unit before it
+        streamed (PersistentPipeline's peek), in the order the flush hints give."""
+        fam = {"mamba2": Mamba2Wide, "gdn": GDNWide}[family](gen)
+        s = check_bit_identical(fam, fmt)
+        assert fam.batch * fam.H // s.heads_per_unit > s.grid, s
 
 
 @pytest.mark.parametrize("family, head", [("mamba2", 4), ("gdn", 2)])

@@ -14,6 +14,7 @@
 #include <cstdint>
 
 #include "constants.h"
+#include "cp_async.cuh"
 #include "math.cuh"
 
 namespace replayssm {
@@ -39,14 +40,27 @@ struct RingRows {
                                   : kHeads >= 2 ? 1 : 0;
   static constexpr int kShift = 5 - kLog2Heads;  // lane -> its head: lane >> kShift
 
-  // Every lane: ask for the cache lines of every head's row in L1 (prefetch.global.L1: no
-  // register waits for them), so that decayed() a little later finds them there.
+  static constexpr size_t kBytes = static_cast<size_t>(kHeads) * kRing * sizeof(float);  // stage()'s region
+
+  // Producer warp, every lane: copy every head's row (row(i): head i's `capacity` <= kRing
+  // records) to `dst` (kBytes of shared memory, head i at dst + i * kRing), lane j records j,
+  // j + 32, ..., and close the group of this lane's copies. The copies land while the warp goes
+  // on; after cp_async_wait_committed(), lane j reads its own records there (decayed()).
   template <class Row>
-  __device__ __forceinline__ static void prefetch(Row&& row, int heads, int capacity, int lane) {
-    for (int k = lane; k < kHeads * kPasses; k += 32) {
-      const int i = k / kPasses, j = 32 * (k % kPasses);
-      if (i < heads && j < capacity) asm volatile("prefetch.global.L1 [%0];" ::"l"(row(i) + j));
-    }
+  __device__ __forceinline__ static void stage(Row&& row, float* dst, int heads, int capacity, int lane) {
+#pragma unroll 1
+    for (int i = 0; i < heads && i < kHeads; ++i)
+#pragma unroll
+      for (int q = 0; q < kPasses; ++q) {
+        const int j = lane + 32 * q;
+        if (j < capacity) cp_async4(dst + i * kRing + j, row(i) + j);
+      }
+    cp_async_commit();
+  }
+
+  // The rows stage() copied to `src`.
+  __device__ __forceinline__ static auto staged(const float* src) {
+    return [src](int i) { return src + i * kRing; };
   }
 
   // Reduce-scatter of the first n sums: at the exchange over lane bit 16 n / kHeads, the lanes

@@ -53,14 +53,16 @@ constexpr int kUnitEmptyArrivals = kPersistentConsumers;
 // unit (nor its tiles) until the consumers finish the current one, and the pipeline drains at
 // every unit boundary. Three by default; a kernel whose units are short (KDA: a value head, two
 // tiles) or whose unit start is long (the Mamba-2 verify's coefficient tables) asks for fewer.
-template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2, int kTwoUnitStages = 3>
+// kScratchBytes: the producer's own region after the stage buffers (decay skipping's ring rows of
+// the unit to come, common/decay_skip.cuh), 0 for none.
+template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2, int kTwoUnitStages = 3, size_t kScratchBytes = 0>
 struct PersistentBudget {
   static constexpr int kCtas = kCtasPerSm;  // CTAs meant to share an SM (the kernel's launch bound)
   static constexpr size_t kBudget = 228 * 1024 / kCtasPerSm - 1024;
   static constexpr size_t kBarBytes = 256;
   static constexpr int kMaxStages = 12;
   static constexpr int stages_with(int units) {
-    const size_t need = kBarBytes + units * kUnitBytes;
+    const size_t need = kBarBytes + units * kUnitBytes + kScratchBytes;
     const int s = need >= kBudget ? 0 : static_cast<int>((kBudget - need) / kStageBytes);
     return s < kMaxStages ? s : kMaxStages;
   }
@@ -70,11 +72,12 @@ struct PersistentBudget {
   static constexpr bool kFits = kStages >= 2;
 
   // Dynamic shared memory: barriers (full, empty per stage; full, empty per unit), then the unit
-  // buffers, then the stage buffers.
+  // buffers, the stage buffers and the producer's scratch.
   static constexpr SmemRegion kBarriers = first_region(kBarBytes, 128);
   static constexpr SmemRegion kUnitBuffers = kBarriers.then(kUnits * kUnitBytes, 128);
   static constexpr SmemRegion kStageBuffers = kUnitBuffers.then(kStages * kStageBytes, 128);
-  static constexpr size_t kBytes = kStageBuffers.end();
+  static constexpr SmemRegion kScratch = kStageBuffers.then(kScratchBytes, 16);
+  static constexpr size_t kBytes = kScratch.end();
 
   static constexpr size_t kLaunchWordOffset = kBarBytes - 4;  // one int32 the whole CTA reads (hint parity)
   static_assert(sizeof(uint64_t) * 2 * (kMaxStages + 2) <= kLaunchWordOffset, "barriers must fit their block");
@@ -164,6 +167,7 @@ struct PersistentPipeline {
   __device__ unsigned char* stage(int s) const {
     return smem + Budget::kStageBuffers.offset + static_cast<size_t>(s) * kStageBytes;
   }
+  __device__ unsigned char* scratch() const { return smem + Budget::kScratch.offset; }
 
   // The launch's hint parity (row_order.cuh), or -1 without hints: written by init, read by the
   // thread that moves cursors.

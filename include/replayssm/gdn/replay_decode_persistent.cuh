@@ -156,10 +156,16 @@ struct PersistentLayout {
   // stage per tile of a unit remains (GDN's units hold HV / HK heads, a runtime count: the default
   // rule).
   static constexpr int kTwoUnitStages = PerChannelDecay && V / ROWS < 3 ? V / ROWS : 3;
+  // Decay skipping's g ring rows of the unit to come, in the producer's scratch
+  // (common/decay_skip.cuh; GDN only: units of at most kMaxSkipHeads value heads).
+  using SkipRows = RingRows<kMaxSkipHeads, L + kMaxDrafts>;
+  static constexpr size_t kScratchBytes = PerChannelDecay ? 0 : SkipRows::kBytes;
   static constexpr int kCtasPerSm =
-      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3, kTwoUnitStages>::kFits ? 3
-                                                                                                                 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kTwoUnitStages>;
+      RC::kEnabled && K <= 128 && L <= 16 &&
+              PersistentBudget<kUnitBytes, kStageBytes, 3, kTwoUnitStages, kScratchBytes>::kFits
+          ? 3
+          : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kTwoUnitStages, kScratchBytes>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
@@ -182,8 +188,7 @@ struct PersistentReplay {
   static_assert(kFlushRows % kIV == 0 && kFlushRows % 4 == 0, "a v-row chunk must be whole 16-byte vectors");
   static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
-  // Decay skipping's prefetched g ring rows (common/decay_skip.cuh): GDN's value heads of a unit.
-  using SkipRows = RingRows<kMaxSkipHeads, L + kMaxDrafts>;
+  using SkipRows = typename Layout::SkipRows;
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
@@ -252,9 +257,10 @@ struct PersistentReplay {
     uint32_t skip = 0;  // the unit's value heads that read no tile (decay skipping)
     // The unit to come, worked on ahead by the pipeline's peek: phase 0 loads its slot and, when
     // skipping, its value heads' gate words (they need only the row); phase 1 its cursors, and
-    // asks for its value heads' g ring rows in L1 (they need only the slot), where fill_unit's
-    // decision (common/decay_skip.cuh) finds them.
+    // copies its value heads' g ring rows (they need only the slot) to the producer's scratch,
+    // where fill_unit's decision (common/decay_skip.cuh) reads them.
     UnitHeaderLoads<Ring> ahead;
+    float* scratch = reinterpret_cast<float*>(pipe.scratch());
     float gate = 0.f, a_log = 0.f, bias = 0.f;
     auto seed = [&](int64_t slot) {
       return flush_seed<RC>(p.pool, slot);
@@ -275,7 +281,7 @@ struct PersistentReplay {
         }
       } else if (phase == 1) {
         ahead.load_cursors(u, p.slots, p.ring, seed, lane, [&](int64_t slot) {
-          if (skipping) SkipRows::prefetch(g_row(slot, hv0), heads_per_unit, R, lane);
+          if (skipping) SkipRows::stage(g_row(slot, hv0), scratch, heads_per_unit, R, lane);
         });
       }
     };
@@ -294,7 +300,8 @@ struct PersistentReplay {
         if (!(RC::kTwoCopy && flush)) {
           // this step's log decay (stage_log_decay's value)
           const float own = p.in.g.ptr != nullptr ? gate : -expf(a_log) * softplus(gate + bias);
-          skip = SkipRows::decayed(g_row(cur.slot, hv0), heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, 1.f,
+          cp_async_wait_committed();
+          skip = SkipRows::decayed(SkipRows::staged(scratch), heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, 1.f,
                                    flush ? kUnderflowLogDecayF : p.skip_below, lane);
         }
         if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);

@@ -118,7 +118,10 @@ struct PersistentLayout {
   // With a read copy the tiles are small and the consumers need few registers: three CTAs per SM
   // (more warps to hide the consumers' latency); without, two (fp32 tiles, the fold's registers).
   static constexpr int kCtasPerSm = RC::kEnabled ? 3 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
+  // Decay skipping's dt ring rows of the unit to come, in the producer's scratch
+  // (common/decay_skip.cuh): every head a unit can have.
+  using SkipRows = RingRows<RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads, L + kMaxDrafts>;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, 3, SkipRows::kBytes>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
@@ -154,8 +157,7 @@ struct PersistentReplay : GroupUnits {
   static constexpr bool kMmaDots = Layout::kMmaDots;
   static_assert(!kMmaDots || ReadTile::kRowsPerWarp == 16, "tensor-core dots take a warp's 16 rows");
   static_assert(L <= 32, "decay weights are one lane per record");
-  // Decay skipping's prefetched dt ring rows (common/decay_skip.cuh): every head a unit can have.
-  using SkipRows = RingRows<RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads, L + kMaxDrafts>;
+  using SkipRows = typename Layout::SkipRows;
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
@@ -195,10 +197,11 @@ struct PersistentReplay : GroupUnits {
     UnitCursors cur;
     uint32_t skip = 0;  // the unit's heads that read no tile (decay skipping)
     // The unit to come, worked on ahead by the pipeline's peek: phase 0 loads its slot and, when
-    // skipping, its heads' A and raw dt (they need only the row); phase 1 its cursors, and asks
-    // for its heads' dt ring rows in L1 (they need only the slot), where fill_unit's decision
-    // (common/decay_skip.cuh) finds them.
+    // skipping, its heads' A and raw dt (they need only the row); phase 1 its cursors, and copies
+    // its heads' dt ring rows (they need only the slot) to the producer's scratch, where
+    // fill_unit's decision (common/decay_skip.cuh) reads them.
     UnitHeaderLoads<Ring> ahead;
+    float* scratch = reinterpret_cast<float*>(pipe.scratch());
     float rate = 0.f, own = 0.f;
     auto seed = [&](int64_t slot) {
       return flush_seed<RC>(p.pool, slot);
@@ -216,7 +219,7 @@ struct PersistentReplay : GroupUnits {
         }
       } else if (phase == 1) {
         ahead.load_cursors(u, p.slots, p.ring, seed, lane, [&](int64_t slot) {
-          if (skipping) SkipRows::prefetch(dt_row(slot, c.h0), heads_per_unit, R, lane);
+          if (skipping) SkipRows::stage(dt_row(slot, c.h0), scratch, heads_per_unit, R, lane);
         });
       }
     };
@@ -232,7 +235,8 @@ struct PersistentReplay : GroupUnits {
       if (skipping) {
         const bool flush = cur.m + 1 > L;  // a flush decides on the records alone, and only on zeros
         const float step = p.dt_softplus ? softplus(own) : own;
-        skip = SkipRows::decayed(dt_row(cur.slot, c.h0), heads_per_unit, cur.start, cur.m, R, flush ? 0.f : step, rate,
+        cp_async_wait_committed();
+        skip = SkipRows::decayed(SkipRows::staged(scratch), heads_per_unit, cur.start, cur.m, R, flush ? 0.f : step, rate,
                                  flush ? kUnderflowLogDecayF : p.skip_below, lane);
         if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       }
