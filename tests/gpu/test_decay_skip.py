@@ -264,9 +264,9 @@ WIDE_CASES = [("mamba2", "fp32"), ("mamba2", "fp8"), ("gdn", "fp8")]
 @pytest.mark.parametrize("family, fmt", WIDE_CASES, ids=[f"{f}-{m}" for f, m in WIDE_CASES])
 class TestSkipManyUnits:
     def test_bit_identical_many_units_per_cta(self, family, fmt, gen):
-        """As TestSkipExact where the CTAs take units from the counter: the producer decides each
-        unit after the first from the cursors and ring rows it loaded while the unit before it
-        streamed (PersistentPipeline's peek), in the order the flush hints give."""
+        """As TestSkipExact with more units than the persistent grid has CTAs: after its first
+        unit a CTA takes units from the counter, in the order the flush hints give, and its
+        producer decides each one from the ring rows it loaded with that unit's cursors."""
         fam = {"mamba2": Mamba2Wide, "gdn": GDNWide}[family](gen)
         s = check_bit_identical(fam, fmt)
         assert fam.batch * fam.H // s.heads_per_unit > s.grid, s
