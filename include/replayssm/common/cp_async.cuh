@@ -22,10 +22,4 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
-// Close a group of this thread's copies (every one issued and not yet in a group) ...
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
-
-// ... and wait for every closed group; copies issued since the last commit are not waited for.
-__device__ __forceinline__ void cp_async_wait_committed() { asm volatile("cp.async.wait_group 0;" ::: "memory"); }
-
 }  // namespace replayssm

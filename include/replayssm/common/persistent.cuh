@@ -17,7 +17,6 @@
 #pragma once
 
 #include <cstdint>
-#include <type_traits>
 
 #include "align.cuh"
 #include "persistent_units.cuh"
@@ -53,16 +52,14 @@ constexpr int kUnitEmptyArrivals = kPersistentConsumers;
 // unit (nor its tiles) until the consumers finish the current one, and the pipeline drains at
 // every unit boundary. Three by default; a kernel whose units are short (KDA: a value head, two
 // tiles) or whose unit start is long (the Mamba-2 verify's coefficient tables) asks for fewer.
-// kScratchBytes: the producer's own region after the stage buffers (decay skipping's ring rows of
-// the unit to come, common/decay_skip.cuh), 0 for none.
-template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2, int kTwoUnitStages = 3, size_t kScratchBytes = 0>
+template <size_t kUnitBytes, size_t kStageBytes, int kCtasPerSm = 2, int kTwoUnitStages = 3>
 struct PersistentBudget {
   static constexpr int kCtas = kCtasPerSm;  // CTAs meant to share an SM (the kernel's launch bound)
   static constexpr size_t kBudget = 228 * 1024 / kCtasPerSm - 1024;
   static constexpr size_t kBarBytes = 256;
   static constexpr int kMaxStages = 12;
   static constexpr int stages_with(int units) {
-    const size_t need = kBarBytes + units * kUnitBytes + kScratchBytes;
+    const size_t need = kBarBytes + units * kUnitBytes;
     const int s = need >= kBudget ? 0 : static_cast<int>((kBudget - need) / kStageBytes);
     return s < kMaxStages ? s : kMaxStages;
   }
@@ -72,12 +69,11 @@ struct PersistentBudget {
   static constexpr bool kFits = kStages >= 2;
 
   // Dynamic shared memory: barriers (full, empty per stage; full, empty per unit), then the unit
-  // buffers, the stage buffers and the producer's scratch.
+  // buffers, then the stage buffers.
   static constexpr SmemRegion kBarriers = first_region(kBarBytes, 128);
   static constexpr SmemRegion kUnitBuffers = kBarriers.then(kUnits * kUnitBytes, 128);
   static constexpr SmemRegion kStageBuffers = kUnitBuffers.then(kStages * kStageBytes, 128);
-  static constexpr SmemRegion kScratch = kStageBuffers.then(kScratchBytes, 16);
-  static constexpr size_t kBytes = kScratch.end();
+  static constexpr size_t kBytes = kStageBuffers.end();
 
   static constexpr size_t kLaunchWordOffset = kBarBytes - 4;  // one int32 the whole CTA reads (hint parity)
   static_assert(sizeof(uint64_t) * 2 * (kMaxStages + 2) <= kLaunchWordOffset, "barriers must fit their block");
@@ -138,14 +134,6 @@ struct WorkCounter {
   }
 };
 
-// Phases of PersistentPipeline::produce's peek.
-constexpr int kPeekPhases = 2;
-
-// No header loads issued ahead (PersistentPipeline::produce's default peek).
-struct NoPeek {
-  __device__ __forceinline__ void operator()(int64_t, int) const {}
-};
-
 template <class Budget, size_t kUnitBytes, size_t kStageBytes>
 struct PersistentPipeline {
   using StagePosition = PipelineState<Budget::kStages>;
@@ -167,7 +155,6 @@ struct PersistentPipeline {
   __device__ unsigned char* stage(int s) const {
     return smem + Budget::kStageBuffers.offset + static_cast<size_t>(s) * kStageBytes;
   }
-  __device__ unsigned char* scratch() const { return smem + Budget::kScratch.offset; }
 
   // The launch's hint parity (row_order.cuh), or -1 without hints: written by init, read by the
   // thread that moves cursors.
@@ -199,27 +186,15 @@ struct PersistentPipeline {
   // unit buffer whose index is kNoMoreUnits. build_order(RowOrder&): fills the order of the units
   // taken from the counter (row_order.cuh; every lane), called once, after the first unit's tiles
   // are issued, and only when the counter is used.
-  // peek(u, phase) (optional, every lane): work towards unit u's header ahead of it, in
-  // kPeekPhases phases (e.g. UnitHeaderLoads' loads, persistent_units.cuh), so that fill_unit(u)
-  // finds it done. Once the order is built, the next unit is known after this unit's first tile
-  // is issued: phase k follows tile k, and the unit's last tile runs the phases still to come,
-  // while the consumers still have this unit's tiles to work on. fill_unit must not assume a
-  // peek: the first units of a CTA are not peeked.
-  template <class BuildOrder, class FillUnit, class FillStage, class Peek = NoPeek>
+  template <class BuildOrder, class FillUnit, class FillStage>
   __device__ void produce(int64_t units, WorkCounter work, BuildOrder&& build_order, FillUnit&& fill_unit,
-                          FillStage&& fill_stage, Peek&& peek = NoPeek{}) const {
-    constexpr bool kPeeks = !std::is_same_v<std::decay_t<Peek>, NoPeek>;
+                          FillStage&& fill_stage) const {
     RowOrder order;
     bool ordered = false;
     StagePosition stage_pos;
     UnitPosition unit_pos;
     const int lane = threadIdx.x % 32;
     int64_t u = blockIdx.x;
-    // Lane 0: the counter's value for the unit after u. Without a peek it is requested at u's
-    // start and needed only after u's tiles are issued; with one it is requested a unit earlier,
-    // so that the peek after u's first tile finds it without waiting on the atomic.
-    int64_t next = 0;
-    if (kPeeks && lane == 0) next = work.take();
     for (;; unit_pos.advance()) {
       mbar_wait(&unit_empty[unit_pos.index()], unit_pos.empty_parity());
       unsigned char* U = unit(unit_pos.index());
@@ -230,38 +205,26 @@ struct PersistentPipeline {
         mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
         break;
       }
-      int64_t later = 0;  // lane 0 (with a peek): the counter's value for the unit after next
-      if (lane == 0) (kPeeks ? later : next) = work.take();
+      // The next unit's index, requested now and needed only after this unit's tiles are issued.
+      int64_t next = 0;
+      if (lane == 0) next = work.take();
       const int tiles = fill_unit(u, U);
       if (lane == 0) {
         header->unit = static_cast<int32_t>(u);
         mbar_arrive(&unit_full[unit_pos.index()]);  // the "+ 1" of kFullArrivals
       }
       mbar_arrive_cp_async(&unit_full[unit_pos.index()]);
-      // The unit after this one (-1: not resolved yet), resolved early where it can be peeked.
-      int64_t after = -1;
-      auto resolve = [&] {
-        int64_t v = __shfl_sync(0xffffffffu, next, 0);
-        return v < units ? order.unit(v, lane) : v;
-      };
       for (int t = 0; t < tiles; ++t, stage_pos.advance()) {
         mbar_wait(&stage_empty[stage_pos.index()], stage_pos.empty_parity());
         fill_stage(u, t, stage(stage_pos.index()), &stage_full[stage_pos.index()]);
         mbar_arrive_cp_async(&stage_full[stage_pos.index()]);
-        if constexpr (kPeeks) {
-          if (ordered) {
-            if (t == 0) after = resolve();
-            if (after < units)
-              for (int phase = t; phase < kPeekPhases && (phase == t || t == tiles - 1); ++phase) peek(after, phase);
-          }
-        }
       }
       if (!ordered && work.used()) {
         build_order(order);
         ordered = true;
       }
-      u = after >= 0 ? after : resolve();
-      if constexpr (kPeeks) next = later;
+      u = __shfl_sync(0xffffffffu, next, 0);
+      if (u < units) u = order.unit(u, lane);
     }
     cp_async_wait_all();
   }

@@ -48,101 +48,56 @@ struct UnitCursors {
   }
 };
 
-// No loads to issue beside a unit's cursors (UnitHeaderLoads::load_cursors' default).
+// Slot of batch row b and its cursors; the status says whether the unit has work.
+template <typename RingT>
+__device__ __forceinline__ int read_unit_cursors(const SlotArg& slots, const RingT& ring, int64_t b, int L,
+                                                 int64_t* slot, int* start, int* m) {
+  *start = 0;
+  *m = 0;
+  const SlotKind kind = decode_slot(slots, b, slot);
+  if (kind == SlotKind::kPad) return kUnitPad;
+  if (kind == SlotKind::kOutOfRange) return kUnitOutOfRange;
+  *start = ring.start[*slot];
+  *m = ring.len[*slot];
+  if (*m < 0 || *m > L || *start < 0 || *start >= ring.capacity) return kUnitBadCursor;
+  return kUnitActive;
+}
+
+// No loads to issue beside a unit's cursors (read_unit_header's default).
 struct NoPrefetch {
   __device__ __forceinline__ void operator()(int64_t) const {}
 };
 
-// The loads behind a unit's header, in two phases that the producer warp issues either back to
-// back (read_unit_header) or ahead of the unit, while the unit before it streams its tiles
-// (PersistentPipeline::produce's peek). A load's value is waited for only where it is used, so
-// between the phases and until publish() the loads are in flight:
-//   load_slot(slots, b): lane 0 loads batch row b's slot index (it needs only the row);
-//   load_cursors(u, ...): lane 0 classifies the slot and loads its cursors and its seed; every
-//     lane then gets the slot and, for one in range, issues prefetch(slot) (loads whose address
-//     needs only the slot: decay skipping's ring rows, common/decay_skip.cuh). The loads are
-//     now those of unit u;
-//   publish(...): lane 0 checks the cursors and writes the unit header; every lane gets them.
-// Reading a slot's cursors early is safe: they move only once every unit of the slot in this
-// launch has counted itself in (cursors.cuh), this one included.
-template <typename RingT>
-struct UnitHeaderLoads {
-  int64_t unit = -1;  // warp-uniform: the unit whose cursors are loaded (-1: none)
-  int64_t slot = 0;   // lane 0 after load_slot; every lane after load_cursors
-  int32_t kind = 0;   // SlotKind; every lane after load_cursors
-  int32_t start = 0;  // lane 0: the slot's cursors as loaded
-  int32_t len = 0;
-  uint32_t seed = 0;  // lane 0: what the header's seed is for an active unit
-
-  __device__ __forceinline__ void load_slot(const SlotArg& slots, int64_t b, int lane) {
-    if (lane == 0) slot = load_slot_word(slots, b);
-  }
-
-  // seed(slot): the header's seed (read with the cursors: stochastic formats hash the slot's
-  // flush count).
-  template <class Seed, class Prefetch = NoPrefetch>
-  __device__ __forceinline__ void load_cursors(int64_t u, const SlotArg& slots, const RingT& ring, Seed&& seed_of,
-                                               int lane, Prefetch&& prefetch = NoPrefetch{}) {
-    if (lane == 0) {
-      kind = static_cast<int32_t>(classify_slot(slots, slot));
-      if (kind == static_cast<int32_t>(SlotKind::kValid)) {
-        start = ring.start[slot];
-        len = ring.len[slot];
-        seed = seed_of(slot);
-      }
-    }
+// Producer warp, every lane: lane 0 reads batch row b's slot and cursors and writes them to the
+// unit header; every lane gets them back (a broadcast). Whatever the status, `cursors` is
+// warp-uniform on return. `seed(slot)`: what the header's seed is for an active unit (read with
+// the cursors: stochastic formats hash the slot's flush count). `prefetch(slot)` (every lane, for
+// a slot in range): loads whose addresses need only the slot, issued before lane 0 reads the
+// cursors so that both take one round trip (decay skipping's ring rows, common/decay_skip.cuh).
+template <typename RingT, class Seed, class Prefetch = NoPrefetch>
+__device__ __forceinline__ void read_unit_header(const SlotArg& slots, const RingT& ring, int64_t b, int L,
+                                                 UnitHeader* header, int lane, UnitCursors& cursors, Seed&& seed,
+                                                 Prefetch&& prefetch = NoPrefetch{}) {
+  if constexpr (!std::is_same_v<std::decay_t<Prefetch>, NoPrefetch>) {
+    int64_t slot = 0;
+    int kind = 0;
+    if (lane == 0) kind = static_cast<int>(decode_slot(slots, b, &slot));
     slot = __shfl_sync(0xffffffffu, slot, 0);
     kind = __shfl_sync(0xffffffffu, kind, 0);
-    if (kind == static_cast<int32_t>(SlotKind::kValid)) prefetch(slot);
-    unit = u;
+    if (kind == static_cast<int>(SlotKind::kValid)) prefetch(slot);
   }
-
-  // Every lane: the cursors as loaded (lane 0 waits for them), not yet checked: for arithmetic
-  // that publish()'s status makes moot where they are bad, never for addresses.
-  __device__ __forceinline__ void loaded_cursors(int* s, int* m) const {
-    *s = __shfl_sync(0xffffffffu, start, 0);
-    *m = __shfl_sync(0xffffffffu, len, 0);
+  if (lane == 0) {
+    cursors.status = read_unit_cursors(slots, ring, b, L, &cursors.slot, &cursors.start, &cursors.m);
+    header->slot = cursors.slot;
+    header->start = cursors.start;
+    header->m = cursors.m;
+    header->status = cursors.status;
+    header->seed = cursors.status == kUnitActive ? seed(cursors.slot) : 0u;
   }
-
-  // Whatever the status, `cursors` is warp-uniform on return; the loads are used up.
-  __device__ __forceinline__ void publish(int L, int capacity, UnitHeader* header, int lane, UnitCursors& cursors) {
-    if (lane == 0) {
-      cursors.slot = slot;
-      cursors.start = 0;
-      cursors.m = 0;
-      if (kind == static_cast<int32_t>(SlotKind::kPad)) {
-        cursors.status = kUnitPad;
-      } else if (kind == static_cast<int32_t>(SlotKind::kOutOfRange)) {
-        cursors.status = kUnitOutOfRange;
-      } else {
-        cursors.start = start;
-        cursors.m = len;
-        cursors.status = len < 0 || len > L || start < 0 || start >= capacity ? kUnitBadCursor : kUnitActive;
-      }
-      header->slot = cursors.slot;
-      header->start = cursors.start;
-      header->m = cursors.m;
-      header->status = cursors.status;
-      header->seed = cursors.status == kUnitActive ? seed : 0u;
-    }
-    cursors.slot = __shfl_sync(0xffffffffu, cursors.slot, 0);
-    cursors.start = __shfl_sync(0xffffffffu, cursors.start, 0);
-    cursors.m = __shfl_sync(0xffffffffu, cursors.m, 0);
-    cursors.status = __shfl_sync(0xffffffffu, cursors.status, 0);
-    unit = -1;
-  }
-};
-
-// Producer warp, every lane: unit u (batch row b) reads its slot and cursors and writes them to
-// the unit header, in one go (UnitHeaderLoads' phases back to back). `cursors` is warp-uniform on
-// return, whatever the status.
-template <typename RingT, class Seed>
-__device__ __forceinline__ void read_unit_header(const SlotArg& slots, const RingT& ring, int64_t u, int64_t b, int L,
-                                                 UnitHeader* header, int lane, UnitCursors& cursors, Seed&& seed) {
-  UnitHeaderLoads<RingT> loads;
-  loads.load_slot(slots, b, lane);
-  loads.load_cursors(u, slots, ring, seed, lane);
-  loads.publish(L, ring.capacity, header, lane, cursors);
+  cursors.slot = __shfl_sync(0xffffffffu, cursors.slot, 0);
+  cursors.start = __shfl_sync(0xffffffffu, cursors.start, 0);
+  cursors.m = __shfl_sync(0xffffffffu, cursors.m, 0);
+  cursors.status = __shfl_sync(0xffffffffu, cursors.status, 0);
 }
 
 // What a consumer thread keeps of an active unit from its begin to its hand-back.

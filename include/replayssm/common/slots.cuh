@@ -19,22 +19,13 @@ struct SlotArg {
 
 enum class SlotKind { kValid, kPad, kOutOfRange };
 
-// Batch row `row`'s slot index as the caller passed it (not yet checked).
-__device__ __forceinline__ int64_t load_slot_word(const SlotArg& s, int64_t row) {
-  return s.is_int64 ? static_cast<const int64_t*>(s.ptr)[row]
-                    : static_cast<int64_t>(static_cast<const int32_t*>(s.ptr)[row]);
-}
-
-// What a slot index `v` is: a pad row, out of the pool, or a slot to work on.
-__device__ __forceinline__ SlotKind classify_slot(const SlotArg& s, int64_t v) {
+__device__ __forceinline__ SlotKind decode_slot(const SlotArg& s, int64_t row, int64_t* slot) {
+  const int64_t v = s.is_int64 ? static_cast<const int64_t*>(s.ptr)[row]
+                               : static_cast<int64_t>(static_cast<const int32_t*>(s.ptr)[row]);
+  *slot = v;
   if (v == s.pad_slot_id) return SlotKind::kPad;
   if (v < 0 || v >= s.num_slots) return SlotKind::kOutOfRange;
   return SlotKind::kValid;
-}
-
-__device__ __forceinline__ SlotKind decode_slot(const SlotArg& s, int64_t row, int64_t* slot) {
-  *slot = load_slot_word(s, row);
-  return classify_slot(s, *slot);
 }
 
 __device__ __forceinline__ void raise_error(int32_t* flag, int32_t bits) {

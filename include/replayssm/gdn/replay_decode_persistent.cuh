@@ -156,16 +156,10 @@ struct PersistentLayout {
   // stage per tile of a unit remains (GDN's units hold HV / HK heads, a runtime count: the default
   // rule).
   static constexpr int kTwoUnitStages = PerChannelDecay && V / ROWS < 3 ? V / ROWS : 3;
-  // Decay skipping's g ring rows of the unit to come, in the producer's scratch
-  // (common/decay_skip.cuh; GDN only: units of at most kMaxSkipHeads value heads).
-  using SkipRows = RingRows<kMaxSkipHeads, L + kMaxDrafts>;
-  static constexpr size_t kScratchBytes = PerChannelDecay ? 0 : SkipRows::kBytes;
   static constexpr int kCtasPerSm =
-      RC::kEnabled && K <= 128 && L <= 16 &&
-              PersistentBudget<kUnitBytes, kStageBytes, 3, kTwoUnitStages, kScratchBytes>::kFits
-          ? 3
-          : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kTwoUnitStages, kScratchBytes>;
+      RC::kEnabled && K <= 128 && L <= 16 && PersistentBudget<kUnitBytes, kStageBytes, 3, kTwoUnitStages>::kFits ? 3
+                                                                                                                 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kTwoUnitStages>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
@@ -188,7 +182,8 @@ struct PersistentReplay {
   static_assert(kFlushRows % kIV == 0 && kFlushRows % 4 == 0, "a v-row chunk must be whole 16-byte vectors");
   static_assert(ReadTile::kRowsPerWarp <= 32, "a consumer warp's rows must fit one lane each");
   static_assert(L <= 32, "decay weights are one lane per record");
-  using SkipRows = typename Layout::SkipRows;
+  // Decay skipping's prefetched g ring rows (common/decay_skip.cuh): GDN's value heads of a unit.
+  using SkipRows = RingRows<kMaxSkipHeads, L + kMaxDrafts>;
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
@@ -250,63 +245,46 @@ struct PersistentReplay {
   // ---- producer (one warp) ----
   __device__ void produce(int lane) const {
     const int R = p.ring.capacity;
-    // Decay skipping (GDN; units of at most kMaxSkipHeads value heads): decide before any tile is
-    // requested. A two-copy flush recomputes the window's corrections from S_hp and reads it always.
-    const bool skipping = !PerChannelDecay && p.skip_below < 0.f && heads_per_unit <= kMaxSkipHeads;
     UnitCursors cur;
     uint32_t skip = 0;  // the unit's value heads that read no tile (decay skipping)
-    // The unit to come, worked on ahead by the pipeline's peek: phase 0 loads its slot and, when
-    // skipping, its value heads' gate words (they need only the row); phase 1 its cursors, and
-    // copies its value heads' g ring rows (they need only the slot) to the producer's scratch,
-    // where fill_unit's decision (common/decay_skip.cuh) reads them.
-    UnitHeaderLoads<Ring> ahead;
-    float* scratch = reinterpret_cast<float*>(pipe.scratch());
-    float gate = 0.f, a_log = 0.f, bias = 0.f;
-    auto seed = [&](int64_t slot) {
-      return flush_seed<RC>(p.pool, slot);
-    };
-    auto g_row = [&](int64_t slot, int hv0) {
-      return [=](int i) {
-        return p.ring.g + slot * p.ring.g_stride_slot + (hv0 + i) * p.ring.g_stride_head;
-      };
-    };
-    auto peek = [&](int64_t u, int phase) {
-      const int64_t b = u / units_per_row;
-      const int hv0 = first_head(u);
-      if (phase == 0) {
-        ahead.load_slot(p.slots, b, lane);
-        if (skipping && lane < heads_per_unit) {
-          const ScalarArg& gw = p.in.g.ptr != nullptr ? p.in.g : p.in.a;
-          gate = load_scalar(gw, b, hv0 + lane);
-          a_log = load_scalar(p.in.A_log, hv0 + lane);
-          bias = load_scalar(p.in.dt_bias, hv0 + lane);
-        }
-      } else if (phase == 1) {
-        ahead.load_cursors(u, p.slots, p.ring, seed, lane, [&](int64_t slot) {
-          if (skipping) SkipRows::stage(g_row(slot, hv0), scratch, heads_per_unit, R, lane);
-        });
-      }
-    };
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const int64_t b = u / units_per_row;
       const int hv0 = first_head(u), hk = key_head(hv0);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      if (ahead.unit != u)  // not peeked: every phase now
-        for (int phase = 0; phase < kPeekPhases; ++phase) peek(u, phase);
-      ahead.publish(L, R, header, lane, cur);
-      if (cur.status != kUnitActive) return 0;
+      auto seed = [&](int64_t slot) {
+        return flush_seed<RC>(p.pool, slot);
+      };
       skip = 0;
-      if (skipping) {
+      if (!PerChannelDecay && p.skip_below < 0.f && heads_per_unit <= kMaxSkipHeads) {
+        // Decay skipping (GDN): value head `lane`'s gate this step (it needs only the row), then
+        // every value head's g ring row with the cursors (it needs only the slot): no round trip
+        // beyond the cursors'. A two-copy flush recomputes the window's corrections from S_hp
+        // and reads it always.
+        float gate = 0.f, a_log = 0.f, bias = 0.f;  // loaded now, used once the cursors are in
+        if (lane < heads_per_unit) {
+          const ScalarArg& gw = p.in.g.ptr != nullptr ? p.in.g : p.in.a;
+          gate = load_scalar(gw, b, hv0 + lane);
+          a_log = load_scalar(p.in.A_log, hv0 + lane);
+          bias = load_scalar(p.in.dt_bias, hv0 + lane);
+        }
+        SkipRows rows;
+        read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed, [&](int64_t slot) {
+          const float* gr = p.ring.g + slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
+          rows.load([&](int i) { return gr + i * p.ring.g_stride_head; }, heads_per_unit, R, lane);
+        });
+        if (cur.status != kUnitActive) return 0;
         const bool flush = cur.m + 1 > L;
         if (!(RC::kTwoCopy && flush)) {
           // this step's log decay (stage_log_decay's value)
           const float own = p.in.g.ptr != nullptr ? gate : -expf(a_log) * softplus(gate + bias);
-          cp_async_wait_committed();
-          skip = SkipRows::decayed(SkipRows::staged(scratch), heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own,
-                                   1.f, flush ? kUnderflowLogDecayF : p.skip_below, lane);
+          skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, 1.f,
+                              flush ? kUnderflowLogDecayF : p.skip_below, lane);
         }
         if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
+      } else {
+        read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
+        if (cur.status != kUnitActive) return 0;
       }
       const int64_t slot = cur.slot;
       const int m = cur.m;
@@ -422,7 +400,7 @@ struct PersistentReplay {
     auto build_order = [&](RowOrder& order) {
       launch_order.build(order, p.ring, p.slots, p.batch, units_per_row, lane);
     };
-    pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage, peek);
+    pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----

@@ -211,7 +211,7 @@ struct PersistentVerify {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      read_unit_header(p.slots, p.ring, u, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
       if (cur.status != kUnitActive) return 0;
       n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
                                   reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);

@@ -118,10 +118,7 @@ struct PersistentLayout {
   // With a read copy the tiles are small and the consumers need few registers: three CTAs per SM
   // (more warps to hide the consumers' latency); without, two (fp32 tiles, the fold's registers).
   static constexpr int kCtasPerSm = RC::kEnabled ? 3 : 2;
-  // Decay skipping's dt ring rows of the unit to come, in the producer's scratch
-  // (common/decay_skip.cuh): every head a unit can have.
-  using SkipRows = RingRows<RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads, L + kMaxDrafts>;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, 3, SkipRows::kBytes>;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
@@ -157,7 +154,8 @@ struct PersistentReplay : GroupUnits {
   static constexpr bool kMmaDots = Layout::kMmaDots;
   static_assert(!kMmaDots || ReadTile::kRowsPerWarp == 16, "tensor-core dots take a warp's 16 rows");
   static_assert(L <= 32, "decay weights are one lane per record");
-  using SkipRows = typename Layout::SkipRows;
+  // Decay skipping's prefetched dt ring rows (common/decay_skip.cuh): every head a unit can have.
+  using SkipRows = RingRows<RC::kEnabled ? kReadCopyUnitHeads : kMaxUnitHeads, L + kMaxDrafts>;
 
   const DecodeParams& p;
   typename Layout::Pipeline pipe;
@@ -193,54 +191,38 @@ struct PersistentReplay : GroupUnits {
   // ---- producer (one warp) ----
   __device__ void produce(int lane) const {
     const int R = p.ring.capacity;
-    const bool skipping = p.skip_below < 0.f;  // decay skipping: decide before any tile is requested
     UnitCursors cur;
     uint32_t skip = 0;  // the unit's heads that read no tile (decay skipping)
-    // The unit to come, worked on ahead by the pipeline's peek: phase 0 loads its slot and, when
-    // skipping, its heads' A and raw dt (they need only the row); phase 1 its cursors, and copies
-    // its heads' dt ring rows (they need only the slot) to the producer's scratch, where
-    // fill_unit's decision (common/decay_skip.cuh) reads them.
-    UnitHeaderLoads<Ring> ahead;
-    float* scratch = reinterpret_cast<float*>(pipe.scratch());
-    float rate = 0.f, own = 0.f;
-    auto seed = [&](int64_t slot) {
-      return flush_seed<RC>(p.pool, slot);
-    };
-    auto dt_row = [&](int64_t slot, int h0) {
-      return [=](int i) {
-        return p.ring.dt + slot * p.ring.dt_stride_slot + (h0 + i) * p.ring.dt_stride_head;
-      };
-    };
-    auto peek = [&](int64_t u, int phase) {
-      const UnitCoords c = unit_of(u);
-      if (phase == 0) {
-        ahead.load_slot(p.slots, c.b, lane);
-        if (skipping && lane < heads_per_unit) {
-          rate = load_scalar(p.in.A, c.h0 + lane);
-          own = load_scalar(p.in.dt, c.b, c.h0 + lane) + load_scalar(p.in.dt_bias, c.h0 + lane);
-        }
-      } else if (phase == 1) {
-        ahead.load_cursors(u, p.slots, p.ring, seed, lane, [&](int64_t slot) {
-          if (skipping) SkipRows::stage(dt_row(slot, c.h0), scratch, heads_per_unit, R, lane);
-        });
-      }
-    };
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      if (ahead.unit != u)  // not peeked: every phase now
-        for (int phase = 0; phase < kPeekPhases; ++phase) peek(u, phase);
-      ahead.publish(L, R, header, lane, cur);
-      if (cur.status != kUnitActive) return 0;
+      auto seed = [&](int64_t slot) {
+        return flush_seed<RC>(p.pool, slot);
+      };
       skip = 0;
-      if (skipping) {
+      if (p.skip_below < 0.f) {  // decay skipping: decide before any tile is requested
+        // Head `lane`'s A and raw dt (they need only the row), then every head's dt ring row
+        // with the cursors (it needs only the slot): no round trip beyond the cursors'.
+        float rate = 0.f, own = 0.f;
+        if (lane < heads_per_unit) {
+          rate = load_scalar(p.in.A, c.h0 + lane);
+          own = load_scalar(p.in.dt, c.b, c.h0 + lane) + load_scalar(p.in.dt_bias, c.h0 + lane);
+        }
+        SkipRows rows;
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
+          const float* dr = p.ring.dt + slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
+          rows.load([&](int i) { return dr + i * p.ring.dt_stride_head; }, heads_per_unit, R, lane);
+        });
+        if (cur.status != kUnitActive) return 0;
         const bool flush = cur.m + 1 > L;  // a flush decides on the records alone, and only on zeros
-        const float step = p.dt_softplus ? softplus(own) : own;
-        cp_async_wait_committed();
-        skip = SkipRows::decayed(SkipRows::staged(scratch), heads_per_unit, cur.start, cur.m, R, flush ? 0.f : step,
-                                 rate, flush ? kUnderflowLogDecayF : p.skip_below, lane);
+        if (p.dt_softplus) own = softplus(own);
+        skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, rate,
+                            flush ? kUnderflowLogDecayF : p.skip_below, lane);
         if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
+      } else {
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
+        if (cur.status != kUnitActive) return 0;
       }
       const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * p.in.C_stride_batch + c.g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * p.in.B_stride_batch + c.g * p.in.B_stride_group;
@@ -326,7 +308,7 @@ struct PersistentReplay : GroupUnits {
     auto build_order = [&](RowOrder& order) {
       launch_order.build(order, p.ring, p.slots, p.batch, units_per_row, lane);
     };
-    pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage, peek);
+    pipe.produce(units, WorkCounter{p.ring.work, units}, build_order, fill_unit, fill_stage);
   }
 
   // ---- consumers (warps 0..3) ----
