@@ -112,6 +112,7 @@ class _DecodeWrapper:
         self.skip_tolerance = check_skip_tolerance(
             skip_tolerance, self.algorithm, self.family, self.read_dtype, self.single_copy
         )
+        self._skip_below = skip_below(self.skip_tolerance)  # DecodeParams.skip_below of every step
         count_skips = check_bool("count_skips", count_skips)
         self.window, self.state_dtype, self.io_dtype = window, state_dtype, io_dtype
         self.device = cuda_device("device", device)  # last: every argument error comes first, even without a GPU
@@ -366,11 +367,6 @@ class _DecodeWrapper:
         if bits:
             raise RuntimeError(f"{what}: kernel reported: {cache.describe_errors(bits)}")
 
-    def _fill_skip(self, p) -> None:
-        """Decay skipping's fields of a family's DecodeParams ``p`` (replayssm.decay_skip)."""
-        p.skip_below = skip_below(self.skip_tolerance)
-        p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
-
     def _launch(self, ops, p, cache: ReplayCache) -> None:
         """Fill what every family's DecodeParams ``p`` shares and launch the step (or the verify,
         wrapping ``p`` with the draft plan) with the plan's schedule (no decision here).
@@ -381,6 +377,8 @@ class _DecodeWrapper:
         p.slots = self._slot_arg(cache)
         p.error_flag = cache.error_flag.data_ptr()
         p.batch = self._batch
+        p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); a verify ignores it
+        p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
         self._module.check_params(ENTRY_STEP, type(params))
         self._module.launch_step(params, self.schedule.struct, current_stream(self.device))
@@ -592,7 +590,6 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
         p = m2.DecodeParams(
             inputs=inputs, nheads=self.dims.nheads, ngroups=self.dims.ngroups, dt_softplus=int(self.dt_softplus)
         )
-        self._fill_skip(p)
         self._launch(m2, p, cache)
         return out
 
@@ -774,7 +771,6 @@ class GDNDecodeWrapper(_DecodeWrapper):
             use_l2norm=int(self.use_l2norm),
             scale=self.scale,
         )
-        self._fill_skip(p)
         self._launch(gdn_ops, p, cache)
         return out
 
