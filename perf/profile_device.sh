@@ -26,7 +26,7 @@ tag=${TAG:-}$(echo "$*" | sed 's/--[a-z-]* //g; s/[^A-Za-z0-9]/_/g')  # e.g. mam
 work=/tmp/profile_$tag
 rm -rf "$work" && mkdir -p "$work"
 cd "$tree" || exit 2
-export PYTHONPATH=$tree
+export PYTHONPATH=$tree${PYTHONPATH:+:$PYTHONPATH}
 python3 perf/profile_step.py --steps 2 "$@" > /dev/null  # JIT-compiles outside the profiler
 # From empty rings, launches 16, 32, 48 (counting from 0) flush: a flush leaves its own record in
 # the ring. Launches 29 to 32 are three non-flush steps and a flush (LAUNCHES=1: the first only;
