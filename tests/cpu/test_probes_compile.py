@@ -1,6 +1,6 @@
 """The standalone CUDA probes under perf/ (racecheck_probe.cu, flush_mma_probe.cu, bandwidth_probe.cu,
-latency_ladder.cu) still compile for sm_90a, as their headers say they are built (nvcc -c; skipped
-without nvcc). They run only on a GPU, by hand (their headers give the command)."""
+latency_ladder.cu, stream_step_probe.cu, stream_step_probe_gdn.cu) still compile for sm_90a, as
+their headers say they are built (nvcc -c; skipped without nvcc). They run only on a GPU, by hand (their headers give the command)."""
 
 from __future__ import annotations
 
@@ -18,7 +18,15 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @needs_nvcc
 @pytest.mark.parametrize(
-    "probe", ["racecheck_probe.cu", "flush_mma_probe.cu", "bandwidth_probe.cu", "latency_ladder.cu"]
+    "probe",
+    [
+        "racecheck_probe.cu",
+        "flush_mma_probe.cu",
+        "bandwidth_probe.cu",
+        "latency_ladder.cu",
+        "stream_step_probe.cu",
+        "stream_step_probe_gdn.cu",
+    ],
 )
 def test_probe_compiles(probe, tmp_path):
     nvcc = env.find_nvcc()

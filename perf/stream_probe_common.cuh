@@ -1,0 +1,141 @@
+// Shared by the streaming-step probes (perf/stream_step_probe*.cu): register-direct loads, the
+// tensor-core MMAs on e4m3 codes (converted to f16, or as fp8 with the vector split in parts),
+// deterministic fills and host-side helpers for the float64 references.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "probe_check.cuh"
+
+using bf16 = __nv_bfloat16;
+
+__device__ __forceinline__ uint4 ld_nc(const void* p) {
+  uint4 v;
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
+               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+               : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w16) {
+  uint32_t r;
+  const uint16_t h = static_cast<uint16_t>(w16);
+  asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(r) : "h"(h));
+  return r;
+}
+
+__device__ __forceinline__ void mma16816(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3, uint32_t b0,
+                                         uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// fp8 tensor-core MMA: A (16 x 32) and B (32 x 8) as e4m3 codes, four per register.
+__device__ __forceinline__ void mma16832_e4m3(float (&d)[4], uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                              uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+}
+
+// Part `part` (0, 1, 2) of v split into three e4m3 terms, v ~ t0 + t1 + t2 (each term the rounding
+// of what the ones before left; for |v| in [2^-2, 2^8) the three hold bf16's 8 significant bits).
+__device__ __forceinline__ uint32_t e4m3_part(float v, int part) {
+  __nv_fp8_e4m3 c(v);
+  for (int i = 0; i < part; ++i) {
+    v -= static_cast<float>(c);
+    c = __nv_fp8_e4m3(v);
+  }
+  return c.__x;
+}
+
+__device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
+  const __half2 h = __floats2half2_rn(lo, hi);
+  return *reinterpret_cast<const uint32_t*>(&h);
+}
+
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// Deterministic fill: a hash of the index.
+__device__ __forceinline__ uint32_t hash32(uint64_t i, uint32_t seed) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + seed;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return static_cast<uint32_t>(x >> 16);
+}
+__device__ __forceinline__ float unit(uint64_t i, uint32_t seed) { return (hash32(i, seed) >> 8) * (1.f / 16777216.f); }
+
+__global__ void fill_codes(uint8_t* q, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x) {
+    uint8_t c = static_cast<uint8_t>(hash32(i, seed));
+    if ((c & 0x7f) == 0x7f) c ^= 1;  // no NaN codes
+    q[i] = c;
+  }
+}
+__global__ void fill_f32(float* a, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    a[i] = lo + (hi - lo) * unit(i, seed);
+}
+__global__ void fill_bf16(bf16* a, size_t n, uint32_t seed, float lo, float hi) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    a[i] = __float2bfloat16(lo + (hi - lo) * unit(i, seed));
+}
+__global__ void fill_nan(bf16* a, size_t n) {
+  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += gridDim.x * blockDim.x)
+    a[i] = __float2bfloat16(NAN);
+}
+
+static double e4m3_value(uint8_t c) {
+  const int s = c >> 7, e = (c >> 3) & 0xf, m = c & 7;
+  const double v = e == 0 ? std::ldexp(m / 8.0, -6) : std::ldexp(1.0 + m / 8.0, e - 7);
+  return s ? -v : v;
+}
+static double bf(const bf16& v) { return static_cast<double>(__bfloat162float(v)); }
+
+template <class T>
+static std::vector<T> fetch(const T* d, size_t off, size_t n) {
+  std::vector<T> h(n);
+  CHECK(cudaMemcpy(h.data(), d + off, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return h;
+}
+
+// Median over 30 timed calls of `launch` (after 5 untimed), in microseconds, with CUDA events.
+template <class Launch>
+float median_us(Launch&& launch) {
+  cudaEvent_t e0, e1;
+  CHECK(cudaEventCreate(&e0));
+  CHECK(cudaEventCreate(&e1));
+  std::vector<float> ts;
+  for (int i = 0; i < 5; ++i) launch();
+  for (int i = 0; i < 30; ++i) {
+    CHECK(cudaEventRecord(e0));
+    launch();
+    CHECK(cudaEventRecord(e1));
+    CHECK(cudaEventSynchronize(e1));
+    float ms = 0;
+    CHECK(cudaEventElapsedTime(&ms, e0, e1));
+    ts.push_back(ms * 1e3f);
+  }
+  CHECK(cudaEventDestroy(e0));
+  CHECK(cudaEventDestroy(e1));
+  std::sort(ts.begin(), ts.end());
+  return ts[ts.size() / 2];
+}
