@@ -1,6 +1,7 @@
 """The standalone CUDA probes under perf/ (racecheck_probe.cu, flush_mma_probe.cu, bandwidth_probe.cu,
 latency_ladder.cu, stream_step_probe.cu, stream_step_probe_gdn.cu) still compile for sm_90a, as
-their headers say they are built (nvcc -c; skipped without nvcc). They run only on a GPU, by hand (their headers give the command)."""
+their headers say they are built (nvcc -c; skipped without nvcc). They run only on a GPU, by hand
+(their headers give the command)."""
 
 from __future__ import annotations
 
