@@ -1,11 +1,12 @@
 """A small workload for compute-sanitizer: every kernel kind of every family, once or twice each.
 
-Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also
-with an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the others so that some
-steps flush a part of the batch, a conventional step, a replay verify with a chain
-commit (T and 16 drafts) and a tree verify with a path commit (the flush fused into the verify included; tile and
-persistent verify kernels both), and a conventional verify. Sizes are small so that memcheck,
-racecheck and synccheck finish in seconds.
+Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a flush (also with
+an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the others so that some
+steps flush a part of the batch; the write-through step (folding that row's records); a
+conventional step; a replay verify with a chain commit (T and 16 drafts) and a tree verify with a
+path commit (the flush fused into the verify included; tile and persistent verify kernels both);
+and a conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in
+seconds.
 Exits non-zero if a kernel raised an error bit.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 perf/sanitize_driver.py
@@ -80,14 +81,20 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         for kind in ("tile", "persistent")
         for fmt in ("float8_e4m3fn", "bfloat16", "nvfp4")
     ]  # the read copies: both kernels, every format
+    configs.append(("write-through", "replay", {"write_through": True}))  # the fold of every step
     for label, algorithm, kw in configs:
         w, shape, inputs, run = _family(name, gen, algorithm, batch, **kw)
         cache = w.create_cache(num_slots, max_draft=16)
         cache.load_state(list(range(num_slots)), 0.1 * torch.randn(num_slots, *shape, device=DEV, generator=gen))
         if algorithm == "replay":  # slot 3 runs ahead, so later steps flush some rows but not all
-            w.plan(slots[:1])  # (the persistent kernels then build their flushing-rows-first order)
+            # (the persistent kernels then build their flushing-rows-first order; the write-through
+            # steps find live records in slot 3, left by a plain replay wrapper on the same cache)
+            ahead, ahead_run = (w, run)
+            if label == "write-through":
+                ahead, _, _, ahead_run = _family(name, gen, algorithm, batch)
+            ahead.plan(slots[:1])
             for _ in range(5):
-                run(cache, inputs(1))
+                ahead_run(cache, inputs(1))
         w.plan(slots)
         for _ in range(17):  # crosses a flush
             run(cache, inputs(batch))
