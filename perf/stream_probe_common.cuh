@@ -67,6 +67,36 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+// The f16 MMAs' B operand for one vector (bf16, 128 elements): lane t of a quad (lanes 4 g .. 4 g + 3,
+// `quad_mask` their shuffle mask) writes the f16 pairs of its columns 16 (t + 4 r) + 0 .. 15, r = 0, 1,
+// after a power-of-two scale that puts the vector's largest magnitude in [2^14, 2^15) (exact for
+// bf16 inputs), to pairs[16]; returns the inverse scale.
+__device__ __forceinline__ float vector_pairs(const bf16* vec, int t, unsigned quad_mask, uint32_t* pairs) {
+  float cv[32];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const uint4 lo = __ldg(reinterpret_cast<const uint4*>(vec + 16 * (t + 4 * r)));
+    const uint4 hi = __ldg(reinterpret_cast<const uint4*>(vec + 16 * (t + 4 * r) + 8));
+    const bf16* a = reinterpret_cast<const bf16*>(&lo);
+    const bf16* c = reinterpret_cast<const bf16*>(&hi);
+#pragma unroll
+    for (int i = 0; i < 8; ++i) {
+      cv[16 * r + i] = __bfloat162float(a[i]);
+      cv[16 * r + 8 + i] = __bfloat162float(c[i]);
+    }
+  }
+  float mx = 0.f;
+#pragma unroll
+  for (int i = 0; i < 32; ++i) mx = fmaxf(mx, fabsf(cv[i]));
+  mx = fmaxf(mx, __shfl_xor_sync(quad_mask, mx, 1));
+  mx = fmaxf(mx, __shfl_xor_sync(quad_mask, mx, 2));
+  const int e = mx > 0.f ? ((__float_as_int(mx) >> 23) & 0xff) - 127 : 0;  // mx in [2^e, 2^(e+1))
+  const float scale = exp2f(static_cast<float>(14 - e));
+#pragma unroll
+  for (int i = 0; i < 16; ++i) pairs[i] = pack_f16x2(cv[2 * i] * scale, cv[2 * i + 1] * scale);
+  return exp2f(static_cast<float>(e - 14));
+}
+
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int i) {

@@ -1,5 +1,5 @@
 """The standalone CUDA probes under perf/ (racecheck_probe.cu, flush_mma_probe.cu, bandwidth_probe.cu,
-latency_ladder.cu, stream_step_probe.cu, stream_step_probe_gdn.cu) still compile for sm_90a, as
+latency_ladder.cu, the stream_*_probe.cu family) still compile for sm_90a, as
 their headers say they are built (nvcc -c; skipped without nvcc). They run only on a GPU, by hand
 (their headers give the command)."""
 
@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[2]
         "latency_ladder.cu",
         "stream_step_probe.cu",
         "stream_step_probe_gdn.cu",
+        "stream_verify_probe.cu",
     ],
 )
 def test_probe_compiles(probe, tmp_path):
