@@ -67,6 +67,32 @@ __device__ __forceinline__ uint32_t pack_f16x2(float lo, float hi) {
   return *reinterpret_cast<const uint32_t*>(&h);
 }
 
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
+  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
+}
+
+// One 16-row block of e4m3 codes (rows of kCols bytes) as lane (g4, t) takes it for the MMAs:
+// bytes 16 t and 16 (t + 4) of rows g4 and g4 + 8, four 16-byte loads.
+template <int kCols>
+__device__ __forceinline__ void load_block(const uint8_t* block, int g4, int t, uint4 (&bb)[4]) {
+  bb[0] = ld_nc(block + g4 * kCols + 16 * t);
+  bb[1] = ld_nc(block + g4 * kCols + 16 * (t + 4));
+  bb[2] = ld_nc(block + (g4 + 8) * kCols + 16 * t);
+  bb[3] = ld_nc(block + (g4 + 8) * kCols + 16 * (t + 4));
+}
+
+// One block's dots on f16 MMAs: the codes converted pair by pair (pair 2q, 2q + 1 of each row is
+// word q % 4 of load q / 4), B from `cols` (16 f16 pairs of this lane's columns: vector_pairs).
+__device__ __forceinline__ void block_dots_f16(const uint4 (&bb)[4], const uint32_t* cols, float (&d)[4]) {
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    const uint32_t wa = word(bb[q / 4], q % 4), wb = word(bb[2 + q / 4], q % 4);
+    const uint2 cq = *reinterpret_cast<const uint2*>(cols + 2 * q);
+    mma16816(d, e4m3x2_to_f16x2(wa & 0xffffu), e4m3x2_to_f16x2(wb & 0xffffu), e4m3x2_to_f16x2(wa >> 16),
+             e4m3x2_to_f16x2(wb >> 16), cq.x, cq.y);
+  }
+}
+
 // The f16 MMAs' B operand for one vector (bf16, 128 elements): lane t of a quad (lanes 4 g .. 4 g + 3,
 // `quad_mask` their shuffle mask) writes the f16 pairs of its columns 16 (t + 4 r) + 0 .. 15, r = 0, 1,
 // after a power-of-two scale that puts the vector's largest magnitude in [2^14, 2^15) (exact for
@@ -98,10 +124,6 @@ __device__ __forceinline__ float vector_pairs(const bf16* vec, int t, unsigned q
 }
 
 __device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }
-
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) {
-  return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w;
-}
 
 // Deterministic fill: a hash of the index.
 __device__ __forceinline__ uint32_t hash32(uint64_t i, uint32_t seed) {
@@ -168,4 +190,23 @@ float median_us(Launch&& launch) {
   CHECK(cudaEventDestroy(e1));
   std::sort(ts.begin(), ts.end());
   return ts[ts.size() / 2];
+}
+
+// Per-launch microseconds of `count` launches captured in one graph (launch(i, stream) issues the
+// i-th), the graph's median over 30 replays divided by count.
+template <class Launch>
+float graph_us_per_launch(int count, Launch&& launch) {
+  cudaStream_t cs;
+  CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
+  cudaGraph_t graph;
+  cudaGraphExec_t exec;
+  CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
+  for (int i = 0; i < count; ++i) launch(i, cs);
+  CHECK(cudaStreamEndCapture(cs, &graph));
+  CHECK(cudaGraphInstantiate(&exec, graph, 0));
+  const float us = median_us([&] { CHECK(cudaGraphLaunch(exec, 0)); }) / count;
+  CHECK(cudaGraphExecDestroy(exec));
+  CHECK(cudaGraphDestroy(graph));
+  CHECK(cudaStreamDestroy(cs));
+  return us;
 }

@@ -123,11 +123,7 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
   };
   uint4 buf[kDepth][4];
   auto issue = [&](const uint8_t* codes, int k, uint4(&bb)[4]) {
-    const uint8_t* base = codes + static_cast<size_t>(k) * 16 * N;
-    bb[0] = ld_nc(base + g4 * N + 16 * t);
-    bb[1] = ld_nc(base + g4 * N + 16 * (t + 4));
-    bb[2] = ld_nc(base + (g4 + 8) * N + 16 * t);
-    bb[3] = ld_nc(base + (g4 + 8) * N + 16 * (t + 4));
+    load_block<N>(codes + static_cast<size_t>(k) * 16 * N, g4, t, bb);
   };
   int slot = p.slot_of_row[item / G];
   const uint8_t* Qw = warp_codes(item, slot);
@@ -164,32 +160,9 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
     const bf16* Cg = p.C + (static_cast<size_t>(b) * G + g) * N;
     if constexpr (kFp8Mma) {
       prepare_c_parts(Cg, cbs8[parity], &cinv[parity]);
-    } else if (warp == 0) {
-      float cv[32];
-#pragma unroll
-      for (int r = 0; r < 2; ++r) {
-        const uint4 lo = __ldg(reinterpret_cast<const uint4*>(Cg + 16 * (t + 4 * r)));
-        const uint4 hi = __ldg(reinterpret_cast<const uint4*>(Cg + 16 * (t + 4 * r) + 8));
-        const bf16* a = reinterpret_cast<const bf16*>(&lo);
-        const bf16* c = reinterpret_cast<const bf16*>(&hi);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          cv[16 * r + i] = __bfloat162float(a[i]);
-          cv[16 * r + 8 + i] = __bfloat162float(c[i]);
-        }
-      }
-      float mx = 0.f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) mx = fmaxf(mx, fabsf(cv[i]));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
-      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
-      const int e = mx > 0.f ? ((__float_as_int(mx) >> 23) & 0xff) - 127 : 0;  // mx in [2^e, 2^(e+1))
-      const float scale = exp2f(static_cast<float>(14 - e));
-      if (lane < 4) {
-#pragma unroll
-        for (int i = 0; i < 16; ++i) cbs[parity][t][i] = pack_f16x2(cv[2 * i] * scale, cv[2 * i + 1] * scale);
-      }
-      if (lane == 0) cinv[parity] = exp2f(static_cast<float>(e - 14));
+    } else if (warp == 0 && lane < 4) {
+      const float inv = vector_pairs(Cg, t, 0xfu, cbs[parity][t]);
+      if (lane == 0) cinv[parity] = inv;
     }
 
     // B_j . C for the group (j < m from the ring, j = m the step's B), one record per warp.
@@ -229,7 +202,7 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
 #pragma unroll
       for (int kb = 0; kb < kBlocksPerHead; ++kb) {
         const int k = hh * kBlocksPerHead + kb;
-        const uint4* bb = buf[k % kDepth];
+        const uint4(&bb)[4] = buf[k % kDepth];
         float d[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (kFp8Mma) {
           // MMA i: words 2i, 2i + 1 of each row as loaded (no conversion); C's three parts in
@@ -247,13 +220,7 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
           d[2] += __shfl_xor_sync(0xffffffffu, d[2], 1);
           d[2] += __shfl_xor_sync(0xffffffffu, d[2], 2);
         } else {
-#pragma unroll
-          for (int q = 0; q < 8; ++q) {  // pairs 2q, 2q + 1 of each row: word q % 4 of load q / 4
-            const uint32_t wa = word(bb[q / 4], q % 4), wb = word(bb[2 + q / 4], q % 4);
-            const uint2 cq = *reinterpret_cast<const uint2*>(&cbs[parity][t][2 * q]);
-            mma16816(d, e4m3x2_to_f16x2(wa & 0xffffu), e4m3x2_to_f16x2(wb & 0xffffu), e4m3x2_to_f16x2(wa >> 16),
-                     e4m3x2_to_f16x2(wb >> 16), cq.x, cq.y);
-          }
+          block_dots_f16(bb, cbs[parity][t], d);
         }
         if (k + kDepth < kBlk) issue(Qw, k + kDepth, buf[k % kDepth]);
         else if (Qn != nullptr) issue(Qn, k + kDepth - kBlk, buf[k % kDepth]);
@@ -524,22 +491,11 @@ int main(int argc, char** argv) {
       std::printf("m=%2d: %.2f us, %.2f TB/s (%.1f MB)\n", m, us, bytes / us * 1e-6, bytes * 1e-6);
     }
     // The window's 15 non-flush steps back to back in one graph (per-step mean, median of 30).
-    cudaStream_t cs;
-    CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-    for (int m = 0; m < R - 1; ++m) {
+    const double window = graph_us_per_launch(R - 1, [&](int m, cudaStream_t cs) {
       Params q = p;
       q.len = lens + static_cast<size_t>(m) * slots;
       kern<<<grid, kThreads, 0, cs>>>(q);
-    }
-    CHECK(cudaStreamEndCapture(cs, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    const double window = median_us([&] { CHECK(cudaGraphLaunch(exec, 0)); }) / (R - 1);
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(cs));
+    });
     std::vector<double> sorted = per_m;
     std::sort(sorted.begin(), sorted.end());
     std::printf(

@@ -79,11 +79,7 @@ __global__ void __launch_bounds__(kThreads* kKeys, 2 / kKeys) stream_step_gdn(Pa
   auto& cinv = cinv_all;
   uint4 buf[kBlk][4];
   auto issue = [&](const uint8_t* codes, int k, uint4(&bb)[4]) {
-    const uint8_t* base = codes + static_cast<size_t>(k) * 16 * K;
-    bb[0] = ld_nc(base + g4 * K + 16 * t);
-    bb[1] = ld_nc(base + g4 * K + 16 * (t + 4));
-    bb[2] = ld_nc(base + (g4 + 8) * K + 16 * t);
-    bb[3] = ld_nc(base + (g4 + 8) * K + 16 * (t + 4));
+    load_block<K>(codes + static_cast<size_t>(k) * 16 * K, g4, t, bb);
   };
   int slot = p.slot_of_row[item / kItemsPerRow];
   const uint8_t* Qw = warp_codes(item, slot);
@@ -136,31 +132,9 @@ __global__ void __launch_bounds__(kThreads* kKeys, 2 / kKeys) stream_step_gdn(Pa
 
     // The MMAs' B operand: k (column 0, lanes g4 = 0) and q (column 1, g4 = 1) at lane t's columns,
     // as f16 pairs after a power-of-two scale each; warp 0 writes them.
-    if (wk == 0 && g4 < 2) {
-      const bf16* vec = g4 == 0 ? kg : qg;
-      float cv[32];
-#pragma unroll
-      for (int rr = 0; rr < 2; ++rr) {
-        const uint4 lo = __ldg(reinterpret_cast<const uint4*>(vec + 16 * (t + 4 * rr)));
-        const uint4 hi = __ldg(reinterpret_cast<const uint4*>(vec + 16 * (t + 4 * rr) + 8));
-        const bf16* a = reinterpret_cast<const bf16*>(&lo);
-        const bf16* c = reinterpret_cast<const bf16*>(&hi);
-#pragma unroll
-        for (int i = 0; i < 8; ++i) {
-          cv[16 * rr + i] = __bfloat162float(a[i]);
-          cv[16 * rr + 8 + i] = __bfloat162float(c[i]);
-        }
-      }
-      float mx = 0.f;
-#pragma unroll
-      for (int i = 0; i < 32; ++i) mx = fmaxf(mx, fabsf(cv[i]));
-      mx = fmaxf(mx, __shfl_xor_sync(0x000000ffu, mx, 1));  // the quad of lanes 4 g4 .. 4 g4 + 3
-      mx = fmaxf(mx, __shfl_xor_sync(0x000000ffu, mx, 2));
-      const int e = mx > 0.f ? ((__float_as_int(mx) >> 23) & 0xff) - 127 : 0;  // mx in [2^e, 2^(e+1))
-      const float scale = exp2f(static_cast<float>(14 - e));
-#pragma unroll
-      for (int i = 0; i < 16; ++i) cbs[parity][kh][g4][t][i] = pack_f16x2(cv[2 * i] * scale, cv[2 * i + 1] * scale);
-      if (t == 0) cinv[parity][kh][g4] = exp2f(static_cast<float>(e - 14));
+    if (wk == 0 && g4 < 2) {  // lanes 0-7: two quads
+      const float inv = vector_pairs(g4 == 0 ? kg : qg, t, 0xffu, cbs[parity][kh][g4][t]);
+      if (t == 0) cinv[parity][kh][g4] = inv;
     }
 
     // k^_j . k^ and k^_j . q^ for the live records, one record per warp; warp 0 appends k^.
@@ -198,16 +172,10 @@ __global__ void __launch_bounds__(kThreads* kKeys, 2 / kKeys) stream_step_gdn(Pa
     const int col = g4 < 2 ? g4 : 2;
 #pragma unroll
     for (int kb = 0; kb < kBlk; ++kb) {
-      const uint4* bb = buf[kb];
+      const uint4(&bb)[4] = buf[kb];
 #pragma unroll
       for (int i = 0; i < 4; ++i) d[kb][i] = 0.f;
-#pragma unroll
-      for (int q = 0; q < 8; ++q) {  // pairs 2q, 2q + 1 of each row: word q % 4 of load q / 4
-        const uint32_t wa = word(bb[q / 4], q % 4), wb = word(bb[2 + q / 4], q % 4);
-        const uint2 cq = *reinterpret_cast<const uint2*>(&cbs[parity][kh][col][t][2 * q]);
-        mma16816(d[kb], e4m3x2_to_f16x2(wa & 0xffffu), e4m3x2_to_f16x2(wb & 0xffffu), e4m3x2_to_f16x2(wa >> 16),
-                 e4m3x2_to_f16x2(wb >> 16), cq.x, cq.y);
-      }
+      block_dots_f16(bb, cbs[parity][kh][col][t], d[kb]);
       if (Qn != nullptr) issue(Qn, kb, buf[kb]);
     }
 
@@ -482,19 +450,11 @@ int main(int argc, char** argv) {
                                                                       HV * V * (2.0 + 2.0 + 4.0 + 2.0) + HK * K * 4.0);
       std::printf("m=%2d: %.2f us, %.2f TB/s (%.1f MB)\n", m, us, bytes / us * 1e-6, bytes * 1e-6);
     }
-    cudaStream_t cs;
-    CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-    for (int m = 0; m < R - 1; ++m) {
+    const double window = graph_us_per_launch(R - 1, [&](int m, cudaStream_t cs) {
       Params pm = p;
       pm.len = lens + static_cast<size_t>(m) * slots;
       kern<<<grid, threads, 0, cs>>>(pm);
-    }
-    CHECK(cudaStreamEndCapture(cs, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    const double window = median_us([&] { CHECK(cudaGraphLaunch(exec, 0)); }) / (R - 1);
+    });
     std::vector<double> sorted = per_m;
     std::sort(sorted.begin(), sorted.end());
     std::printf(

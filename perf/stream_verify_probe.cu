@@ -64,11 +64,7 @@ __global__ void __launch_bounds__(kThreads, 2) stream_verify(Params p) {
   };
   uint4 buf[kDepth][4];
   auto issue = [&](const uint8_t* codes, int k, uint4(&bb)[4]) {
-    const uint8_t* base = codes + static_cast<size_t>(k) * 16 * N;
-    bb[0] = ld_nc(base + g4 * N + 16 * t);
-    bb[1] = ld_nc(base + g4 * N + 16 * (t + 4));
-    bb[2] = ld_nc(base + (g4 + 8) * N + 16 * t);
-    bb[3] = ld_nc(base + (g4 + 8) * N + 16 * (t + 4));
+    load_block<N>(codes + static_cast<size_t>(k) * 16 * N, g4, t, bb);
   };
   int slot = p.slot_of_row[item / G];
   const uint8_t* Qw = warp_codes(item, slot);
@@ -165,15 +161,9 @@ __global__ void __launch_bounds__(kThreads, 2) stream_verify(Params p) {
 #pragma unroll
       for (int kb = 0; kb < kBlocksPerHead; ++kb) {
         const int k = hh * kBlocksPerHead + kb;
-        const uint4* bb = buf[k % kDepth];
+        const uint4(&bb)[4] = buf[k % kDepth];
         float d[4] = {0.f, 0.f, 0.f, 0.f};
-#pragma unroll
-        for (int q = 0; q < 8; ++q) {  // pairs 2q, 2q + 1 of each row: word q % 4 of load q / 4
-          const uint32_t wa = word(bb[q / 4], q % 4), wb = word(bb[2 + q / 4], q % 4);
-          const uint2 cq = *reinterpret_cast<const uint2*>(&cbs[parity][col][t][2 * q]);
-          mma16816(d, e4m3x2_to_f16x2(wa & 0xffffu), e4m3x2_to_f16x2(wb & 0xffffu), e4m3x2_to_f16x2(wa >> 16),
-                   e4m3x2_to_f16x2(wb >> 16), cq.x, cq.y);
-        }
+        block_dots_f16(bb, cbs[parity][col][t], d);
         if (k + kDepth < kBlocks) issue(Qw, k + kDepth, buf[k % kDepth]);
         else if (Qn != nullptr) issue(Qn, k + kDepth - kBlocks, buf[k % kDepth]);
 #pragma unroll
@@ -387,22 +377,11 @@ int main(int argc, char** argv) {
       p.len = lens + static_cast<size_t>(m) * slots;
       per_m.push_back(median_us([&] { kern<<<grid, kThreads>>>(p); }));
     }
-    cudaStream_t cs;
-    CHECK(cudaStreamCreateWithFlags(&cs, cudaStreamNonBlocking));
-    cudaGraph_t graph;
-    cudaGraphExec_t exec;
-    CHECK(cudaStreamBeginCapture(cs, cudaStreamCaptureModeGlobal));
-    for (int m = 0; m < L - 1; ++m) {
+    const double window = graph_us_per_launch(L - 1, [&](int m, cudaStream_t cs) {
       Params pm = p;
       pm.len = lens + static_cast<size_t>(m) * slots;
       kern<<<grid, kThreads, 0, cs>>>(pm);
-    }
-    CHECK(cudaStreamEndCapture(cs, &graph));
-    CHECK(cudaGraphInstantiate(&exec, graph, 0));
-    const double window = median_us([&] { CHECK(cudaGraphLaunch(exec, 0)); }) / (L - 1);
-    CHECK(cudaGraphExecDestroy(exec));
-    CHECK(cudaGraphDestroy(graph));
-    CHECK(cudaStreamDestroy(cs));
+    });
     std::vector<double> sorted = per_m;
     std::sort(sorted.begin(), sorted.end());
     const double med = sorted[sorted.size() / 2];
