@@ -41,7 +41,14 @@
 #include <type_traits>
 #include <vector>
 
+#include "../include/replayssm/common/pipeline.cuh"  // mbarriers and bulk copies
 #include "stream_probe_common.cuh"
+
+using replayssm::bulk_copy_g2s;
+using replayssm::mbar_arrive_expect_tx;
+using replayssm::mbar_init;
+using replayssm::mbar_init_fence;
+using replayssm::mbar_wait;
 
 constexpr int H = 128, P = 64, N = 128, G = 8, R = 16;
 constexpr int kHeadsPerGroup = H / G;
@@ -101,10 +108,20 @@ __device__ __forceinline__ void prepare_c_parts(const bf16* Cg, uint32_t (*parts
 // requested first; C's MMA operand and the group's B_j . C are formed and published (the item's one
 // barrier); then per head the live x ring records are requested, the dots consume the blocks (and
 // issue the next ones), and only then the weights, the ring part and the epilogue.
-template <int kDepth, bool kFp8Mma, int kHPW>
+//
+// kChainAhead: an item's C operand and B_j . C are formed at the end of the item before it (their
+// rows prefetched to L1 midway), so that the item's barrier waits on no round trip.
+//
+// kStages > 0: the blocks land instead in kStages shared-memory stages per warp (2 KB each), each
+// a bulk copy issued by the warp's lane 0 on the stage's mbarrier, so the bytes in flight are not
+// bounded by registers (kDepth is then unused).
+template <int kDepth, bool kFp8Mma, int kHPW, int kStages = 0, bool kChainAhead = false>
 __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(Params p) {
   constexpr int kW = kHeadsPerGroup / kHPW, kBlk = kHPW * kBlocksPerHead;  // warps; blocks per warp and item
   static_assert(kBlk % kDepth == 0, "a block's buffer must not depend on the item");
+  static_assert(kStages <= kBlk, "the stages run at most one item ahead");
+  constexpr int kAhead = kStages > 0 ? kStages : kDepth;  // blocks requested ahead of the one consumed
+  constexpr uint32_t kBlockBytes = 16 * N;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int g4 = lane / 4, t = lane % 4;
   const int r0 = 16 * t + g4;  // this lane's rows of each head: r0, r0 + 8
@@ -121,22 +138,107 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
   auto warp_codes = [&](int it, int slot) {
     return p.Q + (static_cast<size_t>(slot) * H + (it % G) * kHeadsPerGroup + warp * kHPW) * P * N;
   };
-  uint4 buf[kDepth][4];
+  uint4 buf[kStages > 0 ? 1 : kDepth][4];
+  extern __shared__ __align__(
+      128) unsigned char stages[];  // kStages > 0: [warp][stage][kBlockBytes], then the barriers
+  unsigned char* wstage = stages + static_cast<size_t>(warp) * kStages * kBlockBytes;
+  uint64_t* wbar =
+      reinterpret_cast<uint64_t*>(stages + static_cast<size_t>(kW) * kStages * kBlockBytes) + warp * kStages;
+  uint32_t issued = 0, used = 0;  // blocks requested and consumed by this warp (kStages > 0)
+  if constexpr (kStages > 0) {
+    if (lane == 0)
+      for (int i = 0; i < kStages; ++i) mbar_init(&wbar[i], 1);
+    mbar_init_fence();
+    __syncwarp();
+  }
+  // Request block k of an item (kStages > 0: into the next stage; else into the registers of slot).
   auto issue = [&](const uint8_t* codes, int k, uint4(&bb)[4]) {
-    load_block<N>(codes + static_cast<size_t>(k) * 16 * N, g4, t, bb);
+    if constexpr (kStages > 0) {
+      const uint32_t sidx = issued++ % kStages;
+      if (lane == 0) {
+        mbar_arrive_expect_tx(&wbar[sidx], kBlockBytes);
+        bulk_copy_g2s(wstage + sidx * kBlockBytes, codes + static_cast<size_t>(k) * kBlockBytes, kBlockBytes,
+                      &wbar[sidx]);
+      }
+    } else {
+      load_block<N>(codes + static_cast<size_t>(k) * 16 * N, g4, t, bb);
+    }
+  };
+  // The next block in this warp's order: its stage read into bb (kStages > 0), or its registers.
+  auto take = [&](int k, uint4(&bb)[4]) {
+    if constexpr (kStages > 0) {
+      const uint32_t st = used % kStages, phase = (used / kStages) & 1;
+      ++used;
+      mbar_wait(&wbar[st], phase);
+      const unsigned char* blk = wstage + st * kBlockBytes;
+      bb[0] = *reinterpret_cast<const uint4*>(blk + g4 * N + 16 * t);
+      bb[1] = *reinterpret_cast<const uint4*>(blk + g4 * N + 16 * (t + 4));
+      bb[2] = *reinterpret_cast<const uint4*>(blk + (g4 + 8) * N + 16 * t);
+      bb[3] = *reinterpret_cast<const uint4*>(blk + (g4 + 8) * N + 16 * (t + 4));
+      __syncwarp();  // every lane has read the stage before lane 0 refills it
+    } else {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) bb[i] = buf[k % kDepth][i];
+    }
+  };
+  // C's MMA operand (and its scale) and the group's B_j . C (j < m from the ring, j = m the step's
+  // B; one record per warp) of item `it` into shared memory set `par`; the step's B appended.
+  auto prepare = [&](int it, int slot_it, int par) {
+    const int bi = it / G, gi = it % G;
+    const int st_i = p.start[slot_it], m_i = p.len[slot_it];
+    const bf16* Cg = p.C + (static_cast<size_t>(bi) * G + gi) * N;
+    if constexpr (kFp8Mma) {
+      prepare_c_parts(Cg, cbs8[par], &cinv[par]);
+    } else if (warp == 0 && lane < 4) {
+      const float inv = vector_pairs(Cg, t, 0xfu, cbs[par][t]);
+      if (lane == 0) cinv[par] = inv;
+    }
+    for (int j = warp; j <= m_i; j += kW) {
+      const bf16* Bj = j < m_i ? p.B_ring + ((static_cast<size_t>(slot_it) * G + gi) * R + (st_i + j) % R) * N
+                               : p.Bv + (static_cast<size_t>(bi) * G + gi) * N;
+      const uint2 bw = __ldg(reinterpret_cast<const uint2*>(Bj + 4 * lane));
+      const uint2 cw = __ldg(reinterpret_cast<const uint2*>(Cg + 4 * lane));
+      const bf16* bb = reinterpret_cast<const bf16*>(&bw);
+      const bf16* cc = reinterpret_cast<const bf16*>(&cw);
+      float s = 0.f;
+#pragma unroll
+      for (int i = 0; i < 4; ++i) s = fmaf(__bfloat162float(bb[i]), __bfloat162float(cc[i]), s);
+#pragma unroll
+      for (int off = 16; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
+      if (lane == 0) bc[par][j] = s;
+      if (j == m_i) {  // append the step's B
+        bf16* dst = p.B_ring + ((static_cast<size_t>(slot_it) * G + gi) * R + (st_i + m_i) % R) * N;
+        *reinterpret_cast<uint2*>(dst + 4 * lane) = bw;
+      }
+    }
+  };
+  // kChainAhead: the next item's rows that prepare() reads, into L1 (lane l: record l / 2, half l % 2).
+  auto prefetch_next = [&](int it, int slot_it) {
+    const int bi = it / G, gi = it % G;
+    const int st_i = p.start[slot_it], m_i = p.len[slot_it];
+    const int j = lane / 2, half = lane % 2;
+    const bf16* row = j < m_i    ? p.B_ring + ((static_cast<size_t>(slot_it) * G + gi) * R + (st_i + j) % R) * N
+                      : j == m_i ? p.Bv + (static_cast<size_t>(bi) * G + gi) * N
+                                 : p.C + (static_cast<size_t>(bi) * G + gi) * N;
+    if (j <= m_i + 1) asm volatile("prefetch.global.L1 [%0];" ::"l"(row + 64 * half));
   };
   int slot = p.slot_of_row[item / G];
   const uint8_t* Qw = warp_codes(item, slot);
 #pragma unroll
-  for (int k = 0; k < kDepth; ++k) issue(Qw, k, buf[k]);
+  for (int k = 0; k < kAhead; ++k) issue(Qw, k, buf[kStages > 0 ? 0 : k % kDepth]);
   int next = item + gridDim.x;
   int slot_next = next < items ? p.slot_of_row[next / G] : 0;
+  if constexpr (kChainAhead) prepare(item, slot, 0);
 
   for (int parity = 0;; parity ^= 1) {
     const int b = item / G, g = item % G;
     const int h0 = g * kHeadsPerGroup + warp * kHPW;
     const uint8_t* Qn = next < items ? warp_codes(next, slot_next) : nullptr;
     const int st = p.start[slot], m = p.len[slot];
+    if (kChainAhead && next < items && lane == 0) {  // the next item's cursors, for prefetch_next
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(p.start + slot_next));
+      asm volatile("prefetch.global.L1 [%0];" ::"l"(p.len + slot_next));
+    }
 
     // Per head, what needs no cursor: row scales and z at rows r0, r0 + 8; x at rows 2 lane, + 1;
     // the dt ring's physical records (lane j: record j); the step's raw dt and the head's scalars.
@@ -156,34 +258,7 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
       draw[hh] = __ldg(p.dt + static_cast<size_t>(b) * H + h) + __ldg(p.dt_bias + h);
     }
 
-    // C's MMA operand (and its scale) into shared memory.
-    const bf16* Cg = p.C + (static_cast<size_t>(b) * G + g) * N;
-    if constexpr (kFp8Mma) {
-      prepare_c_parts(Cg, cbs8[parity], &cinv[parity]);
-    } else if (warp == 0 && lane < 4) {
-      const float inv = vector_pairs(Cg, t, 0xfu, cbs[parity][t]);
-      if (lane == 0) cinv[parity] = inv;
-    }
-
-    // B_j . C for the group (j < m from the ring, j = m the step's B), one record per warp.
-    for (int j = warp; j <= m; j += kW) {
-      const bf16* Bj = j < m ? p.B_ring + ((static_cast<size_t>(slot) * G + g) * R + (st + j) % R) * N
-                             : p.Bv + (static_cast<size_t>(b) * G + g) * N;
-      const uint2 bw = __ldg(reinterpret_cast<const uint2*>(Bj + 4 * lane));
-      const uint2 cw = __ldg(reinterpret_cast<const uint2*>(Cg + 4 * lane));
-      const bf16* bb = reinterpret_cast<const bf16*>(&bw);
-      const bf16* cc = reinterpret_cast<const bf16*>(&cw);
-      float s = 0.f;
-#pragma unroll
-      for (int i = 0; i < 4; ++i) s = fmaf(__bfloat162float(bb[i]), __bfloat162float(cc[i]), s);
-#pragma unroll
-      for (int off = 16; off >= 1; off /= 2) s += __shfl_xor_sync(0xffffffffu, s, off);
-      if (lane == 0) bc[parity][j] = s;
-      if (j == m) {  // append the step's B
-        bf16* dst = p.B_ring + ((static_cast<size_t>(slot) * G + g) * R + (st + m) % R) * N;
-        *reinterpret_cast<uint2*>(dst + 4 * lane) = bw;
-      }
-    }
+    if constexpr (!kChainAhead) prepare(item, slot, parity);
     __syncthreads();  // this item's C operand and bc (parity ^ 1 holds the next item's: no reader is left)
 
 #pragma unroll
@@ -202,7 +277,8 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
 #pragma unroll
       for (int kb = 0; kb < kBlocksPerHead; ++kb) {
         const int k = hh * kBlocksPerHead + kb;
-        const uint4(&bb)[4] = buf[k % kDepth];
+        uint4 bb[4];
+        take(k, bb);
         float d[4] = {0.f, 0.f, 0.f, 0.f};
         if constexpr (kFp8Mma) {
           // MMA i: words 2i, 2i + 1 of each row as loaded (no conversion); C's three parts in
@@ -222,8 +298,9 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
         } else {
           block_dots_f16(bb, cbs[parity][t], d);
         }
-        if (k + kDepth < kBlk) issue(Qw, k + kDepth, buf[k % kDepth]);
-        else if (Qn != nullptr) issue(Qn, k + kDepth - kBlk, buf[k % kDepth]);
+        uint4(&slot_regs)[4] = buf[kStages > 0 ? 0 : k % kDepth];
+        if (k + kAhead < kBlk) issue(Qw, k + kAhead, slot_regs);
+        else if (Qn != nullptr) issue(Qn, k + kAhead - kBlk, slot_regs);
         if (t == kb) {
           dot0 = d[0];
           dot1 = d[2];
@@ -275,7 +352,9 @@ __global__ void __launch_bounds__(kHeadsPerGroup / kHPW * 32, kHPW) stream_step(
       y1 *= zr[hh][1] / (1.f + expf(-zr[hh][1]));
       p.y[orow + r0] = __float2bfloat16(y0);
       p.y[orow + r0 + 8] = __float2bfloat16(y1);
+      if (kChainAhead && hh == 0 && next < items) prefetch_next(next, slot_next);
     }
+    if (kChainAhead && next < items) prepare(next, slot_next, parity ^ 1);
 
     if (next >= items) break;
     item = next;
@@ -372,12 +451,15 @@ int main(int argc, char** argv) {
   const double ceiling = median_us([&] { read_only<<<grid2, block>>>(p, sink); });
   const double code_bytes = static_cast<double>(batch) * H * P * (N + 4);
   std::printf("read-only ceiling: %.2f us (%.2f TB/s of codes and scales)\n", ceiling, code_bytes / ceiling * 1e-6);
-  auto variant = [&](auto depth, auto fp8mma, auto hpw, bool persistent) {
+  auto variant = [&](auto depth, auto fp8mma, auto hpw, bool persistent, auto stages, auto ahead) {
     constexpr int kDepth = decltype(depth)::value;
     constexpr bool kF8 = decltype(fp8mma)::value;
     constexpr int kHPW = decltype(hpw)::value, kThreads = kHeadsPerGroup / kHPW * 32;
-    auto kern = stream_step<kDepth, kF8, kHPW>;
-    CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributePreferredSharedMemoryCarveout, 0));
+    constexpr int kStages = decltype(stages)::value;
+    constexpr int smem = kThreads / 32 * kStages * (16 * N + 8);  // stages and their barriers
+    constexpr bool kAhead = decltype(ahead)::value;
+    auto kern = stream_step<kDepth, kF8, kHPW, kStages, kAhead>;
+    CHECK(cudaFuncSetAttribute(kern, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
     int regs = 0;
     dim3 grid;
     {
@@ -385,14 +467,18 @@ int main(int argc, char** argv) {
       CHECK(cudaFuncGetAttributes(&fa, kern));
       regs = fa.numRegs;
       int blocks = 0;
-      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, kThreads, 0));
-      std::printf("stream_step<depth %d, fp8 mma %d, heads per warp %d>%s: %d registers, %d CTAs (%d warps) per SM\n",
-                  kDepth, kF8 ? 1 : 0, kHPW, persistent ? " persistent" : "", regs, blocks, blocks * kThreads / 32);
+      CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, kern, kThreads, smem));
+      std::printf(
+          "stream_step<depth %d, fp8 mma %d, heads per warp %d, stages %d, chain ahead %d>%s: %d registers, %d CTAs "
+          "(%d warps) per "
+          "SM\n",
+          kDepth, kF8 ? 1 : 0, kHPW, kStages, kAhead ? 1 : 0, persistent ? " persistent" : "", regs, blocks,
+          blocks * kThreads / 32);
       grid = dim3(persistent ? std::min(batch * G, blocks * prop.multiProcessorCount) : batch * G);
     }
     if (profile_only) {
       p.len = lens + static_cast<size_t>(7) * slots;
-      for (int i = 0; i < 3; ++i) kern<<<grid, kThreads>>>(p);
+      for (int i = 0; i < 3; ++i) kern<<<grid, kThreads, smem>>>(p);
       CHECK(cudaDeviceSynchronize());
       return true;
     }
@@ -412,7 +498,7 @@ int main(int argc, char** argv) {
         Br_before.push_back(fetch(B_ring, static_cast<size_t>(s) * G * R * N, static_cast<size_t>(G) * R * N));
         dr_before.push_back(fetch(dt_ring, static_cast<size_t>(s) * H * R, static_cast<size_t>(H) * R));
       }
-      kern<<<grid, kThreads>>>(p);
+      kern<<<grid, kThreads, smem>>>(p);
       CHECK(cudaGetLastError());
       CHECK(cudaDeviceSynchronize());
       const std::vector<bf16> hy = fetch(y, 0, nIn);
@@ -482,7 +568,7 @@ int main(int argc, char** argv) {
     double sum = 0;
     for (int m = 0; m < R - 1; ++m) {
       p.len = lens + static_cast<size_t>(m) * slots;
-      const double us = median_us([&] { kern<<<grid, kThreads>>>(p); });
+      const double us = median_us([&] { kern<<<grid, kThreads, smem>>>(p); });
       per_m.push_back(us);
       sum += us;
       // bytes: codes + scales, the ring's m x records and B records, dt; x, z in, y out, appends
@@ -494,15 +580,17 @@ int main(int argc, char** argv) {
     const double window = graph_us_per_launch(R - 1, [&](int m, cudaStream_t cs) {
       Params q = p;
       q.len = lens + static_cast<size_t>(m) * slots;
-      kern<<<grid, kThreads, 0, cs>>>(q);
+      kern<<<grid, kThreads, smem, cs>>>(q);
     });
     std::vector<double> sorted = per_m;
     std::sort(sorted.begin(), sorted.end());
     std::printf(
-        "RESULT depth=%d fp8mma=%d hpw=%d persistent=%d batch=%d regs=%d ceiling_us=%.2f mean_us=%.2f median_us=%.2f "
+        "RESULT depth=%d fp8mma=%d hpw=%d stages=%d ahead=%d persistent=%d batch=%d regs=%d ceiling_us=%.2f "
+        "mean_us=%.2f "
+        "median_us=%.2f "
         "graph_us=%.2f check=%s\n",
-        kDepth, kF8 ? 1 : 0, kHPW, persistent ? 1 : 0, batch, regs, ceiling, sum / per_m.size(),
-        sorted[sorted.size() / 2], window, ok ? "pass" : "FAIL");
+        kDepth, kF8 ? 1 : 0, kHPW, kStages, kAhead ? 1 : 0, persistent ? 1 : 0, batch, regs, ceiling,
+        sum / per_m.size(), sorted[sorted.size() / 2], window, ok ? "pass" : "FAIL");
     return ok;
   };
   using std::integral_constant;
@@ -511,8 +599,12 @@ int main(int argc, char** argv) {
   using One = integral_constant<int, 1>;
   using Two = integral_constant<int, 2>;
   using Four = integral_constant<int, 4>;
-  bool ok = variant(Two{}, F{}, Two{}, true);
+  using Zero = integral_constant<int, 0>;
+  bool ok = variant(Two{}, F{}, Two{}, true, Zero{}, F{});
   if (profile_only) return 0;
-  ok = variant(Two{}, T{}, One{}, true) && ok;
+  ok = variant(Two{}, T{}, One{}, true, Zero{}, F{}) && ok;
+  ok = variant(Two{}, F{}, Two{}, true, integral_constant<int, 4>{}, F{}) && ok;
+  ok = variant(Two{}, F{}, Two{}, true, Zero{}, T{}) && ok;
+  ok = variant(Two{}, F{}, Two{}, true, integral_constant<int, 4>{}, T{}) && ok;
   return ok ? 0 : 1;
 }
