@@ -1,15 +1,17 @@
 // Streaming-step probe: the Mamba-2 non-flush replay step with an fp8 read copy, written as a
-// plain high-occupancy kernel (no producer warp, no shared-memory stages, no barriers but one per
-// CTA), to measure outside the library how close that design gets to the step's byte floor.
+// plain high-occupancy kernel (no producer warp, no barriers but one per item), to measure
+// outside the library how close that design gets to the step's byte floor.
 //
 // Why: the persistent pipelined step (mamba2/replay_decode_persistent.cuh) reaches about half the
 // bandwidth on its fp8 non-flush step. Its profiles say latency and issue, not bytes: 15 warps
 // per SM, ~1,500 warp instructions per 64-row tile, barrier waits. This probe takes the other
-// design: every warp loads its rows of codes straight into registers with 16-byte loads, four
-// 16-row blocks in flight, and feeds them to the tensor cores without staging them.
+// design: every warp loads its rows of codes straight into registers with 16-byte loads, two to
+// four 16-row blocks in flight, and feeds them to the tensor cores without staging them (a variant
+// stages them in per-warp shared memory by bulk copies instead). Its results, and the variants
+// measured: perf/README.md, "A streaming non-flush step, probed".
 //
-// One CTA per (batch row, group), 8 warps, 2 heads per warp (Nemotron-H: H 128, P 64, N 128,
-// G 8, window L = R = 16). Per head h of row b (slot s), with m records since the checkpoint:
+// An item is (batch row, group): 8 warps, 2 heads per warp (or 16 warps, 1 head each), CTAs
+// persistent over items (Nemotron-H: H 128, P 64, N 128, G 8, window L = R = 16). Per head h of row b (slot s), with m records since the checkpoint:
 //   y[p] = (exp(c) sc[p] (Q[p,:] . C) + sum_{j<m} w_j x_j[p] + (w_m + D) x[p]) silu(z[p])
 //   d_j = the ring's dt (j < m), d_m = softplus(dt + dt_bias);  S_j = d_0 + .. + d_j
 //   c = A S_m;  w_j = exp(A (S_m - S_j)) d_j (B_j . C)
@@ -28,6 +30,7 @@
 // read-only kernel of the same codes and scales (the access pattern's bandwidth ceiling).
 //
 //   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/stream_step_probe perf/stream_step_probe.cu && /tmp/stream_step_probe [batch]
+//   /tmp/stream_step_probe 256 profile     # the first variant only, m = 7, three launches (for ncu)
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 #include <cuda_runtime.h>
