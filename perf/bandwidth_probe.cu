@@ -66,27 +66,6 @@ __global__ void rw_kernel(const uint4* __restrict__ a, uint4* __restrict__ b, un
   }
 }
 
-template <class F>
-static float median_us(F&& launch) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  for (int i = 0; i < 10; ++i) launch();
-  std::vector<float> t;
-  for (int i = 0; i < 20; ++i) {
-    CHECK(cudaEventRecord(e0));
-    launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    t.push_back(ms * 1e3f);
-  }
-  std::sort(t.begin(), t.end());
-  CHECK(cudaGetLastError());
-  return t[t.size() / 2];
-}
-
 int main() {
   const size_t bytes = size_t(1) << 30;  // 1 GiB per big buffer, as an fp32 checkpoint of B = 256
   const size_t n = bytes / 16;
@@ -105,13 +84,13 @@ int main() {
     auto row = [&](const char* name, int u, double moved, float us) {
       std::printf("%-12s %d      %d        %8.1f %.3f\n", name, u, per_sm, us, moved / (us * 1e-6) / 1e12);
     };
-    row("read", 4, bytes, median_us([&] { read_kernel<4><<<grid, block>>>(a, n, sink); }));
-    row("read", 8, bytes, median_us([&] { read_kernel<8><<<grid, block>>>(a, n, sink); }));
-    row("write", 4, bytes, median_us([&] { rw_kernel<4, false, false><<<grid, block>>>(a, b, c, n); }));
-    row("copy", 4, 2.0 * bytes, median_us([&] { rw_kernel<4, true, false><<<grid, block>>>(a, b, c, n); }));
-    row("copy", 8, 2.0 * bytes, median_us([&] { rw_kernel<8, true, false><<<grid, block>>>(a, b, c, n); }));
-    row("copy+fp8", 4, 2.25 * bytes, median_us([&] { rw_kernel<4, true, true><<<grid, block>>>(a, b, c, n); }));
-    row("copy+fp8", 8, 2.25 * bytes, median_us([&] { rw_kernel<8, true, true><<<grid, block>>>(a, b, c, n); }));
+    row("read", 4, bytes, median_us([&] { read_kernel<4><<<grid, block>>>(a, n, sink); }, 10, 20));
+    row("read", 8, bytes, median_us([&] { read_kernel<8><<<grid, block>>>(a, n, sink); }, 10, 20));
+    row("write", 4, bytes, median_us([&] { rw_kernel<4, false, false><<<grid, block>>>(a, b, c, n); }, 10, 20));
+    row("copy", 4, 2.0 * bytes, median_us([&] { rw_kernel<4, true, false><<<grid, block>>>(a, b, c, n); }, 10, 20));
+    row("copy", 8, 2.0 * bytes, median_us([&] { rw_kernel<8, true, false><<<grid, block>>>(a, b, c, n); }, 10, 20));
+    row("copy+fp8", 4, 2.25 * bytes, median_us([&] { rw_kernel<4, true, true><<<grid, block>>>(a, b, c, n); }, 10, 20));
+    row("copy+fp8", 8, 2.25 * bytes, median_us([&] { rw_kernel<8, true, true><<<grid, block>>>(a, b, c, n); }, 10, 20));
   }
   std::printf("torch's copy_ for comparison is bench_common.copy_bandwidth_TBps\n");
   return 0;

@@ -11,19 +11,15 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstdlib>
 #include <vector>
 
+#include "../include/replayssm/common/types.cuh"  // load_stream16
 #include "probe_check.cuh"
 
-using bf16 = __nv_bfloat16;
+using replayssm::load_stream16;
 
-__device__ __forceinline__ uint4 ld_nc(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0,%1,%2,%3}, [%4];"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p));
-  return v;
-}
+using bf16 = __nv_bfloat16;
 
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t w16) {
   uint32_t r;
@@ -75,10 +71,10 @@ __device__ __forceinline__ uint32_t word(const uint4& v, int i) {
 // bytes 16 t and 16 (t + 4) of rows g4 and g4 + 8, four 16-byte loads.
 template <int kCols>
 __device__ __forceinline__ void load_block(const uint8_t* block, int g4, int t, uint4 (&bb)[4]) {
-  bb[0] = ld_nc(block + g4 * kCols + 16 * t);
-  bb[1] = ld_nc(block + g4 * kCols + 16 * (t + 4));
-  bb[2] = ld_nc(block + (g4 + 8) * kCols + 16 * t);
-  bb[3] = ld_nc(block + (g4 + 8) * kCols + 16 * (t + 4));
+  bb[0] = load_stream16(block + g4 * kCols + 16 * t);
+  bb[1] = load_stream16(block + g4 * kCols + 16 * (t + 4));
+  bb[2] = load_stream16(block + (g4 + 8) * kCols + 16 * t);
+  bb[3] = load_stream16(block + (g4 + 8) * kCols + 16 * (t + 4));
 }
 
 // One block's dots on f16 MMAs: the codes converted pair by pair (pair 2q, 2q + 1 of each row is
@@ -169,29 +165,6 @@ static std::vector<T> fetch(const T* d, size_t off, size_t n) {
   return h;
 }
 
-// Median over 30 timed calls of `launch` (after 5 untimed), in microseconds, with CUDA events.
-template <class Launch>
-float median_us(Launch&& launch) {
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  std::vector<float> ts;
-  for (int i = 0; i < 5; ++i) launch();
-  for (int i = 0; i < 30; ++i) {
-    CHECK(cudaEventRecord(e0));
-    launch();
-    CHECK(cudaEventRecord(e1));
-    CHECK(cudaEventSynchronize(e1));
-    float ms = 0;
-    CHECK(cudaEventElapsedTime(&ms, e0, e1));
-    ts.push_back(ms * 1e3f);
-  }
-  CHECK(cudaEventDestroy(e0));
-  CHECK(cudaEventDestroy(e1));
-  std::sort(ts.begin(), ts.end());
-  return ts[ts.size() / 2];
-}
-
 // Per-launch microseconds of `count` launches captured in one graph (launch(i, stream) issues the
 // i-th), the graph's median over 30 replays divided by count.
 template <class Launch>
@@ -209,4 +182,21 @@ float graph_us_per_launch(int count, Launch&& launch) {
   CHECK(cudaGraphDestroy(graph));
   CHECK(cudaStreamDestroy(cs));
   return us;
+}
+
+// The probes' rows and cursors: slot_of_row[batch] the first `batch` of a random permutation of
+// `slots`, start[slots] random in [0, ring), and `counts` arrays of lens (lens + m * slots: every
+// slot at m records), from srand(seed).
+inline void fill_cursors(int* slot_of_row, int* start, int* lens, int batch, int slots, int ring, int counts,
+                         unsigned seed) {
+  std::vector<int> perm(slots), st(slots), ln(static_cast<size_t>(counts) * slots);
+  for (int i = 0; i < slots; ++i) perm[i] = i;
+  srand(seed);
+  for (int i = slots - 1; i > 0; --i) std::swap(perm[i], perm[rand() % (i + 1)]);
+  for (int i = 0; i < slots; ++i) st[i] = rand() % ring;
+  for (int m = 0; m < counts; ++m)
+    for (int i = 0; i < slots; ++i) ln[static_cast<size_t>(m) * slots + i] = m;
+  CHECK(cudaMemcpy(slot_of_row, perm.data(), batch * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(start, st.data(), slots * 4, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(lens, ln.data(), ln.size() * 4, cudaMemcpyHostToDevice));
 }

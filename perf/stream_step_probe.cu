@@ -379,7 +379,7 @@ __global__ void __launch_bounds__(kWarps * 32, 2) read_only(Params p, float* sin
   constexpr int kLoads = kHeadsPerWarp * P * N / 16 / 32;
   uint4 v[kLoads];
 #pragma unroll
-  for (int i = 0; i < kLoads; ++i) v[i] = ld_nc(Qw + 16 * (32 * i + lane));
+  for (int i = 0; i < kLoads; ++i) v[i] = load_stream16(Qw + 16 * (32 * i + lane));
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
   const float* s = p.qscale + (static_cast<size_t>(slot) * H + h0) * P;
@@ -436,18 +436,7 @@ int main(int argc, char** argv) {
   fill_f32<<<1, 128>>>(D, H, 12, 0.5f, 1.5f);
   fill_f32<<<1, 128>>>(dt_bias, H, 13, -3.f, -1.f);
   CHECK(cudaGetLastError());
-  {
-    std::vector<int> perm(slots), st(slots), ln(static_cast<size_t>(R) * slots);
-    for (int i = 0; i < slots; ++i) perm[i] = i;
-    srand(17);
-    for (int i = slots - 1; i > 0; --i) std::swap(perm[i], perm[rand() % (i + 1)]);
-    for (int i = 0; i < slots; ++i) st[i] = rand() % R;
-    for (int m = 0; m < R; ++m)
-      for (int i = 0; i < slots; ++i) ln[static_cast<size_t>(m) * slots + i] = m;
-    CHECK(cudaMemcpy(slot_of_row, perm.data(), batch * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(start, st.data(), slots * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(lens, ln.data(), ln.size() * 4, cudaMemcpyHostToDevice));
-  }
+  fill_cursors(slot_of_row, start, lens, batch, slots, R, R, 17);
   Params p{batch, slot_of_row, Q, qscale, x_ring, B_ring, dt_ring, start, lens, x, z, Bv, C, dt, A, D, dt_bias, y};
   const dim3 grid2(batch, G), block(kWarps * 32);
   // Timing (median_us): the read-only ceiling, then each variant.

@@ -243,7 +243,7 @@ __global__ void __launch_bounds__(kThreads, 2) read_only_gdn(Params p, float* si
   constexpr int kLoads = kRowsPerWarp * K / 16 / 32;
   uint4 v[kLoads];
 #pragma unroll
-  for (int i = 0; i < kLoads; ++i) v[i] = ld_nc(Qw + 16 * (32 * i + lane));
+  for (int i = 0; i < kLoads; ++i) v[i] = load_stream16(Qw + 16 * (32 * i + lane));
   uint32_t acc = 0;
 #pragma unroll
   for (int i = 0; i < kLoads; ++i) acc ^= v[i].x ^ v[i].y ^ v[i].z ^ v[i].w;
@@ -298,18 +298,7 @@ int main(int argc, char** argv) {
   fill_f32<<<1024, 256>>>(g, nHV, 31, -0.5f, -0.01f);
   fill_f32<<<1024, 256>>>(beta, nHV, 32, 0.05f, 0.95f);
   CHECK(cudaGetLastError());
-  {
-    std::vector<int> perm(slots), st(slots), ln(static_cast<size_t>(R) * slots);
-    for (int i = 0; i < slots; ++i) perm[i] = i;
-    srand(19);
-    for (int i = slots - 1; i > 0; --i) std::swap(perm[i], perm[rand() % (i + 1)]);
-    for (int i = 0; i < slots; ++i) st[i] = rand() % R;
-    for (int mm = 0; mm < R; ++mm)
-      for (int i = 0; i < slots; ++i) ln[static_cast<size_t>(mm) * slots + i] = mm;
-    CHECK(cudaMemcpy(slot_of_row, perm.data(), batch * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(start, st.data(), slots * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(lens, ln.data(), ln.size() * 4, cudaMemcpyHostToDevice));
-  }
+  fill_cursors(slot_of_row, start, lens, batch, slots, R, R, 19);
   Params p{batch, slot_of_row, Q, qscale, u_ring, k_ring, g_ring, v_ring, b_ring, start, lens, q, k, v, g, beta, o};
 
   const double code_bytes = static_cast<double>(batch) * HV * V * (K + 4);

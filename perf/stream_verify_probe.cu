@@ -257,18 +257,7 @@ int main(int argc, char** argv) {
   fill_f32<<<1, 128>>>(D, H, 52, 0.5f, 1.5f);
   fill_f32<<<1, 128>>>(dt_bias, H, 53, -3.f, -1.f);
   CHECK(cudaGetLastError());
-  {
-    std::vector<int> perm(slots), st(slots), ln(static_cast<size_t>(L) * slots);
-    for (int i = 0; i < slots; ++i) perm[i] = i;
-    srand(23);
-    for (int i = slots - 1; i > 0; --i) std::swap(perm[i], perm[rand() % (i + 1)]);
-    for (int i = 0; i < slots; ++i) st[i] = rand() % R;
-    for (int mm = 0; mm < L; ++mm)
-      for (int i = 0; i < slots; ++i) ln[static_cast<size_t>(mm) * slots + i] = mm;
-    CHECK(cudaMemcpy(slot_of_row, perm.data(), batch * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(start, st.data(), slots * 4, cudaMemcpyHostToDevice));
-    CHECK(cudaMemcpy(lens, ln.data(), ln.size() * 4, cudaMemcpyHostToDevice));
-  }
+  fill_cursors(slot_of_row, start, lens, batch, slots, R, L, 23);
   Params p{batch, slot_of_row, Q, qscale, x_ring, B_ring, dt_ring, start, lens, x, z, Bv, C, dt, A, D, dt_bias, y};
   const std::vector<int> h_slot = fetch(slot_of_row, 0, batch), h_start = fetch(start, 0, slots);
   const std::vector<float> hA = fetch(A, 0, H), hD = fetch(D, 0, H), hbias = fetch(dt_bias, 0, H);
