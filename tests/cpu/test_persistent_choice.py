@@ -36,6 +36,7 @@ SPECS = {
     "m2_p80_f32io_L32": mamba2_decode_spec("replay_decode", 80, 128, F32, F32, L=32),  # buffers too large
     "m2_conv": mamba2_decode_spec("conventional_decode", 64, 128, F32, BF16),
     "m2_verify": mamba2_decode_spec("replay_verify", 64, 128, F32, BF16, L=16, T=4),
+    "m2_verify_fp8": mamba2_decode_spec("replay_verify", 64, 128, F32, BF16, L=16, T=4, read_dtype=torch.float8_e4m3fn),
     "gdn": gdn_decode_spec("replay_decode", 128, 128, F32, BF16, L=16),
     "kda": gdn_decode_spec("replay_decode", 128, 128, F32, BF16, L=16, family="kda"),
     "kda_k256_L32": gdn_decode_spec("replay_decode", 256, 128, F32, BF16, L=32, family="kda"),  # too large
@@ -202,6 +203,17 @@ class TestMamba2Plan:
         assert s.heads_per_unit <= 8 and group % s.heads_per_unit == 0
         assert s.main.ctas_per_sm == 3 and s.grid == min(batch * self.H // s.heads_per_unit, 132 * 3)
         assert s.tile.kernel == "verify" and s.tile.rows_per_cta == mamba2_tile_rows(self.P, batch, self.H)
+
+    @pytest.mark.parametrize("batch", [1, 8, 256])
+    def test_read_copy_verify_persistent(self, modules, batch):
+        """A verify with an fp8 read copy beside the fp32 checkpoint takes the same rule and the
+        same tiling: the stage holds the checkpoint's 16 KB tile (a flush) or the copy's."""
+        auto = plan(modules["m2_verify_fp8"], batch, self.H, self.G, drafts=4)
+        assert auto.persistent == (batch * self.H >= 1024)
+        s = plan(modules["m2_verify_fp8"], batch, self.H, self.G, persistent=True, drafts=4)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
+        assert s.main.ctas_per_sm == 3 and s.grid == min(batch * self.H // s.heads_per_unit, 132 * 3)
+        assert s.tile.kernel == "verify"
 
     def test_verify_shared_memory_is_the_devices(self, modules):
         need = plan(modules["m2_verify"], 256, self.H, self.G, persistent=False, drafts=4).smem_bytes

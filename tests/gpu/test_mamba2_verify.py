@@ -350,10 +350,12 @@ class TestMamba2VerifyReadCopy:
     (test_mamba2_read_copy.check_read_copy_encodes). Chains with random accepts, token trees with
     per-row counts, the tile kernel at 16 and 64 rows."""
 
+    extra: dict = {}  # configuration the subclass adds (the kernel it forces)
+
     def run(self, read_dtype, T, **kw):
         gen = seeded_generator()
         return run_spec_sequence(
-            Mamba2Spec({**BASE, "T": T}, gen),
+            Mamba2Spec({**BASE, "T": T, **self.extra}, gen),
             steps=40,
             batch=5,
             num_slots=10,
@@ -383,3 +385,14 @@ class TestMamba2VerifyReadCopy:
         slots = torch.tensor([0, 1], device=DEV, dtype=torch.int32)
         with pytest.raises(ValueError, match="the Mamba-2 verify reads a read copy beside a float32"):
             w.plan(slots, draft_len=4)
+
+
+@pytest.mark.parametrize("read_dtype", READ_COPIES, ids=READ_COPY_IDS)
+class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):
+    """Every check above on the persistent verify (forced at these small batches; the driver
+    checks that every verify plan runs it): non-flush units stream the copy's tiles and dequantise
+    them, flush units stream the fp32 checkpoint's, fold, store it and re-encode the copy. Its
+    default 32-row tiles, and 16 and 64 rows; chains at T = 4 and trees with per-row counts at
+    T = 8 (CUDA-core dots at every T with a copy)."""
+
+    extra = {"persistent": True}

@@ -524,17 +524,24 @@ struct ReadCopyTile {
     }
   }
 
-  // This thread's values in the state's units, times f: the codes times their row's scale (or
-  // the checkpoint's own elements), for formats without block scales (a single copy's flush).
+  // This thread's values in the state's units, times f: the codes times their block's and row's
+  // scales (or the checkpoint's own elements). A single copy's flush folds them; the persistent
+  // verify forms every draft's dot products from them.
   __device__ __forceinline__ void values(float f, float (&out)[kPasses][Tile::kVpl][Tile::kVec]) const {
-    static_assert(!RC::kBlockScaled, "an NVFP4 copy is only read by dot products (sums)");
 #pragma unroll
     for (int s = 0; s < kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) {
-        unpack16<Elem>(raw[s][v], out[s][v]);
+        float k = f;
+        if constexpr (RC::kBlockScaled) {
+          nvfp4_decode16(raw[s][v].x, raw[s][v].y, out[s][v]);
+          k *= __uint_as_float(raw[s][v].z);
+        } else {
+          unpack16<Elem>(raw[s][v], out[s][v]);
+        }
+        if constexpr (RC::kScaled) k *= scale[s];
 #pragma unroll
-        for (int e = 0; e < Tile::kVec; ++e) out[s][v][e] *= f * (RC::kScaled ? scale[s] : 1.f);
+        for (int e = 0; e < Tile::kVec; ++e) out[s][v][e] *= k;
       }
   }
 

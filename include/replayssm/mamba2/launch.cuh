@@ -235,11 +235,15 @@ struct ReplayVerify {
   template <int ROWS>
   using Smem = VerifySmem<TI, N, ROWS, L, TMAX>;
   template <int ROWS>
-  using Persistent = typename PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>::Budget;
-  // The persistent verify exists for the checkpoint alone (no read copy) at a tiling whose
+  using Persistent = typename PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>::Budget;
+  // The persistent verify exists for the checkpoint alone, or a read copy beside an fp32
+  // checkpoint whose tile spreads a row over as many lanes as the checkpoint's, at a tiling whose
   // buffers fit two CTAs per SM.
   template <int ROWS>
-  static constexpr bool kPersistentOk = !RC::kEnabled && Persistent<ROWS>::kFits &&
+  static constexpr bool kRowsMatch = kSameColumnCount<StateTile<TS, N, ROWS, kPersistentConsumerWarps>,
+                                                      typename ReadCopyTile<RC, TS, N, ROWS, kPersistentConsumerWarps>::Tile>;
+  template <int ROWS>
+  static constexpr bool kPersistentOk = kPersistentVerifyFormat<RC, TS> && kRowsMatch<ROWS> && Persistent<ROWS>::kFits &&
                                         StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
 
   static int plan(PlanQuery q, Schedule* s) {
@@ -271,7 +275,7 @@ struct ReplayVerify {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
         stages = Persistent<kRows>::kStages;
-        return kernel_facts(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>, dev, q.limits,
+        return kernel_facts(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, dev, q.limits,
                             kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
       return cudaSuccess;
@@ -295,7 +299,7 @@ struct ReplayVerify {
         if constexpr (kPersistentOk<kRows>) {
           VerifyParams q = p;
           q.d.heads_per_unit = k.heads_per_unit;
-          return launch_planned(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>, q, k,
+          return launch_planned(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, q, k,
                                 Persistent<kRows>::kBytes, stream);
         }
         return cudaErrorInvalidValue;
@@ -320,9 +324,9 @@ struct ReplayVerify {
         // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
         bool has_code = false;
         if (err == cudaSuccess)
-          err = kernel_has_bulk_pipeline(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>, &has_code);
+          err = kernel_has_bulk_pipeline(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX, RC>, &has_code);
         if (err == cudaSuccess && has_code)
-          err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX>,
+          err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, P, N, L, kRows, TMAX, RC>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Persistent<kRows>::kBytes));
       }

@@ -12,8 +12,12 @@
 // consumer warp holds its rows of a tile in registers and forms all n draft outputs from them;
 // on a flush (m + n > L) it first folds the m committed records into its rows and writes them.
 //
-// Only the checkpoint format without a read copy runs here (NoReadCopy: fp32, bf16 or fp16
-// state); the plan gives read-copy modules the tile verify.
+// With a read copy beside an fp32 checkpoint (RC two-copy: fp8, bf16 or NVFP4; common/read_copy.cuh)
+// a non-flush unit streams the copy's tiles (codes, and the rows' scales), which each consumer
+// warp dequantises into its rows before the drafts' dot products; a flush unit streams the
+// checkpoint's fp32 tiles, folds them, stores the checkpoint and re-encodes the copy from the same
+// fold (store_state_row), and the drafts read what the checkpoint now holds, as the tile verify
+// does. A single copy and stochastic formats run the tile verify.
 #pragma once
 
 #include "../common/align.cuh"
@@ -21,6 +25,7 @@
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
 #include "../common/persistent_units.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 #include "persistent_units.cuh"
@@ -44,7 +49,12 @@ struct VerifyHeadValue {
 // table in the unit buffer.
 constexpr int verify_unit_heads(int TMAX) { return TMAX <= 8 ? 8 : 4; }
 
-template <typename TS, typename TI, int N, int L, int ROWS, int TMAX>
+// The formats this kernel reads: the checkpoint alone, or a read copy beside an fp32 checkpoint.
+template <class RC, typename TS>
+constexpr bool kPersistentVerifyFormat =
+    !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
+
+template <typename TS, typename TI, int N, int L, int ROWS, int TMAX, class RC = NoReadCopy>
 struct PersistentVerifyLayout {
   static constexpr int kUnitHeads = verify_unit_heads(TMAX);
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
@@ -52,7 +62,7 @@ struct PersistentVerifyLayout {
   // with bf16 io at 8 rows per consumer warp and at least 8 drafts (their cost does not grow with
   // the drafts; H200, B = 256, round µs on CUDA cores / tensor cores: T = 4 427 / 485, T = 8
   // 666 / 652, T = 16 1783 / 1199); the tile's rows are then padded in shared memory.
-  static constexpr bool kMmaDots = std::is_same_v<TS, float> && std::is_same_v<TI, __nv_bfloat16> &&
+  static constexpr bool kMmaDots = !RC::kEnabled && std::is_same_v<TS, float> && std::is_same_v<TI, __nv_bfloat16> &&
                                    ROWS == 8 * kPersistentConsumerWarps && TMAX >= 8;
   using Dots = MmaSplitDots<N, TMAX>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : N;  // TS elements per row of the stage tile
@@ -80,9 +90,16 @@ struct PersistentVerifyLayout {
   static constexpr size_t kUnitBytes = buffer_bytes(kCFrag, 128);
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
-  // padded), x ring [L][ROWS], the drafts' x [TMAX][ROWS] and z [TMAX][ROWS] (io dtype).
+  // padded) or, in a non-flush unit with a read copy, the copy's tile [ROWS][row_elems(N)] and its
+  // rows' scales [ROWS] (two bulk copies); x ring [L][ROWS], the drafts' x [TMAX][ROWS] and z
+  // [TMAX][ROWS] (io dtype).
   static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);  // what the copies bring
-  static constexpr SmemRegion kTile = first_region(static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
+  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * RC::row_elems(N) * sizeof(typename RC::T) : 0;
+  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
+  static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
+  static constexpr size_t kPaddedTileBytes = static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
+  static constexpr SmemRegion kTile = first_region(
+      kPaddedTileBytes > kScaleOffset + kScaleBytes ? kPaddedTileBytes : kScaleOffset + kScaleBytes, 128);
   static constexpr SmemRegion kXRing = kTile.then(static_cast<size_t>(L) * ROWS * sizeof(TI), 128);
   static constexpr SmemRegion kXd = kXRing.then(TMAX * ROWS * sizeof(TI), 16);
   static constexpr SmemRegion kZd = kXd.then(TMAX * ROWS * sizeof(TI), 16);
@@ -91,7 +108,9 @@ struct PersistentVerifyLayout {
   static_assert(kC.aligned() && kBd.aligned() && kBRing.aligned() && kHeadWords.aligned() && kHeadDt.aligned() &&
                     kHeadDtRing.aligned() && kXRing.aligned() && kXd.aligned() && kZd.aligned(),
                 "cp.async destinations are 16-byte aligned");
-  static_assert(kTileBytes % 16 == 0 && (kRowStride * sizeof(TS)) % 16 == 0, "bulk copies move whole 16-byte blocks");
+  static_assert(kTileBytes % 16 == 0 && (kRowStride * sizeof(TS)) % 16 == 0 && kReadTileBytes % 16 == 0 &&
+                    kScaleBytes % 16 == 0,
+                "bulk copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (more warps to hide the
   // consumers' latency; their registers fit), else two. With three, two unit buffers even at two
@@ -103,10 +122,15 @@ struct PersistentVerifyLayout {
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX>
+template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX, class RC = NoReadCopy>
 struct PersistentVerify : GroupUnits {
-  using Layout = PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>;
+  using Layout = PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>;
   using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;
+  // A non-flush unit's rows with a read copy: the copy's tile, dequantised by each warp.
+  using Read = ReadCopyTile<RC, TS, N, ROWS, kPersistentConsumerWarps>;
+  using ReadTile = std::conditional_t<RC::kEnabled, typename Read::Tile, Tile>;
+  static_assert(kPersistentVerifyFormat<RC, TS>, "the checkpoint alone, or a read copy beside an fp32 checkpoint");
+  static_assert(kSameColumnCount<Tile, ReadTile>, "both tiles spread a row over the same lanes (DraftSplit)");
   static constexpr int kW = Layout::kW;
   static constexpr int kChunks = P / ROWS;
   static constexpr int kBVec = Vec16<TI>::kElems;
@@ -191,10 +215,24 @@ struct PersistentVerify : GroupUnits {
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(p0) * N;
-      if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
-      if constexpr (Layout::kRowStride == N) {
+      if (RC::kEnabled && m + n <= L) {  // a non-flush unit with a read copy: the copy's tile and scales
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);
+          const unsigned char* codes = static_cast<const unsigned char*>(p.pool.read) +
+                                       (slot * p.pool.read_stride_slot + h * p.pool.read_stride_head) *
+                                           static_cast<int64_t>(sizeof(typename RC::T)) +
+                                       static_cast<int64_t>(p0) * RC::row_elems(N) * sizeof(typename RC::T);
+          bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kReadTileBytes, bar);
+          if constexpr (RC::kScaled)
+            bulk_copy_g2s(S + Layout::kTile.offset + Layout::kScaleOffset,
+                          p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + p0,
+                          Layout::kScaleBytes, bar);
+        }
+      } else if constexpr (Layout::kRowStride == N) {
+        if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
         if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
       } else {  // padded rows: one copy per row
+        if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);
         __syncwarp();
         TS* dst = reinterpret_cast<TS*>(S + Layout::kTile.offset);
         for (int r = lane; r < ROWS; r += 32)
@@ -420,10 +458,13 @@ struct PersistentVerify : GroupUnits {
   // reduce-scatter (DraftSplit), which leaves each lane the sums of kHeld drafts; the lane then
   // adds those outputs' ring parts (its share of the records when kDup lanes hold the same drafts)
   // and writes them.
+  // With a read copy, a non-flush tile's rows are the copy's dequantised values (their columns
+  // as ReadTile lays them out; the drafts' C is loaded at the same columns).
   template <bool kFlush, class Release>
   __device__ __forceinline__ void tile(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
                                        Release&& release, int warp, int lane, int R) const {
-    constexpr int kV = Tile::kVec;
+    using Rows = std::conditional_t<kFlush, Tile, ReadTile>;  // the columns this thread holds
+    constexpr int kV = Rows::kVec;
     using Split = DraftSplit<TMAX, Tile::kLanes>;
     constexpr int kHeld = Split::kHeld, kDup = Split::kDup;
     const TileView tv = view_of(vu, c, t, S);
@@ -431,8 +472,15 @@ struct PersistentVerify : GroupUnits {
     const unsigned char* U = vu.buffer;
     const int first = Split::first_draft(lane), sub = lane % kDup;
 
-    float sv[Tile::kPasses][Tile::kVpl][kV];
-    load_rows<kFlush>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+    float sv[Rows::kPasses][Rows::kVpl][kV];
+    if constexpr (!kFlush && RC::kEnabled) {
+      Read rt;
+      const unsigned char* codes = S + Layout::kTile.offset;
+      rt.load_shared(codes, reinterpret_cast<const float*>(codes + Layout::kScaleOffset), warp, lane);
+      rt.values(1.f, sv);
+    } else {
+      load_rows<kFlush>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+    }
 
     // Ring part of the lane's outputs (drafts first .. first + kHeld - 1 of its rows; the kDup lanes
     // that hold them take records sub, sub + kDup, ...), and what the epilogue reads of the stage.
@@ -474,12 +522,12 @@ struct PersistentVerify : GroupUnits {
 #pragma unroll
     for (int i = 0; i < TMAX; ++i) {
       float Cv[kCols];
-      Tile::load_columns(Cv, Cf + i * N, lane);
+      Rows::load_columns(Cv, Cf + i * N, lane);
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s) {
         float dot = 0.f;
 #pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
+        for (int v = 0; v < Rows::kVpl; ++v)
 #pragma unroll
           for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], Cv[v * kV + e], dot);
         dots[s][i] = dot;
@@ -550,9 +598,23 @@ struct PersistentVerify : GroupUnits {
   }
 
   // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
-  // read the stored state); `back` (not null): also write it over the stage tile's rows.
+  // read the stored state); `back` (not null): also write it over the stage tile's rows. With a
+  // read copy, store_state_row also re-encodes the copy's rows from the same fold.
   __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
                                              int p0, int warp, int lane, TS* back) const {
+    if constexpr (RC::kEnabled) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float held[Tile::kVpl][Tile::kVec];
+        store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, h, p0 + Tile::row(warp, lane, s), P, N, 0u),
+                                      sv[s], lane, held);
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) sv[s][v][e] = held[v][e];
+      }
+      return;
+    }
     TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
              static_cast<int64_t>(p0) * N;
 #pragma unroll
@@ -671,12 +733,12 @@ struct PersistentVerify : GroupUnits {
   }
 };
 
-template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX>
-__global__ void __launch_bounds__(kPersistentThreads, (PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX>::kCtasPerSm))
+template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX, class RC = NoReadCopy>
+__global__ void __launch_bounds__(kPersistentThreads, (PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>::kCtasPerSm))
     replay_verify_persistent_kernel(const VerifyParams vp) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
-  const PersistentVerify<TS, TI, P, N, L, ROWS, TMAX> k(vp, persistent_smem);
+  const PersistentVerify<TS, TI, P, N, L, ROWS, TMAX, RC> k(vp, persistent_smem);
   // The body of run_persistent (common/persistent.cuh), written out: through the helper this
   // kernel's generated code changes (register widths, order), and the helper's form has not run
   // on a GPU for it.
