@@ -387,8 +387,7 @@ class TestMamba2VerifyReadCopy:
             w.plan(slots, draft_len=4)
 
 
-@pytest.mark.parametrize("read_dtype", READ_COPIES, ids=READ_COPY_IDS)
-class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):
+class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):  # read_dtype: the parent's parametrization
     """Every check above on the persistent verify (forced at these small batches; the driver
     checks that every verify plan runs it): non-flush units stream the copy's tiles and dequantise
     them, flush units stream the fp32 checkpoint's, fold, store it and re-encode the copy. Its
