@@ -21,6 +21,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/mma_code_dots.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
@@ -66,6 +67,14 @@ struct PersistentVerifyLayout {
                                    ROWS == 8 * kPersistentConsumerWarps && TMAX >= 8;
   using Dots = MmaSplitDots<N, TMAX>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : N;  // TS elements per row of the stage tile
+  // A read copy's non-flush dots on tensor cores (common/mma_code_dots.cuh): fp8 or bf16 codes,
+  // bf16 io, 8 rows per consumer warp; the copy's rows are then padded in shared memory. NVFP4
+  // (per-block scales) forms them on CUDA cores.
+  static constexpr bool kCodeMma = RC::kEnabled && !RC::kBlockScaled && std::is_same_v<TI, __nv_bfloat16> &&
+                                   ROWS == 8 * kPersistentConsumerWarps;
+  using CodeDots = MmaCodeDots<std::conditional_t<kCodeMma, typename RC::T, __nv_bfloat16>, N, TMAX>;
+  static constexpr int kReadRowBytes = RC::row_elems(N) * static_cast<int>(sizeof(typename RC::T));
+  static constexpr int kReadRowStride = kCodeMma ? CodeDots::kRowStride : kReadRowBytes;  // bytes
 
   // Unit buffer: header, drafts, drafts' C and B (io dtype), B ring [L][N] (live records, logical
   // order), C in fp32, B . C [TMAX][kW]; per head: scalar words (A, D, dt_bias), the drafts' dt
@@ -87,15 +96,18 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kHeadDraft = kHeadFold.then(kUnitHeads * TMAX * sizeof(DraftValue), 16);
   static constexpr SmemRegion kHeadValue = kHeadDraft.then(kUnitHeads * sizeof(VerifyHeadValue), 16);
   static constexpr SmemRegion kCFrag = kHeadValue.then(kMmaDots ? Dots::kFragmentBytes : 0, 16);  // C's A fragments
-  static constexpr size_t kUnitBytes = buffer_bytes(kCFrag, 128);
+  // kCodeMma: the drafts' C as the code MMAs' A fragments, and each draft's inverse scale [16].
+  static constexpr SmemRegion kCodeFrag = kCFrag.then(kCodeMma ? CodeDots::kFragmentBytes : 0, 16);
+  static constexpr SmemRegion kCodeScale = kCodeFrag.then(kCodeMma ? 16 * sizeof(float) : 0, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kCodeScale, 128);
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
   // padded) or, in a non-flush unit with a read copy, the copy's tile [ROWS][row_elems(N)] and its
   // rows' scales [ROWS] (two bulk copies); x ring [L][ROWS], the drafts' x [TMAX][ROWS] and z
   // [TMAX][ROWS] (io dtype).
   static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);  // what the copies bring
-  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * RC::row_elems(N) * sizeof(typename RC::T) : 0;
-  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
+  static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * kReadRowBytes : 0;  // what the copies bring
+  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(static_cast<size_t>(ROWS) * kReadRowStride));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
   static constexpr size_t kPaddedTileBytes = static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile = first_region(
@@ -216,17 +228,24 @@ struct PersistentVerify : GroupUnits {
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(p0) * N;
       if (RC::kEnabled && m + n <= L) {  // a non-flush unit with a read copy: the copy's tile and scales
+        const unsigned char* codes = static_cast<const unsigned char*>(p.pool.read) +
+                                     (slot * p.pool.read_stride_slot + h * p.pool.read_stride_head) *
+                                         static_cast<int64_t>(sizeof(typename RC::T)) +
+                                     static_cast<int64_t>(p0) * Layout::kReadRowBytes;
         if (lane == 0) {
           mbar_arrive_expect_tx(bar, Layout::kReadTileBytes + Layout::kScaleBytes);
-          const unsigned char* codes = static_cast<const unsigned char*>(p.pool.read) +
-                                       (slot * p.pool.read_stride_slot + h * p.pool.read_stride_head) *
-                                           static_cast<int64_t>(sizeof(typename RC::T)) +
-                                       static_cast<int64_t>(p0) * RC::row_elems(N) * sizeof(typename RC::T);
-          bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kReadTileBytes, bar);
           if constexpr (RC::kScaled)
             bulk_copy_g2s(S + Layout::kTile.offset + Layout::kScaleOffset,
                           p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + p0,
                           Layout::kScaleBytes, bar);
+        }
+        if constexpr (Layout::kReadRowStride == Layout::kReadRowBytes) {
+          if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kReadTileBytes, bar);
+        } else {  // padded rows (kCodeMma): one copy per row, after lane 0's expect_tx
+          __syncwarp();
+          for (int r = lane; r < ROWS; r += 32)
+            bulk_copy_g2s(S + Layout::kTile.offset + r * Layout::kReadRowStride, codes + r * Layout::kReadRowBytes,
+                          Layout::kReadRowBytes, bar);
         }
       } else if constexpr (Layout::kRowStride == N) {
         if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
@@ -291,6 +310,15 @@ struct PersistentVerify : GroupUnits {
       for (int i = tid; i < TMAX * N; i += kPersistentConsumers) Cf[i] = i < vu.n * N ? to_float(UC[i]) : 0.f;
       if constexpr (Layout::kMmaDots)
         Layout::Dots::set_vectors(Uw + Layout::kCFrag.offset, UC, vu.n, tid, kPersistentConsumers);
+      if constexpr (Layout::kCodeMma) {  // warp w lays out the fragment rows (drafts) w, w + 4, ... of 16
+        float* cs = reinterpret_cast<float*>(Uw + Layout::kCodeScale.offset);
+        for (int i = warp; i < 16; i += kPersistentConsumerWarps) {
+          const TI* Ci = i < vu.n ? UC + i * N : nullptr;
+          const float inv = Ci != nullptr ? Layout::CodeDots::vector_scale(Ci, lane) : 1.f;
+          Layout::CodeDots::set_vector(Uw + Layout::kCodeFrag.offset, i, Ci, inv, lane);
+          if (lane == 0) cs[i] = inv;
+        }
+      }
       Layout::Pipeline::consumer_sync();
       bc_products(U, dh, tid);
       Layout::Pipeline::consumer_sync();
@@ -304,6 +332,12 @@ struct PersistentVerify : GroupUnits {
       if constexpr (Layout::kMmaDots) {
         if (vu.flush) {
           tile_mma<true>(vu, c, t, S, release, warp, lane, R);
+        } else {
+          tile_mma<false>(vu, c, t, S, release, warp, lane, R);
+        }
+      } else if constexpr (Layout::kCodeMma) {  // the copy's codes on tensor cores; a flush folds on CUDA cores
+        if (vu.flush) {
+          tile<true>(vu, c, t, S, release, warp, lane, R);
         } else {
           tile_mma<false>(vu, c, t, S, release, warp, lane, R);
         }
@@ -642,17 +676,29 @@ struct PersistentVerify : GroupUnits {
     const int m = vu.m, n = vu.n, me = vu.me;
     const unsigned char* U = vu.buffer;
 
-    if constexpr (kFlush) {
-      float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
-      load_rows<true>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
-      store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, tv.ST);
-      __syncwarp();
-    }
+    const int r0 = warp * 8 + 2 * (lane % 4);
     float dot[kHeld][2];
-    Dots::dots(tv.ST + warp * 8 * Layout::kRowStride, U + Layout::kCFrag.offset, lane, dot);
+    if constexpr (Layout::kCodeMma) {  // a non-flush tile of the read copy: codes, then both scales
+      static_assert(!kFlush, "a flush folds the checkpoint on CUDA cores");
+      const unsigned char* codes = S + Layout::kTile.offset;
+      Layout::CodeDots::dots(codes + warp * 8 * Layout::kReadRowStride, U + Layout::kCodeFrag.offset, lane, dot);
+      const float* cs = reinterpret_cast<const float*>(U + Layout::kCodeScale.offset);
+      const float* rs = reinterpret_cast<const float*>(codes + Layout::kScaleOffset);
+#pragma unroll
+      for (int k = 0; k < kHeld; ++k)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) dot[k][e] *= cs[lane / 4 + 8 * k] * (RC::kScaled ? rs[r0 + e] : 1.f);
+    } else {
+      if constexpr (kFlush) {
+        float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
+        load_rows<true>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+        store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, tv.ST);
+        __syncwarp();
+      }
+      Dots::dots(tv.ST + warp * 8 * Layout::kRowStride, U + Layout::kCFrag.offset, lane, dot);
+    }
 
     // Ring parts of the lane's outputs: drafts g + 8k, rows r0 and r0 + 1 (one x pair per record).
-    const int r0 = warp * 8 + 2 * (lane % 4);
     float y[kHeld][2];
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
