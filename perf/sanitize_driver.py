@@ -4,9 +4,9 @@ Runs, per family (Mamba-2, GDN, KDA): tile and persistent replay steps across a 
 an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the others so that some
 steps flush a part of the batch; the write-through step (folding that row's records); a
 conventional step; a replay verify with a chain commit (T and 16 drafts) and a tree verify with a
-path commit (the flush fused into the verify included; tile and persistent verify kernels both);
-and a conventional verify. Sizes are small so that memcheck, racecheck and synccheck finish in
-seconds.
+path commit (the flush fused into the verify included; tile and persistent verify kernels both,
+and Mamba-2's persistent verify with each read copy); and a conventional verify. Sizes are
+small so that memcheck, racecheck and synccheck finish in seconds.
 Exits non-zero if a kernel raised an error bit.
 
     PYTORCH_NO_CUDA_MEMORY_CACHING=1 compute-sanitizer --tool memcheck python3 perf/sanitize_driver.py
@@ -98,7 +98,11 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         w.plan(slots)
         for _ in range(17):  # crosses a flush
             run(cache, inputs(batch))
-        if algorithm == "replay" and label in ("tile", "persistent"):  # both verify kernels
+        # both verify kernels; and Mamba-2's persistent verify with each read copy (the copy's tiles
+        # in non-flush units, tensor-core dots for fp8 and bf16; the others' verify with a copy is the tile one)
+        if algorithm == "replay" and (
+            label in ("tile", "persistent") or (name == "mamba2" and label.startswith("persistent read"))
+        ):
             for t, counts in ((T, [2, 1, 4, 3]), (16, [16, 1, 9, 5])):  # chains of T and of 16 drafts
                 w.plan(slots, draft_len=t)
                 run(cache, inputs(batch, t))

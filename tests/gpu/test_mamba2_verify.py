@@ -392,6 +392,18 @@ class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):  # read_dtyp
     checks that every verify plan runs it): non-flush units stream the copy's tiles and dequantise
     them, flush units stream the fp32 checkpoint's, fold, store it and re-encode the copy. Its
     default 32-row tiles, and 16 and 64 rows; chains at T = 4 and trees with per-row counts at
-    T = 8 (CUDA-core dots at every T with a copy)."""
+    T = 8 (tensor-core dots for fp8 and bf16 copies, CUDA-core dots for NVFP4, whose persistent
+    verify stops at four drafts: its trees have four nodes here)."""
 
     extra = {"persistent": True}
+
+    def test_token_trees_with_counts(self, read_dtype):
+        self.run(read_dtype, 4 if read_dtype == "nvfp4" else 8, tree=True, varlen=True)
+
+    def test_nvfp4_beyond_four_drafts_runs_the_tile_verify(self, read_dtype):
+        if read_dtype != "nvfp4":
+            pytest.skip("fp8 and bf16 copies run the persistent verify at every draft count")
+        fam = Mamba2Spec({**BASE, "T": 8, "persistent": True}, seeded_generator())
+        w = fam.wrapper("replay", 2, read_dtype=read_dtype)
+        w.plan(torch.tensor([0, 1], device=DEV, dtype=torch.int32), draft_len=8)
+        assert w.schedule.kernel == "verify" and w.schedule.fallback is not None, w.schedule

@@ -238,13 +238,17 @@ struct ReplayVerify {
   using Persistent = typename PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>::Budget;
   // The persistent verify exists for the checkpoint alone, or a read copy beside an fp32
   // checkpoint whose tile spreads a row over as many lanes as the checkpoint's, at a tiling whose
-  // buffers fit two CTAs per SM.
+  // buffers fit two CTAs per SM. An NVFP4 copy (CUDA-core dots) only up to four drafts: at eight
+  // it measured slower than the tile verify (H100, B = 256: 1258 against 1192 µs per round,
+  // perf/results/spec_mamba2_read_nvfp4_persistent_verify_0641754_h100.json).
   template <int ROWS>
-  static constexpr bool kRowsMatch = kSameColumnCount<StateTile<TS, N, ROWS, kPersistentConsumerWarps>,
-                                                      typename ReadCopyTile<RC, TS, N, ROWS, kPersistentConsumerWarps>::Tile>;
+  static constexpr bool kRowsMatch =
+      kSameColumnCount<StateTile<TS, N, ROWS, kPersistentConsumerWarps>,
+                       typename ReadCopyTile<RC, TS, N, ROWS, kPersistentConsumerWarps>::Tile>;
   template <int ROWS>
-  static constexpr bool kPersistentOk = kPersistentVerifyFormat<RC, TS> && kRowsMatch<ROWS> && Persistent<ROWS>::kFits &&
-                                        StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
+  static constexpr bool kPersistentOk =
+      kPersistentVerifyFormat<RC, TS> && (!RC::kBlockScaled || TMAX <= 4) && kRowsMatch<ROWS> &&
+      Persistent<ROWS>::kFits && StateTile<TS, N, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
 
   static int plan(PlanQuery q, Schedule* s) {
     if (const int e = check_query(q)) return e;

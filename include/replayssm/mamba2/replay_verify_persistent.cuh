@@ -70,8 +70,8 @@ struct PersistentVerifyLayout {
   // A read copy's non-flush dots on tensor cores (common/mma_code_dots.cuh): fp8 or bf16 codes,
   // bf16 io, 8 rows per consumer warp; the copy's rows are then padded in shared memory. NVFP4
   // (per-block scales) forms them on CUDA cores.
-  static constexpr bool kCodeMma = RC::kEnabled && !RC::kBlockScaled && std::is_same_v<TI, __nv_bfloat16> &&
-                                   ROWS == 8 * kPersistentConsumerWarps;
+  static constexpr bool kCodeMma =
+      RC::kEnabled && !RC::kBlockScaled && std::is_same_v<TI, __nv_bfloat16> && ROWS == 8 * kPersistentConsumerWarps;
   using CodeDots = MmaCodeDots<std::conditional_t<kCodeMma, typename RC::T, __nv_bfloat16>, N, TMAX>;
   static constexpr int kReadRowBytes = RC::row_elems(N) * static_cast<int>(sizeof(typename RC::T));
   static constexpr int kReadRowStride = kCodeMma ? CodeDots::kRowStride : kReadRowBytes;  // bytes
@@ -110,8 +110,8 @@ struct PersistentVerifyLayout {
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(static_cast<size_t>(ROWS) * kReadRowStride));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
   static constexpr size_t kPaddedTileBytes = static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
-  static constexpr SmemRegion kTile = first_region(
-      kPaddedTileBytes > kScaleOffset + kScaleBytes ? kPaddedTileBytes : kScaleOffset + kScaleBytes, 128);
+  static constexpr SmemRegion kTile =
+      first_region(kPaddedTileBytes > kScaleOffset + kScaleBytes ? kPaddedTileBytes : kScaleOffset + kScaleBytes, 128);
   static constexpr SmemRegion kXRing = kTile.then(static_cast<size_t>(L) * ROWS * sizeof(TI), 128);
   static constexpr SmemRegion kXd = kXRing.then(TMAX * ROWS * sizeof(TI), 16);
   static constexpr SmemRegion kZd = kXd.then(TMAX * ROWS * sizeof(TI), 16);
@@ -780,7 +780,8 @@ struct PersistentVerify : GroupUnits {
 };
 
 template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX, class RC = NoReadCopy>
-__global__ void __launch_bounds__(kPersistentThreads, (PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>::kCtasPerSm))
+__global__ void __launch_bounds__(kPersistentThreads,
+                                  (PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>::kCtasPerSm))
     replay_verify_persistent_kernel(const VerifyParams vp) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
