@@ -26,6 +26,8 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "mma_m16n8k16.cuh"
+
 namespace replayssm {
 
 template <typename Code, int N, int TMAX>
@@ -101,8 +103,8 @@ struct MmaCodeDots {
       for (int j = 0; j < kMmasPerStep; ++j) {
         uint32_t b[2];
         if constexpr (kF16) {  // word j: codes 4j .. 4j + 3, two k pairs
-          b[0] = f16_pair(w[j] & 0xffffu);
-          b[1] = f16_pair(w[j] >> 16);
+          b[0] = e4m3x2_to_f16x2(w[j] & 0xffffu);
+          b[1] = e4m3x2_to_f16x2(w[j] >> 16);
         } else {  // words 2j, 2j + 1: bf16 pairs
           b[0] = w[2 * j];
           b[1] = w[2 * j + 1];
@@ -129,26 +131,8 @@ struct MmaCodeDots {
     }
   }
 
-  // Two e4m3 codes (low byte first) -> an f16 pair (exact).
-  __device__ __forceinline__ static uint32_t f16_pair(uint32_t two_codes) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(two_codes), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-  }
-
   __device__ __forceinline__ static void mma(float (&c)[4], const uint4& a, const uint32_t (&b)[2]) {
-    if constexpr (kF16) {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-          "{%0, %1, %2, %3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b[0]), "r"(b[1]));
-    } else {
-      asm volatile(
-          "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-          "{%0, %1, %2, %3};\n"
-          : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-          : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b[0]), "r"(b[1]));
-    }
+    mma_m16n8k16<!kF16>(c, a.x, a.y, a.z, a.w, b[0], b[1]);
   }
 };
 

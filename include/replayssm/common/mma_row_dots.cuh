@@ -23,6 +23,7 @@
 #include <type_traits>
 
 #include "cp_async.cuh"
+#include "mma_m16n8k16.cuh"
 
 namespace replayssm {
 
@@ -172,23 +173,12 @@ struct MmaRowDots {
                  : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                  : "r"(addr));
   }
-  __device__ __forceinline__ static uint32_t fp8x2_to_f16x2(uint32_t pair) {
-    const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(static_cast<__nv_fp8x2_storage_t>(pair), __NV_E4M3);
-    return static_cast<uint32_t>(h.x) | (static_cast<uint32_t>(h.y) << 16);
-  }
+  __device__ __forceinline__ static uint32_t fp8x2_to_f16x2(uint32_t pair) { return e4m3x2_to_f16x2(pair); }
   __device__ __forceinline__ static void mma_f16(float (&c)[4], const uint32_t (&a)[4], const uint2& b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+    mma_m16n8k16<false>(c, a[0], a[1], a[2], a[3], b.x, b.y);
   }
   __device__ __forceinline__ static void mma_bf16(float (&c)[4], const uint32_t (&a)[4], const uint2& b) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b.x), "r"(b.y));
+    mma_m16n8k16<true>(c, a[0], a[1], a[2], a[3], b.x, b.y);
   }
 };
 

@@ -17,6 +17,8 @@
 
 #include <cstdint>
 
+#include "mma_m16n8k16.cuh"
+
 namespace replayssm {
 
 template <int N, int TMAX>
@@ -136,11 +138,7 @@ struct MmaSplitDots {
   }
 
   __device__ __forceinline__ static void mma(float (&c)[4], const uint4& a, const uint32_t (&b)[2]) {
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};\n"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a.x), "r"(a.y), "r"(a.z), "r"(a.w), "r"(b[0]), "r"(b[1]));
+    mma_m16n8k16<true>(c, a.x, a.y, a.z, a.w, b[0], b[1]);
   }
 };
 
