@@ -30,6 +30,9 @@ ap.add_argument("--steps", type=int, default=48)
 ap.add_argument("--window", type=int, default=16)
 ap.add_argument("--format", default="fp32", choices=list(FORMATS), help="replay decode: the state format")
 ap.add_argument(
+    "--accept", type=int, default=None, help="verify: drafts every row commits per round (default: random in 1..T)"
+)
+ap.add_argument(
     "--skip-tolerance", type=float, default=None, help="decay skipping (issue 18): the wrapper's skip_tolerance"
 )
 a = ap.parse_args()
@@ -49,6 +52,8 @@ w.plan(torch.randperm(2 * a.batch, device="cuda", generator=gen)[: a.batch].to(t
 inp = draft_inputs(fam, a.batch, T) if T else fam.inputs(a.batch)
 out = draft_out(fam, a.batch, T) if T else fam.out(a.batch)
 acc = torch.randint(1, (T or 1) + 1, (a.batch,), device="cuda", generator=gen, dtype=torch.int32)
+if a.accept is not None:  # every row in lockstep: the rounds that flush are the same for all rows
+    acc.fill_(a.accept)
 for _ in range(a.steps):
     fam.run(w, cache, inp, out)
     if T:

@@ -15,8 +15,9 @@
 // step's 4 kE (kE = 16 / sizeof(code) codes per 16 bytes). Of those, MMA j of the step takes
 // columns 4j, 4j + 1 as the k pair (2c, 2c + 1) and 4j + 2, 4j + 3 as (2c + 8, 2c + 9): the k
 // order is a permutation of the columns, the same for every row and for the vectors' fragments,
-// so the sums are the dot products. Rows lie in shared memory kRowStride bytes apart (64 bytes
-// of padding after each row), which puts the 16-byte reads of a quarter warp on distinct banks.
+// so the sums are the dot products. Rows lie in shared memory kRowStride bytes apart: unpadded,
+// so that one bulk copy brings a tile; a quarter warp's 16-byte reads (two rows) then meet in
+// pairs on the same banks, two reads per row and step.
 #pragma once
 
 #include <cuda_bf16.h>
@@ -42,8 +43,7 @@ struct MmaCodeDots {
   static constexpr int kMmasPerStep = kE / 4;
   static constexpr int kMmas = kSteps * kMmasPerStep;
   static constexpr int kRowBytes = N * static_cast<int>(sizeof(Code));
-  static constexpr int kRowStride = kRowBytes + 64;  // bytes between rows in shared memory
-  static_assert((kRowBytes / 16) % 8 == 0, "rows of whole 128-byte lines, so the padding sets the banks");
+  static constexpr int kRowStride = kRowBytes;  // bytes between rows in shared memory
   static constexpr int kHeld = TMAX > 8 ? 2 : 1;  // vectors a lane's results cover: g, g + 8
   static constexpr size_t kFragmentBytes = static_cast<size_t>(kMmas) * 32 * sizeof(uint4);
 
