@@ -11,19 +11,6 @@
 namespace replayssm {
 namespace mamba2 {
 
-// How many flush tiles one read tile of ROWS rows becomes (both persistent kernels with a read copy): the checkpoint tile split so that it
-// is about the read tile's size, in tiles of a multiple of 16 rows (a warp's rows per pass).
-template <typename TS, class RC, int ROWS>
-constexpr int flush_split() {
-  if constexpr (!RC::kTwoCopy) {
-    return 1;
-  } else {
-    int split = static_cast<int>(sizeof(TS) / sizeof(typename RC::T));
-    while (split > 1 && (ROWS % split != 0 || (ROWS / split) % 16 != 0)) split /= 2;
-    return split;
-  }
-}
-
 struct GroupUnits {
   int heads_per_group;
   int heads_per_unit;  // a divisor of heads_per_group (the plan's choice)

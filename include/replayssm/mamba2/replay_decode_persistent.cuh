@@ -45,6 +45,19 @@ constexpr int kMaxUnitHeads = 16;
 // Most heads in one unit of a read-copy module (see ReplayDecode::plan).
 constexpr int kReadCopyUnitHeads = 8;
 
+// How many flush tiles one read tile of ROWS rows becomes: the checkpoint tile split so that it
+// is about the read tile's size, in tiles of a multiple of 16 rows (a warp's rows per pass).
+template <typename TS, class RC, int ROWS>
+constexpr int flush_split() {
+  if constexpr (!RC::kTwoCopy) {
+    return 1;
+  } else {
+    int split = static_cast<int>(sizeof(TS) / sizeof(typename RC::T));
+    while (split > 1 && (ROWS % split != 0 || (ROWS / split) % 16 != 0)) split /= 2;
+    return split;
+  }
+}
+
 // Shared-memory layout: unit and stage buffers (the pipeline adds barriers and picks how many of
 // each fit). Only the m <= L live ring records are copied, so every size is a compile-time constant.
 template <typename TS, typename TI, int N, int L, int ROWS, class RC = NoReadCopy>

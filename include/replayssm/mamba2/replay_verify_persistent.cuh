@@ -101,21 +101,15 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kCodeScale = kCodeFrag.then(kCodeMma ? 16 * sizeof(float) : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kCodeScale, 128);
 
-  // With a read copy a flush unit's checkpoint tiles are kFlushSplit tiles of kFlushRows rows, so
-  // that a stage holds either kind at about the copy's tile size (more stages in flight).
-  static constexpr int kFlushSplit = flush_split<TS, RC, ROWS>();
-  static constexpr int kFlushRows = ROWS / kFlushSplit;
-
-  // Stage buffer: the checkpoint tile [kFlushRows][kRowStride] TS (one bulk copy, or one per row
-  // when padded) or, in a non-flush unit with a read copy, the copy's tile [ROWS][row_elems(N)] and
-  // its rows' scales [ROWS] (two bulk copies); x ring [L][ROWS], the drafts' x [TMAX][ROWS] and z
-  // [TMAX][ROWS] (io dtype; a flush tile uses the first kFlushRows rows of each).
-  static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);  // a whole checkpoint tile (the CTA rule below)
-  static constexpr uint32_t kFlushTileBytes = kFlushRows * N * sizeof(TS);  // what a checkpoint tile's copies bring
+  // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
+  // padded) or, in a non-flush unit with a read copy, the copy's tile [ROWS][row_elems(N)] and its
+  // rows' scales [ROWS] (two bulk copies); x ring [L][ROWS], the drafts' x [TMAX][ROWS] and z
+  // [TMAX][ROWS] (io dtype).
+  static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);  // what the copies bring
   static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * kReadRowBytes : 0;  // what the copies bring
   static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(static_cast<size_t>(ROWS) * kReadRowStride));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
-  static constexpr size_t kPaddedTileBytes = static_cast<size_t>(kFlushRows) * kRowStride * sizeof(TS);
+  static constexpr size_t kPaddedTileBytes = static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile =
       first_region(kPaddedTileBytes > kScaleOffset + kScaleBytes ? kPaddedTileBytes : kScaleOffset + kScaleBytes, 128);
   static constexpr SmemRegion kXRing = kTile.then(static_cast<size_t>(L) * ROWS * sizeof(TI), 128);
@@ -144,16 +138,11 @@ template <typename TS, typename TI, int P, int N, int L, int ROWS, int TMAX, cla
 struct PersistentVerify : GroupUnits {
   using Layout = PersistentVerifyLayout<TS, TI, N, L, ROWS, TMAX, RC>;
   using Tile = StateTile<TS, N, ROWS, kPersistentConsumerWarps>;
-  static constexpr int kFlushSplit = Layout::kFlushSplit;
-  static constexpr int kFlushRows = Layout::kFlushRows;
-  using FlushTile = StateTile<TS, N, kFlushRows, kPersistentConsumerWarps>;  // a flush unit's checkpoint tile
   // A non-flush unit's rows with a read copy: the copy's tile, dequantised by each warp.
   using Read = ReadCopyTile<RC, TS, N, ROWS, kPersistentConsumerWarps>;
   using ReadTile = std::conditional_t<RC::kEnabled, typename Read::Tile, Tile>;
   static_assert(kPersistentVerifyFormat<RC, TS>, "the checkpoint alone, or a read copy beside an fp32 checkpoint");
-  static_assert(kSameColumnCount<Tile, ReadTile> && kSameColumnCount<Tile, FlushTile>,
-                "every tile spreads a row over the same lanes (DraftSplit)");
-  static_assert(kFlushRows % Vec16<TI>::kElems == 0, "a flush tile's x-row chunk is whole 16-byte vectors");
+  static_assert(kSameColumnCount<Tile, ReadTile>, "both tiles spread a row over the same lanes (DraftSplit)");
   static constexpr int kW = Layout::kW;
   static constexpr int kChunks = P / ROWS;
   static constexpr int kBVec = Vec16<TI>::kElems;
@@ -177,13 +166,7 @@ struct PersistentVerify : GroupUnits {
         pipe(smem),
         T(params.drafts.T),
         units(static_cast<int64_t>(params.d.batch) * units_per_row) {}
-  // Tiles of a unit: per head, kChunks tiles of ROWS rows, or (a flush) kChunks * kFlushSplit of kFlushRows.
-  __device__ int tiles_per_unit(bool flush) const { return heads_per_unit * kChunks * (flush ? kFlushSplit : 1); }
-  // Head (index in the unit) and first row of tile t.
-  __device__ int tile_head(int t, bool flush) const { return t / (kChunks * (flush ? kFlushSplit : 1)); }
-  __device__ int tile_row0(int t, bool flush) const {
-    return (t % (kChunks * (flush ? kFlushSplit : 1))) * (flush ? kFlushRows : ROWS);
-  }
+  __device__ int tiles_per_unit() const { return heads_per_unit * kChunks; }
 
   // Output row of token (b, i) for head h, first element p0.
   __device__ TI* out_row(int64_t b, int i, int h, int p0) const {
@@ -235,18 +218,16 @@ struct PersistentVerify : GroupUnits {
       }
       copy_live_dt_ring<L>(reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset), p, cur, R, c.h0, heads_per_unit,
                            lane);
-      return tiles_per_unit(cur.m + n > L);
+      return tiles_per_unit();
     };
 
     auto fill_stage = [&](int64_t u, int t, unsigned char* S, uint64_t* bar) {
       const UnitCoords c = unit_of(u);
-      const bool flush = cur.m + n > L;
-      const int h = c.h0 + tile_head(t, flush), p0 = tile_row0(t, flush), m = cur.m;
-      const int xv = (flush ? kFlushRows : ROWS) / kBVec;  // 16-byte vectors of the tile's x-row chunk
+      const int h = c.h0 + t / kChunks, p0 = (t % kChunks) * ROWS, m = cur.m;
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(p0) * N;
-      if (RC::kEnabled && !flush) {  // a non-flush unit with a read copy: the copy's tile and scales
+      if (RC::kEnabled && m + n <= L) {  // a non-flush unit with a read copy: the copy's tile and scales
         const unsigned char* codes = static_cast<const unsigned char*>(p.pool.read) +
                                      (slot * p.pool.read_stride_slot + h * p.pool.read_stride_head) *
                                          static_cast<int64_t>(sizeof(typename RC::T)) +
@@ -267,11 +248,9 @@ struct PersistentVerify : GroupUnits {
                           Layout::kReadRowBytes, bar);
         }
       } else if constexpr (Layout::kRowStride == N) {
-        if (lane == 0)
-          mbar_arrive_expect_tx(bar, Layout::kFlushTileBytes);  // the "+ 1" arrival of the stage's full barrier
-        if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kFlushTileBytes, bar);
+        if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
+        if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
       } else {  // padded rows: one copy per row
-        static_assert(kFlushSplit == 1, "padded rows: the checkpoint alone, whose tiles are not split");
         if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);
         __syncwarp();
         TS* dst = reinterpret_cast<TS*>(S + Layout::kTile.offset);
@@ -280,21 +259,21 @@ struct PersistentVerify : GroupUnits {
       }
       const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
       TI* Sx = reinterpret_cast<TI*>(S + Layout::kXRing.offset);
-      for (int i = lane; i < m * xv; i += 32) {
-        const int j = i / xv, q = i % xv;
+      for (int i = lane; i < m * kXV; i += 32) {
+        const int j = i / kXV, q = i % kXV;
         cp_async16(Sx + j * ROWS + q * kBVec, xr + static_cast<int64_t>(cur.phys(j, R)) * P + q * kBVec);
       }
       const TI* xp = static_cast<const TI*>(p.in.x) + c.b * T * p.in.x_stride_batch + h * p.in.x_stride_head + p0;
       TI* Sxd = reinterpret_cast<TI*>(S + Layout::kXd.offset);
-      for (int i = lane; i < n * xv; i += 32) {
-        const int d = i / xv, q = i % xv;
+      for (int i = lane; i < n * kXV; i += 32) {
+        const int d = i / kXV, q = i % kXV;
         cp_async16(Sxd + d * ROWS + q * kBVec, xp + d * p.in.x_stride_batch + q * kBVec);
       }
       if (p.in.z != nullptr) {
         const TI* zp = static_cast<const TI*>(p.in.z) + c.b * T * p.in.z_stride_batch + h * p.in.z_stride_head + p0;
         TI* Szd = reinterpret_cast<TI*>(S + Layout::kZd.offset);
-        for (int i = lane; i < n * xv; i += 32) {
-          const int d = i / xv, q = i % xv;
+        for (int i = lane; i < n * kXV; i += 32) {
+          const int d = i / kXV, q = i % kXV;
           cp_async16(Szd + d * ROWS + q * kBVec, zp + d * p.in.z_stride_batch + q * kBVec);
         }
       }
@@ -345,7 +324,7 @@ struct PersistentVerify : GroupUnits {
       Layout::Pipeline::consumer_sync();
       for (int i = warp; i < heads_per_unit; i += kPersistentConsumerWarps) head_values(U, dh, i, c, lane);
       Layout::Pipeline::consumer_sync();
-      return tiles_per_unit(vu.flush);
+      return tiles_per_unit();
     };
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
@@ -495,9 +474,9 @@ struct PersistentVerify : GroupUnits {
                                               const unsigned char* S) const {
     TileView v;
     const unsigned char* U = vu.buffer;
-    v.hi = tile_head(t, vu.flush);
+    v.hi = t / kChunks;
     v.h = c.h0 + v.hi;
-    v.p0 = tile_row0(t, vu.flush);
+    v.p0 = (t % kChunks) * ROWS;
     v.coef = reinterpret_cast<const float*>(U + Layout::kHeadCoef.offset) + v.hi * TMAX * kW;
     v.dv = reinterpret_cast<const DraftValue*>(U + Layout::kHeadDraft.offset) + v.hi * TMAX;
     v.hv = reinterpret_cast<const VerifyHeadValue*>(U + Layout::kHeadValue.offset)[v.hi];
@@ -518,7 +497,7 @@ struct PersistentVerify : GroupUnits {
   template <bool kFlush, class Release>
   __device__ __forceinline__ void tile(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
                                        Release&& release, int warp, int lane, int R) const {
-    using Rows = std::conditional_t<kFlush, FlushTile, ReadTile>;  // the rows and columns this thread holds
+    using Rows = std::conditional_t<kFlush, Tile, ReadTile>;  // the columns this thread holds
     constexpr int kV = Rows::kVec;
     using Split = DraftSplit<TMAX, Tile::kLanes>;
     constexpr int kHeld = Split::kHeld, kDup = Split::kDup;
@@ -534,15 +513,15 @@ struct PersistentVerify : GroupUnits {
       rt.load_shared(codes, reinterpret_cast<const float*>(codes + Layout::kScaleOffset), warp, lane);
       rt.values(1.f, sv);
     } else {
-      load_rows<kFlush, Rows>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+      load_rows<kFlush>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
     }
 
     // Ring part of the lane's outputs (drafts first .. first + kHeld - 1 of its rows; the kDup lanes
     // that hold them take records sub, sub + kDup, ...), and what the epilogue reads of the stage.
-    float rsum[Rows::kPasses][kHeld], xin[Rows::kPasses][kHeld], zin[Rows::kPasses][kHeld];
+    float rsum[Tile::kPasses][kHeld], xin[Tile::kPasses][kHeld], zin[Tile::kPasses][kHeld];
 #pragma unroll
-    for (int s = 0; s < Rows::kPasses; ++s) {
-      const int r = Rows::row(warp, lane, s);
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
 #pragma unroll
       for (int k = 0; k < kHeld; ++k) {
         const int i = first + k;
@@ -565,21 +544,21 @@ struct PersistentVerify : GroupUnits {
         zin[s][k] = i < n && p.in.z != nullptr ? to_float(tv.Szd[i * ROWS + r]) : 0.f;
       }
     }
-    append_x_records<Rows>(vu, tv.h, tv.p0, tv.Sxd, warp, lane, R);
+    append_x_records(vu, tv.h, tv.p0, tv.Sxd, warp, lane, R);
     release();
 
-    if constexpr (kFlush) store_rows<Rows>(sv, vu.slot, tv.h, tv.p0, warp, lane, nullptr);
+    if constexpr (kFlush) store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, nullptr);
 
     // Checkpoint part: every draft's partial dot products over the lane's columns (C rows of
     // drafts n .. TMAX - 1 are zeros), then the reduce-scatter.
     const float* Cf = reinterpret_cast<const float*>(U + Layout::kCf.offset);
-    float dots[Rows::kPasses][TMAX];
+    float dots[Tile::kPasses][TMAX];
 #pragma unroll
     for (int i = 0; i < TMAX; ++i) {
       float Cv[kCols];
       Rows::load_columns(Cv, Cf + i * N, lane);
 #pragma unroll
-      for (int s = 0; s < Rows::kPasses; ++s) {
+      for (int s = 0; s < Tile::kPasses; ++s) {
         float dot = 0.f;
 #pragma unroll
         for (int v = 0; v < Rows::kVpl; ++v)
@@ -589,13 +568,13 @@ struct PersistentVerify : GroupUnits {
       }
     }
 #pragma unroll
-    for (int s = 0; s < Rows::kPasses; ++s) Split::sum(dots[s], lane);
+    for (int s = 0; s < Tile::kPasses; ++s) Split::sum(dots[s], lane);
 
     // Epilogue: outputs (zeros for drafts n .. T - 1), by one lane of each kDup.
     if (sub == 0) {
 #pragma unroll
-      for (int s = 0; s < Rows::kPasses; ++s) {
-        const int r = Rows::row(warp, lane, s);
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        const int r = Tile::row(warp, lane, s);
 #pragma unroll
         for (int k = 0; k < kHeld; ++k) {
           const int i = first + k;
@@ -614,37 +593,37 @@ struct PersistentVerify : GroupUnits {
 
   // This warp's rows of the stage tile as floats (StateTile layout); kFlush: with the m committed
   // records folded in, S' = tot S_c + sum_j w_j x_j B_j^T.
-  template <bool kFlush, class RT = Tile>
-  __device__ __forceinline__ void load_rows(float (&sv)[RT::kPasses][RT::kVpl][RT::kVec], const unsigned char* U,
+  template <bool kFlush>
+  __device__ __forceinline__ void load_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const unsigned char* U,
                                             int hi, float tot, const TS* ST, const TI* Sx, int m, int warp,
                                             int lane) const {
-    constexpr int kV = RT::kVec;
+    constexpr int kV = Tile::kVec;
 #pragma unroll
-    for (int s = 0; s < RT::kPasses; ++s)
+    for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-      for (int v = 0; v < RT::kVpl; ++v)
+      for (int v = 0; v < Tile::kVpl; ++v)
         unpack16<TS>(
-            *reinterpret_cast<const uint4*>(ST + RT::row(warp, lane, s) * Layout::kRowStride + RT::col(lane, v)),
+            *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
             sv[s][v]);
     if constexpr (kFlush) {
       const TI* UR = reinterpret_cast<const TI*>(U + Layout::kBRing.offset);
       const float* fold = reinterpret_cast<const float*>(U + Layout::kHeadFold.offset) + hi * L;
 #pragma unroll
-      for (int s = 0; s < RT::kPasses; ++s)
+      for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-        for (int v = 0; v < RT::kVpl; ++v)
+        for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
           for (int e = 0; e < kV; ++e) sv[s][v][e] *= tot;
       for (int j = 0; j < m; ++j) {
-        float Bj[RT::kVpl][kV];
+        float Bj[Tile::kVpl][kV];
 #pragma unroll
-        for (int v = 0; v < RT::kVpl; ++v) load_floats<TI, kV>(UR + j * N + RT::col(lane, v), Bj[v]);
+        for (int v = 0; v < Tile::kVpl; ++v) load_floats<TI, kV>(UR + j * N + Tile::col(lane, v), Bj[v]);
         const float w = fold[j];
 #pragma unroll
-        for (int s = 0; s < RT::kPasses; ++s) {
-          const float xw = w * to_float(Sx[j * ROWS + RT::row(warp, lane, s)]);
+        for (int s = 0; s < Tile::kPasses; ++s) {
+          const float xw = w * to_float(Sx[j * ROWS + Tile::row(warp, lane, s)]);
 #pragma unroll
-          for (int v = 0; v < RT::kVpl; ++v)
+          for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
             for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(xw, Bj[v][e], sv[s][v][e]);
         }
@@ -655,29 +634,28 @@ struct PersistentVerify : GroupUnits {
   // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
   // read the stored state); `back` (not null): also write it over the stage tile's rows. With a
   // read copy, store_state_row also re-encodes the copy's rows from the same fold.
-  template <class RT = Tile>
-  __device__ __forceinline__ void store_rows(float (&sv)[RT::kPasses][RT::kVpl][RT::kVec], int64_t slot, int h, int p0,
-                                             int warp, int lane, TS* back) const {
+  __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
+                                             int p0, int warp, int lane, TS* back) const {
     if constexpr (RC::kEnabled) {
 #pragma unroll
-      for (int s = 0; s < RT::kPasses; ++s) {
-        float held[RT::kVpl][RT::kVec];
-        store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, h, p0 + RT::row(warp, lane, s), P, N, 0u),
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float held[Tile::kVpl][Tile::kVec];
+        store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, h, p0 + Tile::row(warp, lane, s), P, N, 0u),
                                       sv[s], lane, held);
 #pragma unroll
-        for (int v = 0; v < RT::kVpl; ++v)
+        for (int v = 0; v < Tile::kVpl; ++v)
 #pragma unroll
-          for (int e = 0; e < RT::kVec; ++e) sv[s][v][e] = held[v][e];
+          for (int e = 0; e < Tile::kVec; ++e) sv[s][v][e] = held[v][e];
       }
       return;
     }
     TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
              static_cast<int64_t>(p0) * N;
 #pragma unroll
-    for (int s = 0; s < RT::kPasses; ++s)
+    for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
-      for (int v = 0; v < RT::kVpl; ++v) {
-        const int r = RT::row(warp, lane, s), col = RT::col(lane, v);
+      for (int v = 0; v < Tile::kVpl; ++v) {
+        const int r = Tile::row(warp, lane, s), col = Tile::col(lane, v);
         const uint4 packed = pack16<TS>(sv[s][v]);
         store_stream16(st + r * N + col, packed);
         if (back != nullptr) *reinterpret_cast<uint4*>(back + r * Layout::kRowStride + col) = packed;
@@ -779,10 +757,9 @@ struct PersistentVerify : GroupUnits {
   }
 
   // The drafts' x records of this warp's rows (ring position start + m + d), from the stage.
-  template <class RT = Tile>
   __device__ __forceinline__ void append_x_records(const VerifyUnit& vu, int h, int p0, const TI* Sxd, int warp,
                                                    int lane, int R) const {
-    constexpr int kRowsPerWarp = RT::kRowsPerWarp;
+    constexpr int kRowsPerWarp = Tile::kRowsPerWarp;
     TI* xr_out = static_cast<TI*>(p.ring.x) + vu.slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0 +
                  warp * kRowsPerWarp;
     const TI* src = Sxd + warp * kRowsPerWarp;
