@@ -55,7 +55,7 @@ def _mamba2_specs():
 def _mamba2_verify_specs():
     from replayssm.ops.generators import mamba2_decode_spec, verify_capacity
 
-    from .test_mamba2_verify import BASE
+    from .test_mamba2_verify import BASE, READ_COPIES
     from .test_mamba2_verify import CONFIGS as VERIFY_CONFIGS
 
     specs = {}
@@ -64,6 +64,10 @@ def _mamba2_verify_specs():
             "replay_verify", cfg["P"], cfg["N"], cfg["state"], cfg["io"], cfg["L"], verify_capacity(cfg["T"])
         )
         specs[s.name] = s
+    for r in READ_COPIES:  # TestMamba2VerifyReadCopy and its persistent subclass: T = 4, 8 and 16
+        for T in (4, 8, 16):
+            s = mamba2_decode_spec("replay_verify", 64, 128, BASE["state"], BASE["io"], BASE["L"], T, read_dtype=r)
+            specs[s.name] = s
     s = mamba2_decode_spec("conventional_verify", 64, 128, BASE["state"], BASE["io"], T=4)
     specs[s.name] = s
     return list(specs.values())

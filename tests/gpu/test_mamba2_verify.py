@@ -400,6 +400,13 @@ class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):  # read_dtyp
     def test_token_trees_with_counts(self, read_dtype):
         self.run(read_dtype, 4 if read_dtype == "nvfp4" else 8, tree=True, varlen=True)
 
+    def test_sixteen_drafts(self, read_dtype):
+        """16 drafts: the code dots' second half of the MMA rows (drafts 8 .. 15), and a flush in
+        every round after the first commit (m + 16 > L)."""
+        if read_dtype == "nvfp4":
+            pytest.skip("an NVFP4 copy runs the tile verify beyond four drafts (the test below)")
+        self.run(read_dtype, 16, varlen=True)
+
     def test_nvfp4_beyond_four_drafts_runs_the_tile_verify(self, read_dtype):
         if read_dtype != "nvfp4":
             pytest.skip("fp8 and bf16 copies run the persistent verify at every draft count")
