@@ -68,6 +68,10 @@ def _mamba2_verify_specs():
         for T in (4, 8, 16):
             s = mamba2_decode_spec("replay_verify", 64, 128, BASE["state"], BASE["io"], BASE["L"], T, read_dtype=r)
             specs[s.name] = s
+    fp8 = READ_COPIES[0]
+    for P, N in ((64, 256), (80, 128)):  # test_other_model_shapes: the fp8 copy at T = 4
+        s = mamba2_decode_spec("replay_verify", P, N, BASE["state"], BASE["io"], BASE["L"], 4, read_dtype=fp8)
+        specs[s.name] = s
     s = mamba2_decode_spec("conventional_verify", 64, 128, BASE["state"], BASE["io"], T=4)
     specs[s.name] = s
     return list(specs.values())

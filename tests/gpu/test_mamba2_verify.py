@@ -352,10 +352,10 @@ class TestMamba2VerifyReadCopy:
 
     extra: dict = {}  # configuration the subclass adds (the kernel it forces)
 
-    def run(self, read_dtype, T, **kw):
+    def run(self, read_dtype, T, dims=None, **kw):
         gen = seeded_generator()
         return run_spec_sequence(
-            Mamba2Spec({**BASE, "T": T, **self.extra}, gen),
+            Mamba2Spec({**BASE, "T": T, **self.extra, **(dims or {})}, gen),
             steps=40,
             batch=5,
             num_slots=10,
@@ -399,6 +399,14 @@ class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):  # read_dtyp
 
     def test_token_trees_with_counts(self, read_dtype):
         self.run(read_dtype, 4 if read_dtype == "nvfp4" else 8, tree=True, varlen=True)
+
+    @pytest.mark.parametrize("dims", [{"N": 256}, {"P": 80}], ids=["N256", "P80"])
+    def test_other_model_shapes(self, read_dtype, dims):
+        """The AOT set's other Mamba-2 shapes with the fp8 copy: N = 256 (four 64-byte steps per
+        row in the code dots) and P = 80 (16-row tiles: CUDA-core dots)."""
+        if read_dtype != torch.float8_e4m3fn:
+            pytest.skip("the fp8 copy, as the AOT set carries it")
+        self.run(read_dtype, 4, dims=dims, varlen=True)
 
     def test_sixteen_drafts(self, read_dtype):
         """16 drafts: the code dots' second half of the MMA rows (drafts 8 .. 15), and a flush in
