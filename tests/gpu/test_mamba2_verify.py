@@ -408,6 +408,10 @@ class TestMamba2PersistentVerifyReadCopy(TestMamba2VerifyReadCopy):  # read_dtyp
             pytest.skip("the fp8 copy, as the AOT set carries it")
         self.run(read_dtype, 4, dims=dims, varlen=True)
 
+    def test_two_drafts(self, read_dtype):
+        """Two drafts: the code dots' lane pairs split the ring parts of drafts 0 and 1."""
+        self.run(read_dtype, 2, varlen=True)
+
     def test_sixteen_drafts(self, read_dtype):
         """16 drafts: the code dots' second half of the MMA rows (drafts 8 .. 15), and a flush in
         every round after the first commit (m + 16 > L)."""

@@ -699,15 +699,23 @@ struct PersistentVerify : GroupUnits {
     }
 
     // Ring parts of the lane's outputs: drafts g + 8k, rows r0 and r0 + 1 (one x pair per record).
+    // At up to four drafts the lanes of drafts g + 4 (whose dot products are zeros) take every
+    // other record of draft g's ring part, and the two halves are summed across the lane pair.
+    constexpr bool kPairs = TMAX <= 4;
+    constexpr int kStride = kPairs ? 2 : 1;
+    static_assert(L % kStride == 0, "records split evenly over a lane pair");
     float y[kHeld][2];
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int i = lane / 4 + 8 * k;
-      float a0 = 0.f, a1 = 0.f, x0 = 0.f, x1 = 0.f, z0 = 0.f, z1 = 0.f;
-      if (i < n) {
-        const float* ci = tv.coef + i * kW;
+      const int ir = kPairs ? i % 4 : i;  // the draft whose ring part this lane sums
+      const int half = kPairs ? i / 4 : 0;
+      float a0 = 0.f, a1 = 0.f;
+      if (ir < n) {
+        const float* ci = tv.coef + ir * kW;
 #pragma unroll
-        for (int j = 0; j < L; ++j) {
+        for (int jj = 0; jj < L / kStride; ++jj) {
+          const int j = jj * kStride + half;
           if (j < me) {
             const float w = ci[j];
             const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sx + j * ROWS + r0));
@@ -716,7 +724,8 @@ struct PersistentVerify : GroupUnits {
           }
         }
 #pragma unroll
-        for (int d = 0; d < TMAX; ++d) {
+        for (int dd = 0; dd < (TMAX + kStride - 1) / kStride; ++dd) {
+          const int d = dd * kStride + half;
           if (d < n) {
             const float w = ci[L + d];
             const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + d * ROWS + r0));
@@ -724,6 +733,13 @@ struct PersistentVerify : GroupUnits {
             a1 = fmaf(w, x.y, a1);
           }
         }
+      }
+      if constexpr (kPairs) {
+        a0 += __shfl_xor_sync(0xffffffffu, a0, 16);  // lane 4 (g ^ 4) + c: the pair's other half
+        a1 += __shfl_xor_sync(0xffffffffu, a1, 16);
+      }
+      if (i < n) {
+        float x0, x1, z0 = 0.f, z1 = 0.f;
         const float2 xi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + i * ROWS + r0));
         x0 = xi.x;
         x1 = xi.y;
