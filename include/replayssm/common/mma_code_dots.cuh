@@ -15,9 +15,9 @@
 // step's 4 kE (kE = 16 / sizeof(code) codes per 16 bytes). Of those, MMA j of the step takes
 // columns 4j, 4j + 1 as the k pair (2c, 2c + 1) and 4j + 2, 4j + 3 as (2c + 8, 2c + 9): the k
 // order is a permutation of the columns, the same for every row and for the vectors' fragments,
-// so the sums are the dot products. Rows lie in shared memory kRowStride bytes apart: unpadded,
-// so that one bulk copy brings a tile; a quarter warp's 16-byte reads (two rows) then meet in
-// pairs on the same banks, two reads per row and step.
+// so the sums are the dot products. Rows lie in shared memory unpadded, kRowBytes apart, so that
+// one bulk copy brings a tile; a quarter warp's 16-byte reads (two rows) then meet in pairs on the
+// same banks, two reads per row and step (padded rows, one bulk copy each, measured slower).
 #pragma once
 
 #include <cuda_bf16.h>
@@ -43,7 +43,6 @@ struct MmaCodeDots {
   static constexpr int kMmasPerStep = kE / 4;
   static constexpr int kMmas = kSteps * kMmasPerStep;
   static constexpr int kRowBytes = N * static_cast<int>(sizeof(Code));
-  static constexpr int kRowStride = kRowBytes;  // bytes between rows in shared memory
   static constexpr int kHeld = TMAX > 8 ? 2 : 1;  // vectors a lane's results cover: g, g + 8
   static constexpr size_t kFragmentBytes = static_cast<size_t>(kMmas) * 32 * sizeof(uint4);
 
@@ -89,10 +88,10 @@ struct MmaCodeDots {
   }
 
   // out[k][e] = vector (lane / 4 + 8 k) . row (2 (lane % 4) + e) of the 8 rows at `rows` (shared
-  // memory, kRowStride bytes apart, 16-byte aligned), before the vectors' and rows' scales.
+  // memory, kRowBytes apart, 16-byte aligned), before the vectors' and rows' scales.
   __device__ __forceinline__ static void dots(const unsigned char* rows, const unsigned char* frag, int lane,
                                               float (&out)[kHeld][2]) {
-    const unsigned char* r = rows + (lane / 4) * kRowStride + 16 * (lane % 4);
+    const unsigned char* r = rows + (lane / 4) * kRowBytes + 16 * (lane % 4);
     const uint4* a = reinterpret_cast<const uint4*>(frag);
     float acc[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll

@@ -68,13 +68,12 @@ struct PersistentVerifyLayout {
   using Dots = MmaSplitDots<N, TMAX>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : N;  // TS elements per row of the stage tile
   // A read copy's non-flush dots on tensor cores (common/mma_code_dots.cuh): fp8 or bf16 codes,
-  // bf16 io, 8 rows per consumer warp; the copy's rows are then padded in shared memory. NVFP4
-  // (per-block scales) forms them on CUDA cores.
+  // bf16 io, 8 rows per consumer warp, read from the unpadded tile. NVFP4 (per-block scales) forms
+  // them on CUDA cores.
   static constexpr bool kCodeMma =
       RC::kEnabled && !RC::kBlockScaled && std::is_same_v<TI, __nv_bfloat16> && ROWS == 8 * kPersistentConsumerWarps;
   using CodeDots = MmaCodeDots<std::conditional_t<kCodeMma, typename RC::T, __nv_bfloat16>, N, TMAX>;
   static constexpr int kReadRowBytes = RC::row_elems(N) * static_cast<int>(sizeof(typename RC::T));
-  static constexpr int kReadRowStride = kCodeMma ? CodeDots::kRowStride : kReadRowBytes;  // bytes
 
   // Unit buffer: header, drafts, drafts' C and B (io dtype), B ring [L][N] (live records, logical
   // order), C in fp32, B . C [TMAX][kW]; per head: scalar words (A, D, dt_bias), the drafts' dt
@@ -107,7 +106,7 @@ struct PersistentVerifyLayout {
   // [TMAX][ROWS] (io dtype).
   static constexpr uint32_t kTileBytes = ROWS * N * sizeof(TS);  // what the copies bring
   static constexpr uint32_t kReadTileBytes = RC::kEnabled ? ROWS * kReadRowBytes : 0;  // what the copies bring
-  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(static_cast<size_t>(ROWS) * kReadRowStride));
+  static constexpr uint32_t kScaleOffset = static_cast<uint32_t>(align16(kReadTileBytes));
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * sizeof(float) : 0;
   static constexpr size_t kPaddedTileBytes = static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile =
@@ -238,14 +237,7 @@ struct PersistentVerify : GroupUnits {
             bulk_copy_g2s(S + Layout::kTile.offset + Layout::kScaleOffset,
                           p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + p0,
                           Layout::kScaleBytes, bar);
-        }
-        if constexpr (Layout::kReadRowStride == Layout::kReadRowBytes) {
-          if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kReadTileBytes, bar);
-        } else {  // padded rows (kCodeMma): one copy per row, after lane 0's expect_tx
-          __syncwarp();
-          for (int r = lane; r < ROWS; r += 32)
-            bulk_copy_g2s(S + Layout::kTile.offset + r * Layout::kReadRowStride, codes + r * Layout::kReadRowBytes,
-                          Layout::kReadRowBytes, bar);
+          bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kReadTileBytes, bar);
         }
       } else if constexpr (Layout::kRowStride == N) {
         if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
@@ -681,7 +673,7 @@ struct PersistentVerify : GroupUnits {
     if constexpr (Layout::kCodeMma) {  // a non-flush tile of the read copy: codes, then both scales
       static_assert(!kFlush, "a flush folds the checkpoint on CUDA cores");
       const unsigned char* codes = S + Layout::kTile.offset;
-      Layout::CodeDots::dots(codes + warp * 8 * Layout::kReadRowStride, U + Layout::kCodeFrag.offset, lane, dot);
+      Layout::CodeDots::dots(codes + warp * 8 * Layout::kReadRowBytes, U + Layout::kCodeFrag.offset, lane, dot);
       const float* cs = reinterpret_cast<const float*>(U + Layout::kCodeScale.offset);
       const float* rs = reinterpret_cast<const float*>(codes + Layout::kScaleOffset);
 #pragma unroll
