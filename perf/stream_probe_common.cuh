@@ -200,3 +200,55 @@ inline void fill_cursors(int* slot_of_row, int* start, int* lens, int batch, int
   CHECK(cudaMemcpy(start, st.data(), slots * 4, cudaMemcpyHostToDevice));
   CHECK(cudaMemcpy(lens, ln.data(), ln.size() * 4, cudaMemcpyHostToDevice));
 }
+
+// The device buffers of a Mamba-2 probe (H heads of P rows over N, G groups, rings of R records;
+// `tokens` token rows per batch row: 1 for a step, the drafts for a verify), allocated, with
+// every input, ring and read copy filled from seeds seed0 + 1 .. seed0 + 13; y is left to the
+// probe, the cursors to fill_cursors (lens holds `levels` arrays of slots counts).
+template <int H, int P, int N, int G, int R>
+struct Mamba2ProbeBuffers {
+  uint8_t* Q;  // [slots][H][P][N] e4m3 codes
+  float *qscale, *dt_ring, *dt, *A, *D, *dt_bias;
+  bf16 *x_ring, *B_ring, *x, *z, *Bv, *C, *y;
+  int *slot_of_row, *start, *lens;
+
+  Mamba2ProbeBuffers(int batch, int slots, int tokens, int levels, uint32_t seed0) {
+    const size_t nQ = static_cast<size_t>(slots) * H * P * N, nS = static_cast<size_t>(slots) * H * P;
+    const size_t nX = static_cast<size_t>(slots) * H * R * P, nB = static_cast<size_t>(slots) * G * R * N;
+    const size_t nD = static_cast<size_t>(slots) * H * R, nIn = static_cast<size_t>(batch) * tokens * H * P;
+    const size_t nBC = static_cast<size_t>(batch) * tokens * G * N, nDt = static_cast<size_t>(batch) * tokens * H;
+    CHECK(cudaMalloc(&Q, nQ));
+    CHECK(cudaMalloc(&qscale, nS * 4));
+    CHECK(cudaMalloc(&dt_ring, nD * 4));
+    CHECK(cudaMalloc(&x_ring, nX * 2));
+    CHECK(cudaMalloc(&B_ring, nB * 2));
+    CHECK(cudaMalloc(&x, nIn * 2));
+    CHECK(cudaMalloc(&z, nIn * 2));
+    CHECK(cudaMalloc(&y, nIn * 2));
+    CHECK(cudaMalloc(&Bv, nBC * 2));
+    CHECK(cudaMalloc(&C, nBC * 2));
+    CHECK(cudaMalloc(&dt, nDt * 4));
+    CHECK(cudaMalloc(&A, H * 4));
+    CHECK(cudaMalloc(&D, H * 4));
+    CHECK(cudaMalloc(&dt_bias, H * 4));
+    CHECK(cudaMalloc(&slot_of_row, batch * 4));
+    CHECK(cudaMalloc(&start, slots * 4));
+    CHECK(cudaMalloc(&lens, static_cast<size_t>(levels) * slots * 4));
+
+    fill_codes<<<1024, 256>>>(Q, nQ, seed0 + 1);
+    fill_f32<<<1024, 256>>>(qscale, nS, seed0 + 2, 1e-3f, 4e-3f);
+    fill_f32<<<1024, 256>>>(dt_ring, nD, seed0 + 3, 1e-3f, 0.1f);
+    fill_bf16<<<1024, 256>>>(x_ring, nX, seed0 + 4, -1.f, 1.f);
+    fill_bf16<<<1024, 256>>>(B_ring, nB, seed0 + 5, -1.f, 1.f);
+    fill_bf16<<<1024, 256>>>(x, nIn, seed0 + 6, -1.f, 1.f);
+    fill_bf16<<<1024, 256>>>(z, nIn, seed0 + 7, -2.f, 2.f);
+    fill_bf16<<<1024, 256>>>(Bv, nBC, seed0 + 8, -1.f, 1.f);
+    fill_bf16<<<1024, 256>>>(C, nBC, seed0 + 9, -1.f, 1.f);
+    fill_f32<<<1024, 256>>>(dt, nDt, seed0 + 10, -4.f, 0.f);
+    fill_f32<<<1, 128>>>(A, H, seed0 + 11, -16.f, -1.f);
+    fill_f32<<<1, 128>>>(D, H, seed0 + 12, 0.5f, 1.5f);
+    fill_f32<<<1, 128>>>(dt_bias, H, seed0 + 13, -3.f, -1.f);
+    CHECK(cudaGetLastError());
+  }
+};
+

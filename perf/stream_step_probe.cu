@@ -395,49 +395,13 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, batch %d, slots %d\n", prop.name, batch, slots);
 
-  const size_t nQ = static_cast<size_t>(slots) * H * P * N, nS = static_cast<size_t>(slots) * H * P;
-  const size_t nX = static_cast<size_t>(slots) * H * R * P, nB = static_cast<size_t>(slots) * G * R * N;
-  const size_t nD = static_cast<size_t>(slots) * H * R, nIn = static_cast<size_t>(batch) * H * P;
-  const size_t nBC = static_cast<size_t>(batch) * G * N;
-  uint8_t* Q;
-  float *qscale, *dt_ring, *dt, *A, *D, *dt_bias, *sink;
-  bf16 *x_ring, *B_ring, *x, *z, *Bv, *C, *y;
-  int *slot_of_row, *start, *lens;
-  CHECK(cudaMalloc(&Q, nQ));
-  CHECK(cudaMalloc(&qscale, nS * 4));
-  CHECK(cudaMalloc(&dt_ring, nD * 4));
-  CHECK(cudaMalloc(&x_ring, nX * 2));
-  CHECK(cudaMalloc(&B_ring, nB * 2));
-  CHECK(cudaMalloc(&x, nIn * 2));
-  CHECK(cudaMalloc(&z, nIn * 2));
-  CHECK(cudaMalloc(&y, nIn * 2));
-  CHECK(cudaMalloc(&Bv, nBC * 2));
-  CHECK(cudaMalloc(&C, nBC * 2));
-  CHECK(cudaMalloc(&dt, static_cast<size_t>(batch) * H * 4));
-  CHECK(cudaMalloc(&A, H * 4));
-  CHECK(cudaMalloc(&D, H * 4));
-  CHECK(cudaMalloc(&dt_bias, H * 4));
+  const size_t nIn = static_cast<size_t>(batch) * H * P;
+  const Mamba2ProbeBuffers<H, P, N, G, R> buf(batch, slots, 1, R, 0);  // lens + m * slots: every slot at m
+  float* sink;
   CHECK(cudaMalloc(&sink, 4));
-  CHECK(cudaMalloc(&slot_of_row, batch * 4));
-  CHECK(cudaMalloc(&start, slots * 4));
-  CHECK(cudaMalloc(&lens, R * slots * 4));  // lens + m * slots: every slot at m
-
-  fill_codes<<<1024, 256>>>(Q, nQ, 1);
-  fill_f32<<<1024, 256>>>(qscale, nS, 2, 1e-3f, 4e-3f);
-  fill_f32<<<1024, 256>>>(dt_ring, nD, 3, 1e-3f, 0.1f);
-  fill_bf16<<<1024, 256>>>(x_ring, nX, 4, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(B_ring, nB, 5, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(x, nIn, 6, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(z, nIn, 7, -2.f, 2.f);
-  fill_bf16<<<1024, 256>>>(Bv, nBC, 8, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(C, nBC, 9, -1.f, 1.f);
-  fill_f32<<<1024, 256>>>(dt, static_cast<size_t>(batch) * H, 10, -4.f, 0.f);
-  fill_f32<<<1, 128>>>(A, H, 11, -16.f, -1.f);
-  fill_f32<<<1, 128>>>(D, H, 12, 0.5f, 1.5f);
-  fill_f32<<<1, 128>>>(dt_bias, H, 13, -3.f, -1.f);
-  CHECK(cudaGetLastError());
-  fill_cursors(slot_of_row, start, lens, batch, slots, R, R, 17);
-  Params p{batch, slot_of_row, Q, qscale, x_ring, B_ring, dt_ring, start, lens, x, z, Bv, C, dt, A, D, dt_bias, y};
+  fill_cursors(buf.slot_of_row, buf.start, buf.lens, batch, slots, R, R, 17);
+  Params p{batch, buf.slot_of_row, buf.Q, buf.qscale, buf.x_ring, buf.B_ring, buf.dt_ring, buf.start, buf.lens,
+           buf.x, buf.z, buf.Bv, buf.C, buf.dt, buf.A, buf.D, buf.dt_bias, buf.y};
   const dim3 grid2(batch, G), block(kWarps * 32);
   // Timing (median_us): the read-only ceiling, then each variant.
   const double ceiling = median_us([&] { read_only<<<grid2, block>>>(p, sink); });
@@ -469,43 +433,43 @@ int main(int argc, char** argv) {
       grid = dim3(persistent ? std::min(batch * G, blocks * prop.multiProcessorCount) : batch * G);
     }
     if (profile_only) {
-      p.len = lens + static_cast<size_t>(7) * slots;
+      p.len = buf.lens + static_cast<size_t>(7) * slots;
       for (int i = 0; i < 3; ++i) kern<<<grid, kThreads, smem>>>(p);
       CHECK(cudaDeviceSynchronize());
       return true;
     }
     bool ok = true;
     // Correctness: rows sampled, m = 0, 7, 14; the ring is read back before each run.
-    std::vector<int> h_slot = fetch(slot_of_row, 0, batch), h_start = fetch(start, 0, slots);
-    const std::vector<float> hA = fetch(A, 0, H), hD = fetch(D, 0, H), hbias = fetch(dt_bias, 0, H);
+    std::vector<int> h_slot = fetch(buf.slot_of_row, 0, batch), h_start = fetch(buf.start, 0, slots);
+    const std::vector<float> hA = fetch(buf.A, 0, H), hD = fetch(buf.D, 0, H), hbias = fetch(buf.dt_bias, 0, H);
     const int sample_rows[3] = {0, batch / 3, batch - 1};
     for (int m : {0, 7, 14}) {
-      p.len = lens + static_cast<size_t>(m) * slots;
-      fill_nan<<<1024, 256>>>(y, nIn);
+      p.len = buf.lens + static_cast<size_t>(m) * slots;
+      fill_nan<<<1024, 256>>>(buf.y, nIn);
       std::vector<std::vector<bf16>> xr_before, Br_before;
       std::vector<std::vector<float>> dr_before;
       for (int b : sample_rows) {
         const int s = h_slot[b];
-        xr_before.push_back(fetch(x_ring, static_cast<size_t>(s) * H * R * P, static_cast<size_t>(H) * R * P));
-        Br_before.push_back(fetch(B_ring, static_cast<size_t>(s) * G * R * N, static_cast<size_t>(G) * R * N));
-        dr_before.push_back(fetch(dt_ring, static_cast<size_t>(s) * H * R, static_cast<size_t>(H) * R));
+        xr_before.push_back(fetch(buf.x_ring, static_cast<size_t>(s) * H * R * P, static_cast<size_t>(H) * R * P));
+        Br_before.push_back(fetch(buf.B_ring, static_cast<size_t>(s) * G * R * N, static_cast<size_t>(G) * R * N));
+        dr_before.push_back(fetch(buf.dt_ring, static_cast<size_t>(s) * H * R, static_cast<size_t>(H) * R));
       }
       kern<<<grid, kThreads, smem>>>(p);
       CHECK(cudaGetLastError());
       CHECK(cudaDeviceSynchronize());
-      const std::vector<bf16> hy = fetch(y, 0, nIn);
+      const std::vector<bf16> hy = fetch(buf.y, 0, nIn);
       size_t nan_count = 0;
       for (const bf16& v : hy) nan_count += std::isnan(__bfloat162float(v)) ? 1 : 0;
       double worst = 0.0;
       for (int si = 0; si < 3; ++si) {
         const int b = sample_rows[si], s = h_slot[b], st = h_start[s];
-        const auto hq = fetch(Q, static_cast<size_t>(s) * H * P * N, static_cast<size_t>(H) * P * N);
-        const auto hs = fetch(qscale, static_cast<size_t>(s) * H * P, static_cast<size_t>(H) * P);
-        const auto hx = fetch(x, static_cast<size_t>(b) * H * P, static_cast<size_t>(H) * P);
-        const auto hz = fetch(z, static_cast<size_t>(b) * H * P, static_cast<size_t>(H) * P);
-        const auto hB = fetch(Bv, static_cast<size_t>(b) * G * N, static_cast<size_t>(G) * N);
-        const auto hC = fetch(C, static_cast<size_t>(b) * G * N, static_cast<size_t>(G) * N);
-        const auto hdt = fetch(dt, static_cast<size_t>(b) * H, H);
+        const auto hq = fetch(buf.Q, static_cast<size_t>(s) * H * P * N, static_cast<size_t>(H) * P * N);
+        const auto hs = fetch(buf.qscale, static_cast<size_t>(s) * H * P, static_cast<size_t>(H) * P);
+        const auto hx = fetch(buf.x, static_cast<size_t>(b) * H * P, static_cast<size_t>(H) * P);
+        const auto hz = fetch(buf.z, static_cast<size_t>(b) * H * P, static_cast<size_t>(H) * P);
+        const auto hB = fetch(buf.Bv, static_cast<size_t>(b) * G * N, static_cast<size_t>(G) * N);
+        const auto hC = fetch(buf.C, static_cast<size_t>(b) * G * N, static_cast<size_t>(G) * N);
+        const auto hdt = fetch(buf.dt, static_cast<size_t>(b) * H, H);
         for (int h = 0; h < H; ++h) {
           const int gg = h / kHeadsPerGroup;
           std::vector<double> d(m + 1), bcv(m + 1);
@@ -559,7 +523,7 @@ int main(int argc, char** argv) {
     std::vector<double> per_m;
     double sum = 0;
     for (int m = 0; m < R - 1; ++m) {
-      p.len = lens + static_cast<size_t>(m) * slots;
+      p.len = buf.lens + static_cast<size_t>(m) * slots;
       const double us = median_us([&] { kern<<<grid, kThreads, smem>>>(p); });
       per_m.push_back(us);
       sum += us;
@@ -571,7 +535,7 @@ int main(int argc, char** argv) {
     // The window's 15 non-flush steps back to back in one graph (per-step mean, median of 30).
     const double window = graph_us_per_launch(R - 1, [&](int m, cudaStream_t cs) {
       Params q = p;
-      q.len = lens + static_cast<size_t>(m) * slots;
+      q.len = buf.lens + static_cast<size_t>(m) * slots;
       kern<<<grid, kThreads, smem, cs>>>(q);
     });
     std::vector<double> sorted = per_m;

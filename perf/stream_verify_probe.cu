@@ -217,50 +217,13 @@ int main(int argc, char** argv) {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("device %s, batch %d, slots %d (Mamba-2 H %d P %d N %d G %d)\n", prop.name, batch, slots, H, P, N, G);
 
-  const size_t nQ = static_cast<size_t>(slots) * H * P * N, nS = static_cast<size_t>(slots) * H * P;
-  const size_t nX = static_cast<size_t>(slots) * H * R * P, nB = static_cast<size_t>(slots) * G * R * N;
-  const size_t nD = static_cast<size_t>(slots) * H * R, nIn = static_cast<size_t>(batch) * kMaxT * H * P;
-  const size_t nBC = static_cast<size_t>(batch) * kMaxT * G * N, nDt = static_cast<size_t>(batch) * kMaxT * H;
-  uint8_t* Q;
-  float *qscale, *dt_ring, *dt, *A, *D, *dt_bias;
-  bf16 *x_ring, *B_ring, *x, *z, *Bv, *C, *y;
-  int *slot_of_row, *start, *lens;
-  CHECK(cudaMalloc(&Q, nQ));
-  CHECK(cudaMalloc(&qscale, nS * 4));
-  CHECK(cudaMalloc(&dt_ring, nD * 4));
-  CHECK(cudaMalloc(&x_ring, nX * 2));
-  CHECK(cudaMalloc(&B_ring, nB * 2));
-  CHECK(cudaMalloc(&x, nIn * 2));
-  CHECK(cudaMalloc(&z, nIn * 2));
-  CHECK(cudaMalloc(&y, nIn * 2));
-  CHECK(cudaMalloc(&Bv, nBC * 2));
-  CHECK(cudaMalloc(&C, nBC * 2));
-  CHECK(cudaMalloc(&dt, nDt * 4));
-  CHECK(cudaMalloc(&A, H * 4));
-  CHECK(cudaMalloc(&D, H * 4));
-  CHECK(cudaMalloc(&dt_bias, H * 4));
-  CHECK(cudaMalloc(&slot_of_row, batch * 4));
-  CHECK(cudaMalloc(&start, slots * 4));
-  CHECK(cudaMalloc(&lens, static_cast<size_t>(L) * slots * 4));
-
-  fill_codes<<<1024, 256>>>(Q, nQ, 41);
-  fill_f32<<<1024, 256>>>(qscale, nS, 42, 1e-3f, 4e-3f);
-  fill_f32<<<1024, 256>>>(dt_ring, nD, 43, 1e-3f, 0.1f);
-  fill_bf16<<<1024, 256>>>(x_ring, nX, 44, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(B_ring, nB, 45, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(x, nIn, 46, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(z, nIn, 47, -2.f, 2.f);
-  fill_bf16<<<1024, 256>>>(Bv, nBC, 48, -1.f, 1.f);
-  fill_bf16<<<1024, 256>>>(C, nBC, 49, -1.f, 1.f);
-  fill_f32<<<1024, 256>>>(dt, nDt, 50, -4.f, 0.f);
-  fill_f32<<<1, 128>>>(A, H, 51, -16.f, -1.f);
-  fill_f32<<<1, 128>>>(D, H, 52, 0.5f, 1.5f);
-  fill_f32<<<1, 128>>>(dt_bias, H, 53, -3.f, -1.f);
-  CHECK(cudaGetLastError());
-  fill_cursors(slot_of_row, start, lens, batch, slots, R, L, 23);
-  Params p{batch, slot_of_row, Q, qscale, x_ring, B_ring, dt_ring, start, lens, x, z, Bv, C, dt, A, D, dt_bias, y};
-  const std::vector<int> h_slot = fetch(slot_of_row, 0, batch), h_start = fetch(start, 0, slots);
-  const std::vector<float> hA = fetch(A, 0, H), hD = fetch(D, 0, H), hbias = fetch(dt_bias, 0, H);
+  const size_t nIn = static_cast<size_t>(batch) * kMaxT * H * P;
+  const Mamba2ProbeBuffers<H, P, N, G, R> buf(batch, slots, kMaxT, L, 40);
+  fill_cursors(buf.slot_of_row, buf.start, buf.lens, batch, slots, R, L, 23);
+  Params p{batch, buf.slot_of_row, buf.Q, buf.qscale, buf.x_ring, buf.B_ring, buf.dt_ring, buf.start, buf.lens,
+           buf.x, buf.z, buf.Bv, buf.C, buf.dt, buf.A, buf.D, buf.dt_bias, buf.y};
+  const std::vector<int> h_slot = fetch(buf.slot_of_row, 0, batch), h_start = fetch(buf.start, 0, slots);
+  const std::vector<float> hA = fetch(buf.A, 0, H), hD = fetch(buf.D, 0, H), hbias = fetch(buf.dt_bias, 0, H);
   const int sample_rows[3] = {0, batch / 3, batch - 1};
 
   double base_median = 0, base_graph = 0;
@@ -278,32 +241,32 @@ int main(int argc, char** argv) {
     // Correctness: rows sampled, m = 0, 7, 14; the rings are read back before each run.
     bool ok = true;
     for (int m : {0, 7, 14}) {
-      p.len = lens + static_cast<size_t>(m) * slots;
-      fill_nan<<<1024, 256>>>(y, nIn);
+      p.len = buf.lens + static_cast<size_t>(m) * slots;
+      fill_nan<<<1024, 256>>>(buf.y, nIn);
       std::vector<std::vector<bf16>> xr, Br;
       std::vector<std::vector<float>> dr;
       for (int b : sample_rows) {
         const int s = h_slot[b];
-        xr.push_back(fetch(x_ring, static_cast<size_t>(s) * H * R * P, static_cast<size_t>(H) * R * P));
-        Br.push_back(fetch(B_ring, static_cast<size_t>(s) * G * R * N, static_cast<size_t>(G) * R * N));
-        dr.push_back(fetch(dt_ring, static_cast<size_t>(s) * H * R, static_cast<size_t>(H) * R));
+        xr.push_back(fetch(buf.x_ring, static_cast<size_t>(s) * H * R * P, static_cast<size_t>(H) * R * P));
+        Br.push_back(fetch(buf.B_ring, static_cast<size_t>(s) * G * R * N, static_cast<size_t>(G) * R * N));
+        dr.push_back(fetch(buf.dt_ring, static_cast<size_t>(s) * H * R, static_cast<size_t>(H) * R));
       }
       kern<<<grid, kThreads>>>(p);
       CHECK(cudaGetLastError());
       CHECK(cudaDeviceSynchronize());
-      const std::vector<bf16> hy = fetch(y, 0, static_cast<size_t>(batch) * T * H * P);
+      const std::vector<bf16> hy = fetch(buf.y, 0, static_cast<size_t>(batch) * T * H * P);
       size_t nan_count = 0;
       for (const bf16& v : hy) nan_count += std::isnan(__bfloat162float(v)) ? 1 : 0;
       double worst = 0.0;
       for (int si = 0; si < 3; ++si) {
         const int b = sample_rows[si], s = h_slot[b], st = h_start[s];
-        const auto hq = fetch(Q, static_cast<size_t>(s) * H * P * N, static_cast<size_t>(H) * P * N);
-        const auto hs = fetch(qscale, static_cast<size_t>(s) * H * P, static_cast<size_t>(H) * P);
-        const auto hx = fetch(x, static_cast<size_t>(b) * T * H * P, static_cast<size_t>(T) * H * P);
-        const auto hz = fetch(z, static_cast<size_t>(b) * T * H * P, static_cast<size_t>(T) * H * P);
-        const auto hB = fetch(Bv, static_cast<size_t>(b) * T * G * N, static_cast<size_t>(T) * G * N);
-        const auto hC = fetch(C, static_cast<size_t>(b) * T * G * N, static_cast<size_t>(T) * G * N);
-        const auto hdt = fetch(dt, static_cast<size_t>(b) * T * H, static_cast<size_t>(T) * H);
+        const auto hq = fetch(buf.Q, static_cast<size_t>(s) * H * P * N, static_cast<size_t>(H) * P * N);
+        const auto hs = fetch(buf.qscale, static_cast<size_t>(s) * H * P, static_cast<size_t>(H) * P);
+        const auto hx = fetch(buf.x, static_cast<size_t>(b) * T * H * P, static_cast<size_t>(T) * H * P);
+        const auto hz = fetch(buf.z, static_cast<size_t>(b) * T * H * P, static_cast<size_t>(T) * H * P);
+        const auto hB = fetch(buf.Bv, static_cast<size_t>(b) * T * G * N, static_cast<size_t>(T) * G * N);
+        const auto hC = fetch(buf.C, static_cast<size_t>(b) * T * G * N, static_cast<size_t>(T) * G * N);
+        const auto hdt = fetch(buf.dt, static_cast<size_t>(b) * T * H, static_cast<size_t>(T) * H);
         for (int h = 0; h < H; ++h) {
           const int gg = h / kHeadsPerGroup, n_rec = m + T;
           std::vector<double> d(n_rec), S(n_rec);
@@ -363,12 +326,12 @@ int main(int argc, char** argv) {
 
     std::vector<double> per_m;
     for (int m = 0; m < L - 1; ++m) {
-      p.len = lens + static_cast<size_t>(m) * slots;
+      p.len = buf.lens + static_cast<size_t>(m) * slots;
       per_m.push_back(median_us([&] { kern<<<grid, kThreads>>>(p); }));
     }
     const double window = graph_us_per_launch(L - 1, [&](int m, cudaStream_t cs) {
       Params pm = p;
-      pm.len = lens + static_cast<size_t>(m) * slots;
+      pm.len = buf.lens + static_cast<size_t>(m) * slots;
       kern<<<grid, kThreads, 0, cs>>>(pm);
     });
     std::vector<double> sorted = per_m;
