@@ -201,6 +201,25 @@ inline void fill_cursors(int* slot_of_row, int* start, int* lens, int batch, int
   CHECK(cudaMemcpy(lens, ln.data(), ln.size() * 4, cudaMemcpyHostToDevice));
 }
 
+// What a Mamba-2 probe kernel reads and writes (T token rows per batch row: 1 for a step, the
+// drafts for a verify).
+struct Mamba2ProbeParams {
+  int batch;
+  const int* slot_of_row;  // [batch]
+  const uint8_t* Q;  // [slots][H][P][N] e4m3 codes
+  const float* qscale;  // [slots][H][P]
+  bf16* x_ring;  // [slots][H][R][P]
+  bf16* B_ring;  // [slots][G][R][N]
+  float* dt_ring;  // [slots][H][R] processed dt
+  const int* start;  // [slots]
+  const int* len;  // [slots] records since the checkpoint (m)
+  const bf16 *x, *z;  // [batch][T][H][P]
+  const bf16 *Bv, *C;  // [batch][T][G][N]
+  const float* dt;  // [batch][T][H] raw
+  const float *A, *D, *dt_bias;  // [H]
+  bf16* y;  // [batch][T][H][P]
+};
+
 // The device buffers of a Mamba-2 probe (H heads of P rows over N, G groups, rings of R records;
 // `tokens` token rows per batch row: 1 for a step, the drafts for a verify), allocated, with
 // every input, ring and read copy filled from seeds seed0 + 1 .. seed0 + 13; y is left to the
@@ -249,6 +268,11 @@ struct Mamba2ProbeBuffers {
     fill_f32<<<1, 128>>>(D, H, seed0 + 12, 0.5f, 1.5f);
     fill_f32<<<1, 128>>>(dt_bias, H, seed0 + 13, -3.f, -1.f);
     CHECK(cudaGetLastError());
+  }
+
+  // The kernel's parameters, every slot at m = 0 (a probe points len at lens + m * slots).
+  Mamba2ProbeParams params(int batch) const {
+    return {batch, slot_of_row, Q, qscale, x_ring, B_ring, dt_ring, start, lens, x, z, Bv, C, dt, A, D, dt_bias, y};
   }
 };
 

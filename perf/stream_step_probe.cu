@@ -58,22 +58,7 @@ constexpr int kHeadsPerGroup = H / G;
 constexpr int kWarps = 8, kHeadsPerWarp = kHeadsPerGroup / kWarps;
 constexpr int kBlocksPerHead = P / 16;
 
-struct Params {
-  int batch;
-  const int* slot_of_row;  // [batch]
-  const uint8_t* Q;  // [slots][H][P][N] e4m3 codes
-  const float* qscale;  // [slots][H][P]
-  bf16* x_ring;  // [slots][H][R][P]
-  bf16* B_ring;  // [slots][G][R][N]
-  float* dt_ring;  // [slots][H][R] processed dt
-  const int* start;  // [slots]
-  const int* len;  // [slots] records since the checkpoint (m)
-  const bf16 *x, *z;  // [batch][H][P]
-  const bf16 *Bv, *C;  // [batch][G][N]
-  const float* dt;  // [batch][H] raw
-  const float *A, *D, *dt_bias;  // [H]
-  bf16* y;  // [batch][H][P]
-};
+using Params = Mamba2ProbeParams;
 
 // The fp8 MMAs' B operand: C of one group split into three e4m3 parts (e4m3_part), max |C| scaled
 // into [128, 256), spread over the CTA: every warp finds the max (lane: elements 4 lane ..), then
@@ -400,8 +385,7 @@ int main(int argc, char** argv) {
   float* sink;
   CHECK(cudaMalloc(&sink, 4));
   fill_cursors(buf.slot_of_row, buf.start, buf.lens, batch, slots, R, R, 17);
-  Params p{batch, buf.slot_of_row, buf.Q, buf.qscale, buf.x_ring, buf.B_ring, buf.dt_ring, buf.start, buf.lens,
-           buf.x, buf.z, buf.Bv, buf.C, buf.dt, buf.A, buf.D, buf.dt_bias, buf.y};
+  Params p = buf.params(batch);
   const dim3 grid2(batch, G), block(kWarps * 32);
   // Timing (median_us): the read-only ceiling, then each variant.
   const double ceiling = median_us([&] { read_only<<<grid2, block>>>(p, sink); });

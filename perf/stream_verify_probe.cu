@@ -29,22 +29,7 @@ constexpr int kHeadsPerGroup = H / G, kWarps = 8, kThreads = 32 * kWarps;
 constexpr int kHeadsPerWarp = kHeadsPerGroup / kWarps, kBlocksPerHead = P / 16;
 constexpr int kBlocks = kHeadsPerWarp * kBlocksPerHead, kDepth = 2;
 
-struct Params {
-  int batch;
-  const int* slot_of_row;  // [batch]
-  const uint8_t* Q;  // [slots][H][P][N] e4m3 codes
-  const float* qscale;  // [slots][H][P]
-  bf16* x_ring;  // [slots][H][R][P]
-  bf16* B_ring;  // [slots][G][R][N]
-  float* dt_ring;  // [slots][H][R] processed dt
-  const int* start;  // [slots]
-  const int* len;  // [slots] records since the checkpoint (m)
-  const bf16 *x, *z;  // [batch][T][H][P]
-  const bf16 *Bv, *C;  // [batch][T][G][N]
-  const float* dt;  // [batch][T][H] raw
-  const float *A, *D, *dt_bias;  // [H]
-  bf16* y;  // [batch][T][H][P]
-};
+using Params = Mamba2ProbeParams;
 
 template <int T>
 __global__ void __launch_bounds__(kThreads, 2) stream_verify(Params p) {
@@ -220,8 +205,7 @@ int main(int argc, char** argv) {
   const size_t nIn = static_cast<size_t>(batch) * kMaxT * H * P;
   const Mamba2ProbeBuffers<H, P, N, G, R> buf(batch, slots, kMaxT, L, 40);
   fill_cursors(buf.slot_of_row, buf.start, buf.lens, batch, slots, R, L, 23);
-  Params p{batch, buf.slot_of_row, buf.Q, buf.qscale, buf.x_ring, buf.B_ring, buf.dt_ring, buf.start, buf.lens,
-           buf.x, buf.z, buf.Bv, buf.C, buf.dt, buf.A, buf.D, buf.dt_bias, buf.y};
+  Params p = buf.params(batch);
   const std::vector<int> h_slot = fetch(buf.slot_of_row, 0, batch), h_start = fetch(buf.start, 0, slots);
   const std::vector<float> hA = fetch(buf.A, 0, H), hD = fetch(buf.D, 0, H), hbias = fetch(buf.dt_bias, 0, H);
   const int sample_rows[3] = {0, batch / 3, batch - 1};
