@@ -377,7 +377,7 @@ class _DecodeWrapper:
         p.slots = self._slot_arg(cache)
         p.error_flag = cache.error_flag.data_ptr()
         p.batch = self._batch
-        p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); a verify ignores it
+        p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); the tile kernels ignore it
         p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
         self._module.check_params(ENTRY_STEP, type(params))
@@ -453,13 +453,14 @@ class Mamba2DecodeWrapper(_DecodeWrapper):
     False where mid-window prefix states are used. A verify plan ignores it; with caller-owned
     cursors the tile kernel runs instead.
     ``skip_tolerance`` (replay; default None: read every tile): decay-aware read skipping
-    (replayssm.decay_skip, docs/decay_skipping.md). The persistent decode step reads no checkpoint
-    (or read-copy) tile of a head whose cumulative decay this step is at most the tolerance: 0 skips
-    only where the decay is 0 in float32 (bit-identical results); r in (0, 1) changes an output by
-    at most r times what the undecayed checkpoint adds to it. Flushes skip only exact zeros, so the
-    checkpoint never changes. The tile kernels, the write-through step and the verify read every
-    tile. ``count_skips=True`` keeps ``w.skip_counts`` (int64 [2] on the device: head-steps skipped,
-    head-steps decided), summed over launches.
+    (replayssm.decay_skip, docs/decay_skipping.md). The persistent decode step and the persistent
+    verify read no checkpoint (or read-copy) tile of a head whose cumulative decay this step (a
+    verify: for every draft) is at most the tolerance: 0 skips only where the decay is 0 in float32
+    (bit-identical results); r in (0, 1) changes an output by at most r times what the undecayed
+    checkpoint adds to it. Flushes skip only exact zeros, so the checkpoint never changes. The tile
+    kernels, the tile verify and the write-through step read every tile. ``count_skips=True``
+    keeps ``w.skip_counts`` (int64 [2] on the device: head-steps skipped, head-steps decided),
+    summed over launches.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -624,9 +625,9 @@ class GDNDecodeWrapper(_DecodeWrapper):
     with a single copy, stochastic rounding or a 16-bit checkpoint a verify plan raises ValueError.
     ``create_cache`` allocates the copy and the extra ring arrays. ``write_through``: as for
     Mamba2DecodeWrapper. ``skip_tolerance``, ``count_skips``: as for Mamba2DecodeWrapper, per value
-    head (its decay: the sum of its gates g); a tolerance above 0 needs a read copy (two copies),
-    whose flush recomputes the corrections the skipped steps appended. KDA refuses them (no kernel
-    skips per-channel decays).
+    head (its decay: the sum of its gates g; KDA: the largest of its key channels' sums); a
+    tolerance above 0 needs a read copy (two copies), whose flush recomputes the corrections the
+    skipped steps appended.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 

@@ -235,7 +235,7 @@ WRAPPER_REJECTED = [
     ([Mamba2DecodeWrapper], dict(count_skips="yes"), TypeError, "count_skips", ["str", "'yes'"]),
     ([GDNDecodeWrapper], dict(skip_tolerance=0.01), ValueError, "skip_tolerance", ["read copy", "0.01"]),
     ([GDNDecodeWrapper], dict(count_skips=1), TypeError, "count_skips", ["int"]),
-    ([KDADecodeWrapper], dict(skip_tolerance=0), ValueError, "skip_tolerance", ["KDA", "0"]),
+    ([KDADecodeWrapper], dict(skip_tolerance=0.01), ValueError, "skip_tolerance", ["KDA", "read copy", "0.01"]),
     ([GDNDecodeWrapper, KDADecodeWrapper], dict(use_l2norm="no"), TypeError, "use_l2norm", ["'no'"]),
     ([GDNDecodeWrapper, KDADecodeWrapper], dict(scale=True), TypeError, "scale", ["bool"]),
     ([GDNDecodeWrapper, KDADecodeWrapper], dict(scale="0.1"), TypeError, "scale", ["str"]),
@@ -269,6 +269,10 @@ class TestConstructorArguments:
         assert m.skip_tolerance == 0.0 and m.skip_counts.tolist() == [0, 0]
         g = GDNDecodeWrapper(HV, HK, K, V, max_batch=4, skip_tolerance=0.5, read_dtype="nvfp4", device=CPU)
         assert g.skip_tolerance == 0.5 and g.skip_counts is None
+        k = KDADecodeWrapper(HV, HV, K, V, max_batch=4, skip_tolerance=0, count_skips=True, device=CPU)
+        assert k.skip_tolerance == 0.0 and k.skip_counts.tolist() == [0, 0]
+        k = KDADecodeWrapper(HV, HV, K, V, max_batch=4, skip_tolerance=0.1, read_dtype=torch.float8_e4m3fn, device=CPU)
+        assert k.skip_tolerance == 0.1
 
     def test_skip_tolerance_sets_the_kernels_threshold(self):
         """DecodeParams.skip_below: 0 never skips; tolerance 0 the float32 underflow; r > 0 ln(r)."""
@@ -342,7 +346,7 @@ class TestSupported:
             ("mamba2", dict(MAMBA2, skip_tolerance="default"), ["skip_tolerance", "'default'"]),
             ("mamba2", dict(MAMBA2, skip_tolerance=0, algorithm="conventional"), ["skip_tolerance", "replay"]),
             ("gdn", dict(DELTA, skip_tolerance=0.5), ["skip_tolerance", "read copy"]),
-            ("kda", dict(DELTA, skip_tolerance=0), ["skip_tolerance", "KDA"]),
+            ("kda", dict(DELTA, skip_tolerance=0.5), ["skip_tolerance", "KDA", "read copy"]),
             ("gdn", dict(DELTA, use_l2norm="no"), ["use_l2norm", "'no'"]),
             ("kda", dict(DELTA, scale=True), ["scale", "bool"]),
             ("mamba2", dict(MAMBA2, pad_slot_id="x"), ["pad_slot_id", "'x'"]),

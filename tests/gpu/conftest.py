@@ -224,8 +224,30 @@ def _decay_skip_specs():
         if family == "mamba2":
             s = mamba2_decode_spec("replay_decode", Mamba2.P, Mamba2.N, f32, bf16, L, **FORMATS[fmt])
         else:
-            s = gdn_decode_spec("replay_decode", GDN.K, GDN.V, f32, bf16, L, **FORMATS[fmt])
+            s = gdn_decode_spec("replay_decode", GDN.K, GDN.V, f32, bf16, L, family, **FORMATS[fmt])
         specs[s.name] = s
+    return list(specs.values())
+
+
+def _decay_skip_verify_specs():
+    """Replay verify (and the decode between verifies) in each (family, format) of
+    test_decay_skip_verify (bf16 io, L16, T = 4)."""
+    import torch
+
+    from replayssm.ops.generators import gdn_decode_spec, mamba2_decode_spec, verify_capacity
+
+    from .test_decay_skip import FORMATS, GDN, L, Mamba2
+    from .test_decay_skip_verify import VERIFY_CASES, T
+
+    f32, bf16 = torch.float32, torch.bfloat16
+    specs = {}
+    for family, fmt in VERIFY_CASES:
+        for op, cap in (("replay_decode", 1), ("replay_verify", verify_capacity(T))):
+            if family == "mamba2":
+                s = mamba2_decode_spec(op, Mamba2.P, Mamba2.N, f32, bf16, L, cap, **FORMATS[fmt])
+            else:
+                s = gdn_decode_spec(op, GDN.K, GDN.V, f32, bf16, L, family, cap, **FORMATS[fmt])
+            specs[s.name] = s
     return list(specs.values())
 
 
@@ -243,6 +265,7 @@ _SPECS_BY_FILE = {
     "test_state_formats": _state_format_specs,
     "test_write_through": lambda: [*_mamba2_specs(), *_gdn_specs()],
     "test_decay_skip": _decay_skip_specs,
+    "test_decay_skip_verify": _decay_skip_verify_specs,
 }
 
 

@@ -282,6 +282,21 @@ struct PersistentReplay {
                               flush ? kUnderflowLogDecayF : p.skip_below, lane);
         }
         if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
+      } else if (PerChannelDecay && p.skip_below < 0.f) {
+        // Decay skipping (KDA, one value head): once the cursors are in, lane's key channels' log
+        // decays this step and the live records' sums per channel.
+        read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
+        if (cur.status != kUnitActive) return 0;
+        const bool flush = cur.m + 1 > L;
+        if (!(RC::kTwoCopy && flush)) {
+          float own[K / 32];
+#pragma unroll
+          for (int q = 0; q < K / 32; ++q) own[q] = flush ? 0.f : step_log_decay_channel(p, b, hv0, lane + 32 * q);
+          const float* gr = p.ring.g + cur.slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
+          const float c = max_channel_log_decay<K>(gr, cur.start, cur.m, R, own, lane);
+          skip = c < (flush ? kUnderflowLogDecayF : p.skip_below) ? 1u : 0u;
+        }
+        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       } else {
         read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
         if (cur.status != kUnitActive) return 0;

@@ -31,6 +31,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/decay_skip.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
@@ -156,6 +157,8 @@ struct PersistentVerify {
   static_assert(K % 64 == 0, "the pair products take 8 elements per lane of an 8-lane group");
   static_assert(TMAX <= kMaxDrafts && L <= 32, "one lane per record and per draft");
   static_assert(kRowsPerWarp <= 32, "a consumer warp's rows fit a lane each");
+  // Decay skipping's prefetched g ring rows (common/decay_skip.cuh): GDN's value heads of a unit.
+  using SkipRows = RingRows<PerChannelDecay ? 1 : Layout::kUnitHeads, L + kMaxDrafts>;
 
   const VerifyParams& vp;
   const DecodeParams& p;
@@ -207,11 +210,34 @@ struct PersistentVerify {
     const int R = p.ring.capacity;
     UnitCursors cur;
     int n = 0;
+    uint32_t skip = 0;  // the unit's value heads that read no tile (decay skipping)
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
+      auto seed = [](int64_t) { return 0u; };
+      skip = 0;
+      // Decay skipping: the drafts' largest path sum of log decays (they need only the row): GDN
+      // value head `lane`'s, KDA each of lane's key channels'; GDN's g ring rows come with the
+      // cursors, KDA's records are summed once the cursors are in.
+      float own[PerChannelDecay ? K / 32 : 1] = {};
+      SkipRows rows;
+      if (p.skip_below < 0.f) {
+        if constexpr (PerChannelDecay) {
+#pragma unroll
+          for (int q = 0; q < K / 32; ++q)
+            own[q] = -least_path_sum(T, [&](int d) { return -step_log_decay_channel(p, c.b * T + d, c.h0, lane + 32 * q); });
+          read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
+        } else {
+          if (lane < heads) own[0] = -least_path_sum(T, [&](int d) { return -step_log_decay(p, c.b * T + d, c.h0 + lane); });
+          read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
+            const float* gr = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
+            rows.load([&](int i) { return gr + i * p.ring.g_stride_head; }, heads, R, lane);
+          });
+        }
+      } else {
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
+      }
       if (cur.status != kUnitActive) return 0;
       n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
                                   reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
@@ -219,6 +245,21 @@ struct PersistentVerify {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
         return 0;
+      }
+      if (p.skip_below < 0.f) {
+        // A flush (m + n > L) decides on the committed records alone, and only on zeros: the
+        // drafts then read the folded state.
+        const bool flush = cur.m + n > L;
+        const float below = flush ? kUnderflowLogDecayF : p.skip_below;
+        if constexpr (PerChannelDecay) {
+#pragma unroll
+          for (int q = 0; q < K / 32; ++q) own[q] = flush ? 0.f : own[q];
+          const float* gr = p.ring.g + cur.slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
+          skip = max_channel_log_decay<K>(gr, cur.start, cur.m, R, own, lane) < below ? 1u : 0u;
+        } else {
+          skip = rows.decayed(heads, cur.start, cur.m, R, flush ? 0.f : own[0], 1.f, below, lane);
+        }
+        if (lane == 0) count_skips(p.skip_stats, skip, heads);
       }
       const int64_t bt0 = c.b * T;
       const int64_t slot = cur.slot, m = cur.m;
@@ -294,14 +335,18 @@ struct PersistentVerify {
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(v0) * K;
+      const bool skipped = (skip >> (t / kChunks)) & 1u;  // a decayed head: zeros, no bytes (common/decay_skip.cuh)
+      if (skipped) zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
       if (lane == 0) {
-        mbar_arrive_expect_tx(bar, Layout::kTileBytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
-        if constexpr (Layout::kRowStride == K) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        const uint32_t tile_bytes = skipped ? 0u : Layout::kTileBytes;
+        mbar_arrive_expect_tx(bar, tile_bytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
+        if constexpr (Layout::kRowStride == K)
+          if (!skipped) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
       }
       __syncwarp();  // the bytes are announced before any lane's copy can land
       if constexpr (Layout::kRowStride != K) {  // padded rows: one copy per row
         TS* dst = reinterpret_cast<TS*>(S + Layout::kTile.offset);
-        for (int r = lane; r < ROWS; r += 32)
+        for (int r = lane; r < ROWS && !skipped; r += 32)
           bulk_copy_g2s(dst + r * Layout::kRowStride, src + r * K, K * sizeof(TS), bar);
       }
       if (lane < m) {

@@ -21,6 +21,7 @@
 #pragma once
 
 #include "../common/align.cuh"
+#include "../common/decay_skip.cuh"
 #include "../common/mma_code_dots.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
@@ -151,6 +152,8 @@ struct PersistentVerify : GroupUnits {
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
   static_assert(N % 64 == 0, "the B . C products take 8 elements per lane of an 8-lane group");
   static_assert(TMAX <= kMaxDrafts && L <= 32 && TMAX <= 32, "one lane per record and per draft");
+  // Decay skipping's prefetched dt ring rows (common/decay_skip.cuh): every head a unit can have.
+  using SkipRows = RingRows<Layout::kUnitHeads, L + kMaxDrafts>;
 
   const VerifyParams& vp;
   const DecodeParams& p;
@@ -177,11 +180,35 @@ struct PersistentVerify : GroupUnits {
     const int R = p.ring.capacity;
     UnitCursors cur;
     int n = 0;
+    uint32_t skip = 0;  // the unit's heads that read no tile (decay skipping)
 
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
+      auto seed = [](int64_t) { return 0u; };
+      skip = 0;
+      float rate = 0.f, own = 0.f;  // decay skipping: head `lane`'s A and its drafts' least path sum
+      SkipRows rows;
+      if (p.skip_below < 0.f) {
+        // Head `lane`'s A and drafts' deltas (they need only the row), then every head's dt ring
+        // row with the cursors (it needs only the slot): no round trip beyond the cursors'.
+        if (lane < heads_per_unit) {
+          const int h = c.h0 + lane;
+          rate = load_scalar(p.in.A, h);
+          const float bias = load_scalar(p.in.dt_bias, h);
+          own = least_path_sum(T, [&](int d) {
+            const float dd = load_scalar(p.in.dt, c.b * T + d, h) + bias;
+            return p.dt_softplus ? softplus(dd) : dd;
+          });
+          if (!(rate < 0.f)) own = INFINITY;  // a decay that may grow is never skipped
+        }
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
+          const float* dr = p.ring.dt + slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
+          rows.load([&](int i) { return dr + i * p.ring.dt_stride_head; }, heads_per_unit, R, lane);
+        });
+      } else {
+        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
+      }
       if (cur.status != kUnitActive) return 0;
       n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
                                   reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
@@ -189,6 +216,14 @@ struct PersistentVerify : GroupUnits {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
         return 0;
+      }
+      if (p.skip_below < 0.f) {
+        // A flush (m + n > L) decides on the committed records alone, and only on zeros: the
+        // drafts then read the folded state.
+        const bool flush = cur.m + n > L;
+        skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, rate,
+                            flush ? kUnderflowLogDecayF : p.skip_below, lane);
+        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       }
       const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * T * p.in.C_stride_batch + c.g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * T * p.in.B_stride_batch + c.g * p.in.B_stride_group;
@@ -226,7 +261,10 @@ struct PersistentVerify : GroupUnits {
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(p0) * N;
-      if (RC::kEnabled && m + n <= L) {  // a non-flush unit with a read copy: the copy's tile and scales
+      if ((skip >> (t / kChunks)) & 1u) {  // a decayed head: zeros, no bytes (common/decay_skip.cuh)
+        zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
+        if (lane == 0) mbar_arrive(bar);  // the "+ 1" arrival
+      } else if (RC::kEnabled && m + n <= L) {  // a non-flush unit with a read copy: the copy's tile and scales
         const unsigned char* codes = static_cast<const unsigned char*>(p.pool.read) +
                                      (slot * p.pool.read_stride_slot + h * p.pool.read_stride_head) *
                                          static_cast<int64_t>(sizeof(typename RC::T)) +
