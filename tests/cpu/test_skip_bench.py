@@ -28,7 +28,8 @@ def test_tolerances_parse():
     "argv, fragment",
     [
         (["--a-range", "0", "16"], "--a-range"),
-        (["--family", "kda"], "--family"),
+        (["--family", "rwkv"], "--family"),
+        (["--drafts", "four"], "--drafts"),
         (["--family", "gdn", "--shape", "nemotron-super"], "--shape"),
         (["--formats", "fp64"], "--formats"),
     ],

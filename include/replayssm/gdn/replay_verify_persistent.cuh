@@ -215,7 +215,9 @@ struct PersistentVerify {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      auto seed = [](int64_t) { return 0u; };
+      auto seed = [](int64_t) {
+        return 0u;
+      };
       skip = 0;
       // Decay skipping: the drafts' largest path sum of log decays (they need only the row): GDN
       // value head `lane`'s, KDA each of lane's key channels'; GDN's g ring rows come with the
@@ -226,10 +228,12 @@ struct PersistentVerify {
         if constexpr (PerChannelDecay) {
 #pragma unroll
           for (int q = 0; q < K / 32; ++q)
-            own[q] = -least_path_sum(T, [&](int d) { return -step_log_decay_channel(p, c.b * T + d, c.h0, lane + 32 * q); });
+            own[q] =
+                -least_path_sum(T, [&](int d) { return -step_log_decay_channel(p, c.b * T + d, c.h0, lane + 32 * q); });
           read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
         } else {
-          if (lane < heads) own[0] = -least_path_sum(T, [&](int d) { return -step_log_decay(p, c.b * T + d, c.h0 + lane); });
+          if (lane < heads)
+            own[0] = -least_path_sum(T, [&](int d) { return -step_log_decay(p, c.b * T + d, c.h0 + lane); });
           read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
             const float* gr = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
             rows.load([&](int i) { return gr + i * p.ring.g_stride_head; }, heads, R, lane);

@@ -185,7 +185,9 @@ struct PersistentVerify : GroupUnits {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      auto seed = [](int64_t) { return 0u; };
+      auto seed = [](int64_t) {
+        return 0u;
+      };
       skip = 0;
       float rate = 0.f, own = 0.f;  // decay skipping: head `lane`'s A and its drafts' least path sum
       SkipRows rows;
