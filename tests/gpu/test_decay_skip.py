@@ -162,7 +162,7 @@ class GDN:
     def log_decay_terms(self, inp):
         return inp["g"].double()
 
-    head_log_decay = Mamba2.head_log_decay
+    head_log_decay = staticmethod(Mamba2.head_log_decay)
 
     def checkpoint_part(self, Sc, inp):
         """||S_c[row]|| ||q^||: a skipped step and the corrections it appends take exp(c) S_c out

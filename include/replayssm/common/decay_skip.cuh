@@ -98,31 +98,6 @@ __device__ __forceinline__ float least_path_sum(int T, Term&& x) {
   return neg < 0.f ? neg : lo;
 }
 
-// KDA: the largest of a head's per-channel log decays this step, decided by the whole warp once
-// the cursors are in (one more round trip than a scalar decay's prefetched rows): channel e of
-// lane l is e = l + 32 q; own[q] its part from the step's token or drafts (0 on a flush), ring the
-// head's [capacity][K] log decay records, of which start .. start + m - 1 (mod capacity) are live.
-// Returns the warp-uniform max over channels of (the live records' sum + own); NaN counts as +inf.
-template <int K>
-__device__ __forceinline__ float max_channel_log_decay(const float* ring, int start, int m, int capacity,
-                                                       const float (&own)[K / 32], int lane) {
-  static_assert(K % 32 == 0, "whole channels per lane");
-  float t[K / 32];
-#pragma unroll
-  for (int q = 0; q < K / 32; ++q) t[q] = own[q];
-  for (int j = 0; j < m; ++j) {
-    const int r = start + j >= capacity ? start + j - capacity : start + j;
-#pragma unroll
-    for (int q = 0; q < K / 32; ++q) t[q] += ring[static_cast<int64_t>(r) * K + lane + 32 * q];
-  }
-  float c = -INFINITY;
-#pragma unroll
-  for (int q = 0; q < K / 32; ++q) c = t[q] == t[q] ? fmaxf(c, t[q]) : INFINITY;
-#pragma unroll
-  for (int off = 16; off >= 1; off /= 2) c = fmaxf(c, __shfl_xor_sync(0xffffffffu, c, off));
-  return c;
-}
-
 // Producer warp, every lane: a skipped tile's stage region (`bytes`, 16-byte blocks) reads as
 // zeros, so the consumers' unchanged code adds exactly 0 for it (0 scales, 0 codes, 0 values).
 // Ordered before lane 0's arrival on the stage's barrier by the warp barrier.

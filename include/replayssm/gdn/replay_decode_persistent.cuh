@@ -282,21 +282,6 @@ struct PersistentReplay {
                               flush ? kUnderflowLogDecayF : p.skip_below, lane);
         }
         if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
-      } else if (PerChannelDecay && p.skip_below < 0.f) {
-        // Decay skipping (KDA, one value head): once the cursors are in, lane's key channels' log
-        // decays this step and the live records' sums per channel.
-        read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
-        if (cur.status != kUnitActive) return 0;
-        const bool flush = cur.m + 1 > L;
-        if (!(RC::kTwoCopy && flush)) {
-          float own[K / 32];
-#pragma unroll
-          for (int q = 0; q < K / 32; ++q) own[q] = flush ? 0.f : step_log_decay_channel(p, b, hv0, lane + 32 * q);
-          const float* gr = p.ring.g + cur.slot * p.ring.g_stride_slot + hv0 * p.ring.g_stride_head;
-          const float c = max_channel_log_decay<K>(gr, cur.start, cur.m, R, own, lane);
-          skip = c < (flush ? kUnderflowLogDecayF : p.skip_below) ? 1u : 0u;
-        }
-        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       } else {
         read_unit_header(p.slots, p.ring, b, L, header, lane, cur, seed);
         if (cur.status != kUnitActive) return 0;
@@ -335,6 +320,14 @@ struct PersistentReplay {
         if (lane == 0 && p.in.g.ptr == nullptr)
           cp_async_scalar(reinterpret_cast<uint32_t*>(U + Layout::kALogWord.offset), p.in.A_log,
                           hv0 * p.in.A_log.stride0);
+        if (p.skip_below < 0.f && !(RC::kTwoCopy && m + 1 > L)) {
+          // Decay skipping (KDA): decided on the landed unit buffer, before any tile (a
+          // two-copy flush recomputes the window's corrections from S_hp and reads it always).
+          cp_async_wait_all();
+          __syncwarp();
+          skip = channels_decayed(U, b, hv0, m, lane);
+          if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
+        }
       }
       return tiles_per_unit(m + 1 > L);
     };
@@ -640,6 +633,31 @@ struct PersistentReplay {
         uv.w[1][c] *= qs;
       }
     }
+  }
+
+  // KDA's decay skipping (common/decay_skip.cuh; producer warp, every lane, once the unit buffer
+  // has landed): 1 where value head hv of row b has every key channel's log decay this step (the
+  // m live records' sum plus this step's; a flush: the records' alone, and only exact zeros)
+  // below the threshold. Lane l sums channels l, l + 32, ...; the warp takes their maximum.
+  __device__ __forceinline__ uint32_t channels_decayed(const unsigned char* U, int64_t b, int hv, int m,
+                                                       int lane) const {
+    const bool flush = m + 1 > L;
+    const float* Ug = reinterpret_cast<const float*>(U + Layout::kGateRing.offset);
+    const uint32_t* Wg = reinterpret_cast<const uint32_t*>(U + Layout::kGateWords.offset);
+    const uint32_t* Wb = reinterpret_cast<const uint32_t*>(U + Layout::kBiasWords.offset);
+    const float negA = p.in.g.ptr == nullptr
+                           ? -expf(scalar_from_word(p.in.A_log, hv * p.in.A_log.stride0,
+                                                    *reinterpret_cast<const uint32_t*>(U + Layout::kALogWord.offset)))
+                           : 0.f;
+    float cmax = -INFINITY;
+    for (int c = lane; c < K; c += 32) {
+      float t = flush ? 0.f : gate_channel(Wg[c], Wb[c], negA, b, hv, c);
+      for (int j = 0; j < m; ++j) t += Ug[j * Layout::kKeyStride + c];
+      cmax = t == t ? fmaxf(cmax, t) : INFINITY;
+    }
+#pragma unroll
+    for (int off = 16; off >= 1; off /= 2) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
+    return cmax < (flush ? kUnderflowLogDecayF : p.skip_below) ? 1u : 0u;
   }
 
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).

@@ -157,8 +157,6 @@ struct PersistentVerify {
   static_assert(K % 64 == 0, "the pair products take 8 elements per lane of an 8-lane group");
   static_assert(TMAX <= kMaxDrafts && L <= 32, "one lane per record and per draft");
   static_assert(kRowsPerWarp <= 32, "a consumer warp's rows fit a lane each");
-  // Decay skipping's prefetched g ring rows (common/decay_skip.cuh): GDN's value heads of a unit.
-  using SkipRows = RingRows<PerChannelDecay ? 1 : Layout::kUnitHeads, L + kMaxDrafts>;
 
   const VerifyParams& vp;
   const DecodeParams& p;
@@ -215,33 +213,8 @@ struct PersistentVerify {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      auto seed = [](int64_t) {
-        return 0u;
-      };
       skip = 0;
-      // Decay skipping: the drafts' largest path sum of log decays (they need only the row): GDN
-      // value head `lane`'s, KDA each of lane's key channels'; GDN's g ring rows come with the
-      // cursors, KDA's records are summed once the cursors are in.
-      float own[PerChannelDecay ? K / 32 : 1] = {};
-      SkipRows rows;
-      if (p.skip_below < 0.f) {
-        if constexpr (PerChannelDecay) {
-#pragma unroll
-          for (int q = 0; q < K / 32; ++q)
-            own[q] =
-                -least_path_sum(T, [&](int d) { return -step_log_decay_channel(p, c.b * T + d, c.h0, lane + 32 * q); });
-          read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
-        } else {
-          if (lane < heads)
-            own[0] = -least_path_sum(T, [&](int d) { return -step_log_decay(p, c.b * T + d, c.h0 + lane); });
-          read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
-            const float* gr = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
-            rows.load([&](int i) { return gr + i * p.ring.g_stride_head; }, heads, R, lane);
-          });
-        }
-      } else {
-        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
-      }
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
       if (cur.status != kUnitActive) return 0;
       n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
                                   reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
@@ -249,21 +222,6 @@ struct PersistentVerify {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
         return 0;
-      }
-      if (p.skip_below < 0.f) {
-        // A flush (m + n > L) decides on the committed records alone, and only on zeros: the
-        // drafts then read the folded state.
-        const bool flush = cur.m + n > L;
-        const float below = flush ? kUnderflowLogDecayF : p.skip_below;
-        if constexpr (PerChannelDecay) {
-#pragma unroll
-          for (int q = 0; q < K / 32; ++q) own[q] = flush ? 0.f : own[q];
-          const float* gr = p.ring.g + cur.slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
-          skip = max_channel_log_decay<K>(gr, cur.start, cur.m, R, own, lane) < below ? 1u : 0u;
-        } else {
-          skip = rows.decayed(heads, cur.start, cur.m, R, flush ? 0.f : own[0], 1.f, below, lane);
-        }
-        if (lane == 0) count_skips(p.skip_stats, skip, heads);
       }
       const int64_t bt0 = c.b * T;
       const int64_t slot = cur.slot, m = cur.m;
@@ -329,6 +287,12 @@ struct PersistentVerify {
       for (int k = lane; k < heads * n; k += 32) {
         const int i = k / n, d = k % n;
         cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
+      }
+      if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
+        cp_async_wait_all();
+        __syncwarp();
+        skip = decayed_heads(U, c, static_cast<int>(m), n, lane);
+        if (lane == 0) count_skips(p.skip_stats, skip, heads);
       }
       return tiles_per_unit();
     };
@@ -774,6 +738,61 @@ struct PersistentVerify {
         N[r * TMAX + d] = acc;
       }
     }
+  }
+
+  // Decay skipping (common/decay_skip.cuh; producer warp, every lane, once the unit buffer has
+  // landed): the value heads of the unit (bit i: head i) whose every draft sees the checkpoint
+  // through a log decay below the threshold: the m committed records' sum plus the largest path
+  // sum of the n drafts' log decays (KDA: per key channel, the largest channel's; lane l holds
+  // channels l, l + 32, ...). A flush (m + n > L) folds the records first, and decides on them
+  // alone and only on exact zeros: its drafts read the folded state.
+  __device__ __forceinline__ uint32_t decayed_heads(const unsigned char* U, const UnitCoords& c, int m, int n,
+                                                    int lane) const {
+    const bool flush = m + n > L;
+    const float below = flush ? kUnderflowLogDecayF : p.skip_below;
+    const int64_t bt0 = c.b * T;
+    const uint32_t* DG = words(U, Layout::kDraftGates);
+    const uint32_t* HW = words(U, Layout::kHeadWords);
+    if constexpr (PerChannelDecay) {
+      const float* UG = floats(U, Layout::kGateRing);  // [m][K], logical order
+      const uint32_t* BW = words(U, Layout::kBiasWords);
+      const float negA =
+          p.in.g.ptr == nullptr ? -expf(scalar_from_word(p.in.A_log, c.h0 * p.in.A_log.stride0, HW[0])) : 0.f;
+      float cmax = -INFINITY;
+      for (int e = lane; e < K; e += 32) {
+        float t = 0.f;
+        for (int j = 0; j < m; ++j) t += UG[j * K + e];
+        const float own = flush ? 0.f : -least_path_sum(n, [&](int d) {
+          return -draft_channel_decay(DG[d * K + e], BW[e], negA, bt0 + d, c.h0, e);
+        });
+        cmax = t + own == t + own ? fmaxf(cmax, t + own) : INFINITY;
+      }
+#pragma unroll
+      for (int off = 16; off >= 1; off /= 2) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
+      return cmax < below ? 1u : 0u;
+    } else {
+      bool decayed = false;
+      if (lane < heads) {
+        const float* HG = floats(U, Layout::kHeadGRing) + lane * L;
+        float t = 0.f;
+        for (int j = 0; j < m; ++j) t += HG[j];
+        const float own = flush ? 0.f : -least_path_sum(n, [&](int d) {
+          return -word_log_decay(DG[lane * TMAX + d], HW + lane * 4, bt0 + d, c.h0 + lane);
+        });
+        decayed = t + own < below;
+      }
+      return __ballot_sync(0xffffffffu, decayed);
+    }
+  }
+
+  // KDA: draft d's (token row `row`) log decay of key channel e from its gate word w (g given, or
+  // -exp(A_log) softplus(a + dt_bias) with negA = -exp(A_log) and wb channel e's dt_bias word).
+  __device__ __forceinline__ float draft_channel_decay(uint32_t w, uint32_t wb, float negA, int64_t row, int h,
+                                                       int e) const {
+    if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, row * p.in.g.stride0 + h * p.in.g.stride1 + e, w);
+    float x = scalar_from_word(p.in.a, row * p.in.a.stride0 + h * p.in.a.stride1 + e, w);
+    if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0 + e, wb);
+    return negA * softplus(x);
   }
 
   // GDN: a draft's log decay from its gate word: given, or -exp(A_log) softplus(a + dt_bias)

@@ -152,8 +152,6 @@ struct PersistentVerify : GroupUnits {
   static_assert(ROWS % kBVec == 0, "an x-row chunk must be whole 16-byte vectors");
   static_assert(N % 64 == 0, "the B . C products take 8 elements per lane of an 8-lane group");
   static_assert(TMAX <= kMaxDrafts && L <= 32 && TMAX <= 32, "one lane per record and per draft");
-  // Decay skipping's prefetched dt ring rows (common/decay_skip.cuh): every head a unit can have.
-  using SkipRows = RingRows<Layout::kUnitHeads, L + kMaxDrafts>;
 
   const VerifyParams& vp;
   const DecodeParams& p;
@@ -185,32 +183,8 @@ struct PersistentVerify : GroupUnits {
     auto fill_unit = [&](int64_t u, unsigned char* U) -> int {
       const UnitCoords c = unit_of(u);
       UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
-      auto seed = [](int64_t) {
-        return 0u;
-      };
       skip = 0;
-      float rate = 0.f, own = 0.f;  // decay skipping: head `lane`'s A and its drafts' least path sum
-      SkipRows rows;
-      if (p.skip_below < 0.f) {
-        // Head `lane`'s A and drafts' deltas (they need only the row), then every head's dt ring
-        // row with the cursors (it needs only the slot): no round trip beyond the cursors'.
-        if (lane < heads_per_unit) {
-          const int h = c.h0 + lane;
-          rate = load_scalar(p.in.A, h);
-          const float bias = load_scalar(p.in.dt_bias, h);
-          own = least_path_sum(T, [&](int d) {
-            const float dd = load_scalar(p.in.dt, c.b * T + d, h) + bias;
-            return p.dt_softplus ? softplus(dd) : dd;
-          });
-          if (!(rate < 0.f)) own = INFINITY;  // a decay that may grow is never skipped
-        }
-        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed, [&](int64_t slot) {
-          const float* dr = p.ring.dt + slot * p.ring.dt_stride_slot + c.h0 * p.ring.dt_stride_head;
-          rows.load([&](int i) { return dr + i * p.ring.dt_stride_head; }, heads_per_unit, R, lane);
-        });
-      } else {
-        read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, seed);
-      }
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
       if (cur.status != kUnitActive) return 0;
       n = read_draft_header<TMAX>(vp.drafts, c.b, R, L,
                                   reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset), lane);
@@ -218,14 +192,6 @@ struct PersistentVerify : GroupUnits {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
         return 0;
-      }
-      if (p.skip_below < 0.f) {
-        // A flush (m + n > L) decides on the committed records alone, and only on zeros: the
-        // drafts then read the folded state.
-        const bool flush = cur.m + n > L;
-        skip = rows.decayed(heads_per_unit, cur.start, cur.m, R, flush ? 0.f : own, rate,
-                            flush ? kUnderflowLogDecayF : p.skip_below, lane);
-        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
       }
       const TI* Cp = static_cast<const TI*>(p.in.C) + c.b * T * p.in.C_stride_batch + c.g * p.in.C_stride_group;
       const TI* Bp = static_cast<const TI*>(p.in.B) + c.b * T * p.in.B_stride_batch + c.g * p.in.B_stride_group;
@@ -254,6 +220,12 @@ struct PersistentVerify : GroupUnits {
       }
       copy_live_dt_ring<L>(reinterpret_cast<float*>(U + Layout::kHeadDtRing.offset), p, cur, R, c.h0, heads_per_unit,
                            lane);
+      if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
+        cp_async_wait_all();
+        __syncwarp();
+        skip = decayed_heads(U, c, cur.m, n, lane);
+        if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
+      }
       return tiles_per_unit();
     };
 
@@ -404,6 +376,38 @@ struct PersistentVerify : GroupUnits {
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
+  }
+
+  // Decay skipping (common/decay_skip.cuh; producer warp, every lane, once the unit buffer has
+  // landed): the heads of the unit (bit i: head i) whose every draft sees the checkpoint through a
+  // log decay below the threshold. Lane i sums head i's m committed deltas and adds the least path
+  // sum of its n drafts' deltas; A scales both. A flush (m + n > L) folds the records first, and
+  // decides on them alone and only on exact zeros: its drafts read the folded state.
+  __device__ __forceinline__ uint32_t decayed_heads(const unsigned char* U, const UnitCoords& c, int m, int n,
+                                                    int lane) const {
+    const bool flush = m + n > L;
+    bool decayed = false;
+    if (lane < heads_per_unit) {
+      const int h = c.h0 + lane;
+      const uint32_t* W = reinterpret_cast<const uint32_t*>(U + Layout::kHeadWords.offset) + lane * 4;
+      const uint32_t* DW = reinterpret_cast<const uint32_t*>(U + Layout::kHeadDt.offset) + lane * TMAX;
+      const float* dring = reinterpret_cast<const float*>(U + Layout::kHeadDtRing.offset) + lane * L;
+      const float A = scalar_from_word(p.in.A, h * p.in.A.stride0, W[0]);
+      float t = 0.f;
+      for (int j = 0; j < m; ++j) t += dring[j];
+      float own = 0.f;
+      if (!flush) {
+        const float bias =
+            p.in.dt_bias.ptr != nullptr ? scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[2]) : 0.f;
+        own = least_path_sum(n, [&](int d) {
+          const float dd = scalar_from_word(p.in.dt, (c.b * T + d) * p.in.dt.stride0 + h * p.in.dt.stride1, DW[d]);
+          return p.dt_softplus ? softplus(dd + bias) : dd + bias;
+        });
+        if (!(A < 0.f)) own = INFINITY;  // a decay that may grow is never skipped
+      }
+      decayed = A * (t + own) < (flush ? kUnderflowLogDecayF : p.skip_below);
+    }
+    return __ballot_sync(0xffffffffu, decayed);
   }
 
   // B_j . C_i for every draft i and every record j it replays (committed j < me at column j; draft
