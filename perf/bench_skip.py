@@ -39,20 +39,27 @@ from bench_decode import FAMILIES, FORMATS, SHAPES, bench_pool, fill_states, sta
 from bench_spec import acceptance_draws, bench_replay_verify, draft_inputs, draft_out  # noqa: E402
 
 
-def skipped_fraction(fam, batch, fmt, phases, tol) -> float:
-    """Head-steps skipped / decided by the kernel at tolerance ``tol`` over two windows after one
-    of warm-up (``fam.wrapper_extra`` is left as the caller set it)."""
-    L = fam.args.window
+def counting_pool(fam, batch, fmt, phases, tol, T=None):
+    """A wrapper counting its skips at ``tol`` (``fam.wrapper_extra`` is left as the caller set it)
+    and a cache of 2 batch random slots (T: room for T drafts), planned on a random half."""
     extra, fam.wrapper_extra = fam.wrapper_extra, {"skip_tolerance": tol, "count_skips": True}
     try:
         w = fam.wrapper(batch, "replay", None, None, fmt)
     finally:
         fam.wrapper_extra = extra
-    cache = w.create_cache(2 * batch)
+    cache = w.create_cache(2 * batch, max_draft=T or 1)
     fill_states(cache, fam.gen)
     if phases == "staggered":
         stagger(cache, fam.gen)
-    w.plan(torch.randperm(2 * batch, device="cuda", generator=fam.gen)[:batch].to(torch.int32))
+    w.plan(torch.randperm(2 * batch, device="cuda", generator=fam.gen)[:batch].to(torch.int32), draft_len=T)
+    return w, cache
+
+
+def skipped_fraction(fam, batch, fmt, phases, tol) -> float:
+    """Head-steps skipped / decided by the kernel at tolerance ``tol`` over two windows after one
+    of warm-up."""
+    L = fam.args.window
+    w, cache = counting_pool(fam, batch, fmt, phases, tol)
     out = fam.out(batch)
     for i in range(3 * L):
         if i == L:
@@ -67,16 +74,7 @@ def verify_skipped_fraction(fam, batch, fmt, phases, tol, T) -> float:
     """Head-steps skipped / decided by the verify at tolerance ``tol``: chains of T drafts committed
     by the acceptance draws, counted over 2 L rounds after L rounds of warm-up."""
     L = fam.args.window
-    extra, fam.wrapper_extra = fam.wrapper_extra, {"skip_tolerance": tol, "count_skips": True}
-    try:
-        w = fam.wrapper(batch, "replay", None, None, fmt)
-    finally:
-        fam.wrapper_extra = extra
-    cache = w.create_cache(2 * batch, max_draft=T)
-    fill_states(cache, fam.gen)
-    if phases == "staggered":
-        stagger(cache, fam.gen)
-    w.plan(torch.randperm(2 * batch, device="cuda", generator=fam.gen)[:batch].to(torch.int32), draft_len=T)
+    w, cache = counting_pool(fam, batch, fmt, phases, tol, T)
     out = draft_out(fam, batch, T)
     draws = acceptance_draws(fam.args.seed, batch, T, 3 * L, 0.7)
     for i, accepted in enumerate(draws):

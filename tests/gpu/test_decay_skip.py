@@ -364,6 +364,24 @@ class TestSkipReadsNothing:
         assert int(w.skip_counts[0]) >= BATCH * (L + 2)
 
 
+def read_values(cache, slots) -> torch.Tensor:
+    """[rows, ...] what a non-flush step of ``slots`` reads of each row's checkpoint: the read copy's
+    values, or the checkpoint (pad rows: slot 0's)."""
+    rows = slots.clamp(min=0)
+    return cache.read_copy_values(rows) if cache.read_copy is not None else cache.checkpoint[rows.long()]
+
+
+def beyond_bound(fam, ref, got, Sc, inp, tol) -> torch.Tensor:
+    """The largest amount by which an output of the skipping wrapper (``got``) differs from the
+    reading one's (``ref``) beyond tol times the checkpoint's part (``Sc`` read) plus one bf16 ulp
+    of the larger output (each rounds to bf16 by half an ulp at its own magnitude); NaN: +inf."""
+    ref, got = ref.double(), got.double()
+    big = torch.maximum(ref.abs(), got.abs()).clamp_min(2.0**-126)
+    ulp = torch.exp2(torch.floor(torch.log2(big)) - 7)
+    excess = (got - ref).abs() - (tol * fam.checkpoint_part(Sc.double(), inp) * (1 + 1e-3) + ulp)
+    return torch.nan_to_num(excess, nan=math.inf).amax()
+
+
 TOLERANCE_CASES = [("mamba2", "fp32"), ("mamba2", "fp8"), ("gdn", "fp8"), ("kda", "fp8")]
 
 
@@ -379,15 +397,9 @@ class TestSkipTolerance:
             inp = fam.inputs()
             # what a non-flush step reads of the checkpoint (a flush reads every tile, and the
             # outputs then agree to rounding)
-            rows = slots.clamp(min=0)
-            Sc = c_ref.read_copy_values(rows) if c_ref.read_copy is not None else c_ref.checkpoint[rows.long()]
+            Sc = read_values(c_ref, slots)
             ref, got = step_both(fam, ((w_ref, c_ref), (w_skip, c_skip)), slots, inp)
-            ref, got = ref.double(), got.double()
-            # each output rounds to bf16 by half an ulp at its own magnitude: one ulp of the larger
-            big = torch.maximum(ref.abs(), got.abs()).clamp_min(2.0**-126)
-            ulp = torch.exp2(torch.floor(torch.log2(big)) - 7)
-            excess = (got - ref).abs() - (tol * fam.checkpoint_part(Sc.double(), inp) * (1 + 1e-3) + ulp)
-            worst = torch.maximum(worst, torch.nan_to_num(excess, nan=math.inf).amax())
+            worst = torch.maximum(worst, beyond_bound(fam, ref, got, Sc, inp, tol))
         assert float(worst) <= 0, f"an output moved {float(worst):.3e} beyond the stated bound"
         for a, b in zip(kept(c_ref, rings=False), kept(c_skip, rings=False), strict=True):
             assert torch.equal(a, b), "skipping at a tolerance changed the checkpoint or the read copy"

@@ -19,13 +19,21 @@ plus a bound on every draft path's (docs/decay_skipping.md).
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
 from .common import active_rows
-from .test_decay_skip import FAMILIES, FORMATS, L, kept, random_slots, step_both, two_caches
+from .test_decay_skip import (
+    FAMILIES,
+    FORMATS,
+    L,
+    beyond_bound,
+    kept,
+    random_slots,
+    read_values,
+    step_both,
+    two_caches,
+)
 
 pytestmark = pytest.mark.gpu
 
@@ -131,16 +139,11 @@ class TestSkipVerifyTolerance:
             if step % 3 == 0:
                 step_both(fam, pairs, slots, fam.inputs())
                 continue
-            rows = slots.clamp(min=0)
-            Sc = c_ref.read_copy_values(rows) if c_ref.read_copy is not None else c_ref.checkpoint[rows.long()]
+            Sc = read_values(c_ref, slots)
             before = skipped_now(w_skip)
             (ref, got), inp = verify_both(fam, pairs, slots, gen, step)
             in_verifies += skipped_now(w_skip) - before
-            ref, got = ref.double(), got.double()
-            big = torch.maximum(ref.abs(), got.abs()).clamp_min(2.0**-126)
-            ulp = torch.exp2(torch.floor(torch.log2(big)) - 7)
-            excess = (got - ref).abs() - (tol * fam.checkpoint_part(Sc.double(), inp) * (1 + 1e-3) + ulp)
-            worst = torch.maximum(worst, torch.nan_to_num(excess, nan=math.inf).amax())
+            worst = torch.maximum(worst, beyond_bound(fam, ref, got, Sc, inp, tol))
         assert float(worst) <= 0, f"a draft's output moved {float(worst):.3e} beyond the stated bound"
         for a, b in zip(kept(c_ref, rings=False), kept(c_skip, rings=False), strict=True):
             assert torch.equal(a, b), "skipping at a tolerance changed the checkpoint or the read copy"
