@@ -5,7 +5,9 @@ an fp8, a bf16 and an NVFP4 read copy), with one row five steps ahead of the oth
 steps flush a part of the batch; the write-through step (folding that row's records); a
 conventional step; a replay verify with a chain commit (T and 16 drafts) and a tree verify with a
 path commit (the flush fused into the verify included; tile and persistent verify kernels both,
-and Mamba-2's persistent verify with each read copy); and a conventional verify. Sizes are
+and Mamba-2's persistent verify with each read copy); the persistent step and verify with decay
+skipping (tolerance 0, head 0 decaying away: its tiles are zero-filled by the producer, not
+copied); and a conventional verify. Sizes are
 small so that memcheck, racecheck and synccheck finish in seconds.
 Exits non-zero if a kernel raised an error bit.
 
@@ -29,6 +31,8 @@ def _mamba2(gen, algorithm, batch, **kw):
     H, P, N, G = 8, 64, 128, 2
     w = Mamba2DecodeWrapper(H, P, N, G, window=16, max_batch=batch, algorithm=algorithm, **kw)
     A = -torch.rand(H, device=DEV, generator=gen) * 15 - 1
+    if kw.get("skip_tolerance") is not None:
+        A[0] = -1e6  # decays away at its first record: decay skipping has a head to skip
     D, dt_bias = torch.randn(H, device=DEV, generator=gen), torch.full((H,), -3.0, device=DEV)
 
     def inputs(*lead):
@@ -49,6 +53,8 @@ def _delta(family, gen, algorithm, batch, **kw):
     cls = KDADecodeWrapper if family == "kda" else GDNDecodeWrapper
     w = cls(HV, HK, K, V, window=16, max_batch=batch, algorithm=algorithm, **kw)
     A_log = torch.rand(HV, device=DEV, generator=gen)
+    if kw.get("skip_tolerance") is not None:
+        A_log[0] = 14.0  # exp(14) softplus(a - 3): head 0 decays away (every channel for KDA)
     gate = (HV, K) if family == "kda" else (HV,)
     dt_bias = torch.full(gate, -3.0, device=DEV)
 
@@ -74,6 +80,7 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
     configs = [
         ("tile", "replay", {"persistent": False}),
         ("persistent", "replay", {"persistent": True}),
+        ("persistent skip", "replay", {"persistent": True, "skip_tolerance": 0, "count_skips": True}),
         ("conventional", "conventional", {}),
     ]
     configs += [
@@ -101,7 +108,8 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         # both verify kernels; and Mamba-2's persistent verify with each read copy (the copy's tiles
         # in non-flush units, tensor-core dots for fp8 and bf16; the others' verify with a copy is the tile one)
         if algorithm == "replay" and (
-            label in ("tile", "persistent") or (name == "mamba2" and label.startswith("persistent read"))
+            label in ("tile", "persistent", "persistent skip")
+            or (name == "mamba2" and label.startswith("persistent read"))
         ):
             for t, counts in ((T, [2, 1, 4, 3]), (16, [16, 1, 9, 5])):  # chains of T and of 16 drafts
                 w.plan(slots, draft_len=t)
@@ -119,6 +127,8 @@ def exercise(name: str, gen: torch.Generator, batch: int = 4, num_slots: int = 1
         bits = cache.check_errors()
         if bits:
             errors.append(f"{name} {label}: kernel error bits {bits}: {cache.describe_errors(bits)}")
+        if w.skip_counts is not None and int(w.skip_counts[0]) == 0:
+            errors.append(f"{name} {label}: decay skipping skipped nothing (the zero-filled path did not run)")
     return errors
 
 
