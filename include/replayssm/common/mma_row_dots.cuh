@@ -157,12 +157,15 @@ struct MmaRowDots {
  private:
   // The power of two s that puts a vector's largest magnitude in [2^14, 2^15) before it is
   // rounded to f16, from each lane's part of the amax (every lane of the warp); lane 0 stores
-  // 1 / s as vector d's unscale.
+  // 1 / s as vector d's unscale. Below 2^-110 (KDA's vectors carry decays, which reach float32
+  // denormals) s stays 2^125: 2^(15 - e) would overflow to inf and 1 / s to 0, and their product
+  // with the tile's codes to NaN; the vector's products are then as small as they are.
   __device__ __forceinline__ static float power_of_two_scale(float amax, float* unscale, int d, int lane) {
 #pragma unroll
     for (int off = 16; off >= 1; off /= 2) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, off));
     int e = 0;
     if (amax > 0.f && amax <= 3.4e38f) frexpf(amax, &e);  // amax in [2^(e-1), 2^e)
+    e = e < -110 ? -110 : e;
     const float scale = ldexpf(1.f, 15 - e);
     if (lane == 0) unscale[d] = ldexpf(1.f, e - 15);
     return scale;
