@@ -288,6 +288,7 @@ def check_bit_identical(fam, fmt):
         decided += c.numel()
         ref, got = step_both(fam, ((w_ref, c_ref), (w_skip, c_skip)), slots, inp)
         assert w_skip.schedule.kernel == "persistent"
+        active_rows(ref, slots, f"step {step}, the reading wrapper")
         active_rows(got, slots, f"step {step}")
         assert torch.equal(ref, got), f"step {step}: outputs differ from the reading wrapper's"
     for a, b in zip(kept(c_ref), kept(c_skip), strict=True):

@@ -98,6 +98,7 @@ class TestSkipVerifyExact:
                 (ref, got), _ = verify_both(fam, pairs, slots, gen, step)
                 assert w_skip.schedule.kernel == "persistent", w_skip.schedule
                 in_verifies += skipped_now(w_skip) - before
+            active_rows(ref, slots, f"step {step}, the reading wrapper")
             active_rows(got, slots, f"step {step}")
             assert torch.equal(ref, got), f"step {step}: outputs differ from the reading wrapper's"
         for a, b in zip(kept(c_ref), kept(c_skip), strict=True):
