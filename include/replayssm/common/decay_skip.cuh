@@ -98,6 +98,15 @@ __device__ __forceinline__ float least_path_sum(int T, Term&& x) {
   return neg < 0.f ? neg : lo;
 }
 
+// KDA's decision takes the largest of its key channels' log decays: the running maximum with a
+// NaN counted as +inf (a NaN decay is never skipped), then the same over the warp.
+__device__ __forceinline__ float max_log_decay(float running, float c) { return c == c ? fmaxf(running, c) : INFINITY; }
+__device__ __forceinline__ float warp_max_log_decay(float c) {
+#pragma unroll
+  for (int off = 16; off >= 1; off /= 2) c = fmaxf(c, __shfl_xor_sync(0xffffffffu, c, off));
+  return c;
+}
+
 // Producer warp, every lane: a skipped tile's stage region (`bytes`, 16-byte blocks) reads as
 // zeros, so the consumers' unchanged code adds exactly 0 for it (0 scales, 0 codes, 0 values).
 // Ordered before lane 0's arrival on the stage's barrier by the warp barrier.

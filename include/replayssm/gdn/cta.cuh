@@ -68,6 +68,17 @@ __device__ __forceinline__ float step_log_decay_channel(const DecodeParams& p, c
   return step_log_decay_channel(p, c.b, c.hv, kc);
 }
 
+// KDA: log decay of key channel c of input row `row` from its gate word wg (the word holding
+// g[row, hv, c], or a[row, hv, c] with wb the word of dt_bias[hv, c] and negA = -exp(A_log[hv])):
+// what step_log_decay_channel gives, from words a persistent kernel copied into shared memory.
+__device__ __forceinline__ float channel_log_decay_from_words(const DecodeParams& p, uint32_t wg, uint32_t wb,
+                                                              float negA, int64_t row, int hv, int c) {
+  if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, row * p.in.g.stride0 + hv * p.in.g.stride1 + c, wg);
+  float x = scalar_from_word(p.in.a, row * p.in.a.stride0 + hv * p.in.a.stride1 + c, wg);
+  if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, hv * p.in.dt_bias.stride0 + c, wb);
+  return negA * softplus(x);
+}
+
 __device__ __forceinline__ float step_beta(const DecodeParams& p, int64_t row, int hv) {
   if (p.in.beta.ptr != nullptr) return load_scalar(p.in.beta, row, hv);
   return 1.f / (1.f + expf(-load_scalar(p.in.b, row, hv)));

@@ -653,19 +653,14 @@ struct PersistentReplay {
     for (int c = lane; c < K; c += 32) {
       float t = flush ? 0.f : gate_channel(Wg[c], Wb[c], negA, b, hv, c);
       for (int j = 0; j < m; ++j) t += Ug[j * Layout::kKeyStride + c];
-      cmax = t == t ? fmaxf(cmax, t) : INFINITY;
+      cmax = max_log_decay(cmax, t);
     }
-#pragma unroll
-    for (int off = 16; off >= 1; off /= 2) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
-    return cmax < (flush ? kUnderflowLogDecayF : p.skip_below) ? 1u : 0u;
+    return warp_max_log_decay(cmax) < (flush ? kUnderflowLogDecayF : p.skip_below) ? 1u : 0u;
   }
 
   // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).
   __device__ __forceinline__ float gate_channel(uint32_t wg, uint32_t wb, float negA, int64_t b, int hv, int c) const {
-    if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, b * p.in.g.stride0 + hv * p.in.g.stride1 + c, wg);
-    float x = scalar_from_word(p.in.a, b * p.in.a.stride0 + hv * p.in.a.stride1 + c, wg);
-    if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, hv * p.in.dt_bias.stride0 + c, wb);
-    return negA * softplus(x);
+    return channel_log_decay_from_words(p, wg, wb, negA, b, hv, c);
   }
 
   // This step's beta and (GDN) log decay of value head hv of row b, from the stage's words.

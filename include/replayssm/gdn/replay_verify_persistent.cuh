@@ -763,13 +763,11 @@ struct PersistentVerify {
         float t = 0.f;
         for (int j = 0; j < m; ++j) t += UG[j * K + e];
         const float own = flush ? 0.f : -least_path_sum(n, [&](int d) {
-          return -draft_channel_decay(DG[d * K + e], BW[e], negA, bt0 + d, c.h0, e);
+          return -channel_log_decay_from_words(p, DG[d * K + e], BW[e], negA, bt0 + d, c.h0, e);
         });
-        cmax = t + own == t + own ? fmaxf(cmax, t + own) : INFINITY;
+        cmax = max_log_decay(cmax, t + own);
       }
-#pragma unroll
-      for (int off = 16; off >= 1; off /= 2) cmax = fmaxf(cmax, __shfl_xor_sync(0xffffffffu, cmax, off));
-      return cmax < below ? 1u : 0u;
+      return warp_max_log_decay(cmax) < below ? 1u : 0u;
     } else {
       bool decayed = false;
       if (lane < heads) {
@@ -783,16 +781,6 @@ struct PersistentVerify {
       }
       return __ballot_sync(0xffffffffu, decayed);
     }
-  }
-
-  // KDA: draft d's (token row `row`) log decay of key channel e from its gate word w (g given, or
-  // -exp(A_log) softplus(a + dt_bias) with negA = -exp(A_log) and wb channel e's dt_bias word).
-  __device__ __forceinline__ float draft_channel_decay(uint32_t w, uint32_t wb, float negA, int64_t row, int h,
-                                                       int e) const {
-    if (p.in.g.ptr != nullptr) return scalar_from_word(p.in.g, row * p.in.g.stride0 + h * p.in.g.stride1 + e, w);
-    float x = scalar_from_word(p.in.a, row * p.in.a.stride0 + h * p.in.a.stride1 + e, w);
-    if (p.in.dt_bias.ptr != nullptr) x += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0 + e, wb);
-    return negA * softplus(x);
   }
 
   // GDN: a draft's log decay from its gate word: given, or -exp(A_log) softplus(a + dt_bias)

@@ -397,6 +397,7 @@ struct PersistentVerify : GroupUnits {
       for (int j = 0; j < m; ++j) t += dring[j];
       float own = 0.f;
       if (!flush) {
+        // draft_delta, with the bias read once for all drafts
         const float bias =
             p.in.dt_bias.ptr != nullptr ? scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[2]) : 0.f;
         own = least_path_sum(n, [&](int d) {
@@ -408,6 +409,14 @@ struct PersistentVerify : GroupUnits {
       decayed = A * (t + own) < (flush ? kUnderflowLogDecayF : p.skip_below);
     }
     return __ballot_sync(0xffffffffu, decayed);
+  }
+
+  // Draft delta of token row `row`, head h, from its dt word and the head's words W (dt_bias at
+  // W[2]): dt + dt_bias, through softplus when the wrapper asks for it.
+  __device__ __forceinline__ float draft_delta(uint32_t wdt, const uint32_t* W, int64_t row, int h) const {
+    float dd = scalar_from_word(p.in.dt, row * p.in.dt.stride0 + h * p.in.dt.stride1, wdt);
+    if (p.in.dt_bias.ptr != nullptr) dd += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[2]);
+    return p.dt_softplus ? softplus(dd) : dd;
   }
 
   // B_j . C_i for every draft i and every record j it replays (committed j < me at column j; draft
@@ -457,11 +466,7 @@ struct PersistentVerify : GroupUnits {
 
     const float A = scalar_from_word(p.in.A, h * p.in.A.stride0, W[0]);
     float dd = 0.f;  // lane d < n: draft d's delta
-    if (lane < n) {
-      dd = scalar_from_word(p.in.dt, (c.b * T + lane) * p.in.dt.stride0 + h * p.in.dt.stride1, DW[lane]);
-      if (p.in.dt_bias.ptr != nullptr) dd += scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[2]);
-      if (p.dt_softplus) dd = softplus(dd);
-    }
+    if (lane < n) dd = draft_delta(DW[lane], W, c.b * T + lane, h);
     const uint32_t anc = lane < n ? dh->anc[lane] : 0u;
     float ps = 0.f;  // lane i < n: sum of delta over draft i's ancestors-or-self, in ascending order
 #pragma unroll
