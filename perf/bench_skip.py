@@ -14,7 +14,8 @@ a pool of its own, in a separate, untimed run. Decay statistics: the decay rate 
 default: [1, 16]), dt as perf/bench_decode.py draws it (dt_bias from a log-uniform [1e-3, 1e-1]
 delta; raw dt 0.5 N(0, 1) for Mamba-2, a N(0, 1) for GDN, one per key channel for KDA). Rows:
 perf/bench_decode.py's fields plus ``skip_tolerance`` (a number or "none"), ``skipped_fraction``,
-``decay_rate_range`` and ``speedup`` (the ``none`` row's time over this row's, same run).
+``decay_rate_range`` and ``speedup`` (``skipped_fraction`` is null where the kernel decides nothing,
+the tile kernels; ``speedup`` is the ``none`` row's time over this row's, same run).
 
 --drafts T ...: per (batch, format, phases, tolerance) also a verify + commit round of a T-draft
 chain at acceptance 0.7 (perf/bench_spec.py's bench_replay_verify, the plan's verify kernel):
@@ -55,9 +56,9 @@ def counting_pool(fam, batch, fmt, phases, tol, T=None):
     return w, cache
 
 
-def skipped_fraction(fam, batch, fmt, phases, tol) -> float:
+def skipped_fraction(fam, batch, fmt, phases, tol) -> float | None:
     """Head-steps skipped / decided by the kernel at tolerance ``tol`` over two windows after one
-    of warm-up."""
+    of warm-up (None where the kernel decides nothing: the tile kernels read every tile)."""
     L = fam.args.window
     w, cache = counting_pool(fam, batch, fmt, phases, tol)
     out = fam.out(batch)
@@ -67,12 +68,13 @@ def skipped_fraction(fam, batch, fmt, phases, tol) -> float:
         fam.run(w, cache, fam.inputs(batch), out)
     skipped, decided = w.skip_counts.tolist()
     assert cache.check_errors() == 0
-    return skipped / decided if decided else float("nan")
+    return skipped / decided if decided else None
 
 
-def verify_skipped_fraction(fam, batch, fmt, phases, tol, T) -> float:
+def verify_skipped_fraction(fam, batch, fmt, phases, tol, T) -> float | None:
     """Head-steps skipped / decided by the verify at tolerance ``tol``: chains of T drafts committed
-    by the acceptance draws, counted over 2 L rounds after L rounds of warm-up."""
+    by the acceptance draws, counted over 2 L rounds after L rounds of warm-up (None where the
+    verify decides nothing: the tile verify reads every tile)."""
     L = fam.args.window
     w, cache = counting_pool(fam, batch, fmt, phases, tol, T)
     out = draft_out(fam, batch, T)
@@ -84,7 +86,7 @@ def verify_skipped_fraction(fam, batch, fmt, phases, tol, T) -> float:
         w.commit(cache, num_accepted=accepted.cuda())
     skipped, decided = w.skip_counts.tolist()
     assert cache.check_errors() == 0
-    return skipped / decided if decided else float("nan")
+    return skipped / decided if decided else None
 
 
 def timed(fam, batch, fmt, phases, tol, args, T=None):
@@ -150,7 +152,7 @@ def run(args):
                         what = "step" if T is None else f"T={T} round"
                         print(
                             f"B={batch:4d} {fmt.name:11s} {phases:9s} tol={row['skip_tolerance']!s:6s} "
-                            f"skipped={frac:6.1%} {what}={r['us_per_step']:8.2f}us "
+                            f"skipped={'n/a' if frac is None else format(frac, '.1%'):>6s} {what}={r['us_per_step']:8.2f}us "
                             f"nonflush={r.get('us_nonflush') or 0:8.2f} flush={r.get('us_flush') or 0:8.2f} "
                             f"speedup={row['speedup'] or 1:.3f}",
                             flush=True,

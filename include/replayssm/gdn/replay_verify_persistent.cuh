@@ -603,15 +603,7 @@ struct PersistentVerify {
       for (int d = 0; d < TMAX; ++d) {
         g[d] = 0.f;
         if (d < n) {
-          const uint32_t w = DGw[d * K + e];
-          if (derived) {
-            float x = scalar_from_word(p.in.a, (bt0 + d) * p.in.a.stride0 + c.h0 * p.in.a.stride1 + e, w);
-            if (p.in.dt_bias.ptr != nullptr)
-              x += scalar_from_word(p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e, BW[e]);
-            g[d] = negA * softplus(x);
-          } else {
-            g[d] = scalar_from_word(p.in.g, (bt0 + d) * p.in.g.stride0 + c.h0 * p.in.g.stride1 + e, w);
-          }
+          g[d] = channel_log_decay_from_words(p, DGw[d * K + e], BW[e], negA, bt0 + d, c.h0, e);
           DGw[d * K + e] = __float_as_uint(g[d]);  // for the append
         }
       }
