@@ -5,7 +5,9 @@ recurrent kernels when `fla-core` is importable (peers: see docs/benchmarks.md).
 
 Every time is a CUDA-graph replay timed with CUDA events (median over many replays):
 - B >= 32: one graph of L consecutive steps (a whole window, flush included) on one pool;
-  us_per_step = replay / L. Non-flush and flush steps are timed from per-step graphs.
+  us_per_step = replay / L. Non-flush and flush steps are timed from per-step graphs, and
+  us_by_step lists each step's median in window order (lockstep: step i replays the i records
+  its window holds, the last one flushes).
 - B <= 8: one graph of 16 consecutive steps over 16 different state pools (as a model's layers
   run back to back), replayed L times to cover whole windows; us_single_replay beside it.
 Pools hold random slot permutations and are larger than L2; inputs follow the model init ranges.
@@ -273,6 +275,7 @@ def bench_pool(fam, batch, algorithm, rows, reps, persistent=None, fmt=None, pha
         us_per_step=t_window,
         us_nonflush=nonflush,
         us_flush=by_pos[flush_pos] if flush_pos is not None else None,
+        us_by_step=by_pos,
     )
 
 
