@@ -150,9 +150,10 @@ def run(args):
                         }
                         rows.append(row)
                         what = "step" if T is None else f"T={T} round"
+                        shown = "n/a" if frac is None else format(frac, ".1%")
                         print(
                             f"B={batch:4d} {fmt.name:11s} {phases:9s} tol={row['skip_tolerance']!s:6s} "
-                            f"skipped={'n/a' if frac is None else format(frac, '.1%'):>6s} {what}={r['us_per_step']:8.2f}us "
+                            f"skipped={shown:>6s} {what}={r['us_per_step']:8.2f}us "
                             f"nonflush={r.get('us_nonflush') or 0:8.2f} flush={r.get('us_flush') or 0:8.2f} "
                             f"speedup={row['speedup'] or 1:.3f}",
                             flush=True,
