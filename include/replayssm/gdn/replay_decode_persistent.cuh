@@ -320,12 +320,15 @@ struct PersistentReplay {
         if (lane == 0 && p.in.g.ptr == nullptr)
           cp_async_scalar(reinterpret_cast<uint32_t*>(U + Layout::kALogWord.offset), p.in.A_log,
                           hv0 * p.in.A_log.stride0);
-        if (p.skip_below < 0.f && !(RC::kTwoCopy && m + 1 > L)) {
-          // Decay skipping (KDA): decided on the landed unit buffer, before any tile (a
-          // two-copy flush recomputes the window's corrections from S_hp and reads it always).
-          cp_async_wait_all();
-          __syncwarp();
-          skip = channels_decayed(U, b, hv0, m, lane);
+        if (p.skip_below < 0.f) {
+          // Decay skipping (KDA): decided on the landed unit buffer, before any tile. A two-copy
+          // flush recomputes the window's corrections from S_hp and reads it always; it counts
+          // as decided and not skipped, as GDN's does.
+          if (!(RC::kTwoCopy && m + 1 > L)) {
+            cp_async_wait_all();
+            __syncwarp();
+            skip = channels_decayed(U, b, hv0, m, lane);
+          }
           if (lane == 0) count_skips(p.skip_stats, skip, heads_per_unit);
         }
       }
