@@ -494,7 +494,7 @@ struct PersistentReplay {
           window_channel_decays<L, kPersistentConsumers, K>(
               m, key, decay, [&](int j) { return Ug + j * Layout::kKeyStride; }, Ucol, tid);
           for (int c = tid; c < K; c += kPersistentConsumers) {
-            const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
+            const float gm = channel_log_decay_from_words(p, Wg[c], Wb[c], negA, b, hv0, c);
             const float fac = expf(gm);
             Ukt[c] = fac * to_float(Uk[c]) * ks;
             Uqt[c] = fac * to_float(Uq[c]) * qs;
@@ -503,7 +503,7 @@ struct PersistentReplay {
         } else {
           const int last = flush ? m - 1 : m;
           for (int c = tid; c < K; c += kPersistentConsumers) {
-            const float gm = gate_channel(Wg[c], Wb[c], negA, b, hv0, c);
+            const float gm = channel_log_decay_from_words(p, Wg[c], Wb[c], negA, b, hv0, c);
             float sum = 0.f;
             for (int j = last; j >= 0; --j) {
               if (j < m) {
@@ -654,16 +654,11 @@ struct PersistentReplay {
                            : 0.f;
     float cmax = -INFINITY;
     for (int c = lane; c < K; c += 32) {
-      float t = flush ? 0.f : gate_channel(Wg[c], Wb[c], negA, b, hv, c);
+      float t = flush ? 0.f : channel_log_decay_from_words(p, Wg[c], Wb[c], negA, b, hv, c);
       for (int j = 0; j < m; ++j) t += Ug[j * Layout::kKeyStride + c];
       cmax = max_log_decay(cmax, t);
     }
     return warp_max_log_decay(cmax) < (flush ? kUnderflowLogDecayF : p.skip_below) ? 1u : 0u;
-  }
-
-  // KDA: log decay of channel c from its gate word (g given, or a with dt_bias).
-  __device__ __forceinline__ float gate_channel(uint32_t wg, uint32_t wb, float negA, int64_t b, int hv, int c) const {
-    return channel_log_decay_from_words(p, wg, wb, negA, b, hv, c);
   }
 
   // This step's beta and (GDN) log decay of value head hv of row b, from the stage's words.

@@ -397,13 +397,7 @@ struct PersistentVerify : GroupUnits {
       for (int j = 0; j < m; ++j) t += dring[j];
       float own = 0.f;
       if (!flush) {
-        // draft_delta, with the bias read once for all drafts
-        const float bias =
-            p.in.dt_bias.ptr != nullptr ? scalar_from_word(p.in.dt_bias, h * p.in.dt_bias.stride0, W[2]) : 0.f;
-        own = least_path_sum(n, [&](int d) {
-          const float dd = scalar_from_word(p.in.dt, (c.b * T + d) * p.in.dt.stride0 + h * p.in.dt.stride1, DW[d]);
-          return p.dt_softplus ? softplus(dd + bias) : dd + bias;
-        });
+        own = least_path_sum(n, [&](int d) { return draft_delta(DW[d], W, c.b * T + d, h); });
         if (!(A < 0.f)) own = INFINITY;  // a decay that may grow is never skipped
       }
       decayed = A * (t + own) < (flush ? kUnderflowLogDecayF : p.skip_below);
