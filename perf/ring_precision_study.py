@@ -6,12 +6,13 @@ With a read copy, a non-flush step outputs from the recurrence restarted at the 
 copy S_lp (replayssm.reference.delta.DeltaReadCopyModel): each step's correction u is computed
 from that state and appended to the ring, and the flush recomputes every u exactly from S_hp.
 So the ring's u only ever reaches the non-flush outputs of its own window, and it could be
-stored in bf16. This study runs, window for window on the same tokens (the tests' init ranges,
-tests/reference_testing.py):
+stored in bf16. This study runs, step for step on the same tokens (the tests' init ranges,
+tests/reference_testing.py; all slots in lockstep from a freshly loaded copy):
 - ``exact``: the float64 recurrence;
-- ``copy``: the read-copy model, u kept exactly (what the kernels compute today, up to fp32);
-- ``copy_u_bf16``: the same, with every u rounded to bf16 when it is appended (the output of the
-  step that computes u still uses it unrounded, as a kernel would from its registers).
+- ``copy``: the read-copy model the GPU tests use as oracle (DeltaReadCopyModel), u kept exactly
+  (what the kernels compute today, up to fp32);
+- ``copy_u_bf16``: the same model with ``u_dtype=torch.bfloat16``: every u rounded to bf16 when it
+  is appended (the step that computes u still outputs with it unrounded, as a kernel does).
 Keys kept as the io-dtype input with their norm scale, and KDA's gate as its io-dtype input, give
 bit-identical values and need no study. Per format and variant it reports the error of the
 non-flush outputs against ``exact``, relative to each head's largest output (median and max over
@@ -36,7 +37,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from replayssm.reference.delta import gdn_step, kda_step  # noqa: E402
+from replayssm.reference.delta import DeltaReadCopyModel, gdn_step, kda_step  # noqa: E402
 from replayssm.reference.quant import fake_quant  # noqa: E402
 from tests.reference_testing import delta_layer, delta_tokens, generator  # noqa: E402
 
@@ -49,7 +50,8 @@ def rel_errors(o, ref) -> list[float]:
 
 
 def study(family: str, fmt: str, args) -> dict[str, list[float]]:
-    """Per-head-step relative errors of the non-flush outputs, for each variant."""
+    """Per-head-step relative errors of the non-flush outputs, for each variant: two read-copy
+    models (DeltaReadCopyModel, u kept exactly and in bf16) beside the exact recurrence."""
     per_channel = family == "kda"
     step = kda_step if per_channel else gdn_step
     gen = generator(args.seed)
@@ -58,24 +60,26 @@ def study(family: str, fmt: str, args) -> dict[str, list[float]]:
     S = torch.randn(B, HV, V, K, generator=gen, dtype=torch.float64) * 0.1
     for _ in range(args.burn * L):  # the state's steady size
         _, S = step(S, **delta_tokens(gen, (B,), HV, HK, K, V, per_channel), **layer)
+    S_lp = fake_quant(S.float(), fmt).double()  # the copy a flush writes from an fp32 S_hp
+    models = {
+        name: DeltaReadCopyModel(S, S_lp, L, per_channel, u_dtype=u_dtype)
+        for name, u_dtype in (("copy", None), ("copy_u_bf16", torch.bfloat16))
+    }
+    slots = list(range(B))
     errs = {"copy": [], "copy_u_bf16": [], "u_bf16_extra": []}
-    for _ in range(args.windows):
-        S_lp = fake_quant(S.float(), fmt).double()  # the copy the flush writes from S_hp (fp32)
-        read = read_b = None
-        for t in range(L):
-            tok = delta_tokens(gen, (B,), HV, HK, K, V, per_channel)
-            o_ex, S_next, u = step(S, return_u=True, **tok, **layer)
-            if t == 0:  # the flushing step: output and u from S_hp; the copy carries the ring on
-                read = step(S_lp, u=u, **tok, **layer)[1]
-                read_b = step(S_lp, u=u.to(torch.bfloat16).double(), **tok, **layer)[1]
-            else:
-                o_r, read, _ = step(read, return_u=True, **tok, **layer)
-                o_b, _, u_b = step(read_b, return_u=True, **tok, **layer)
-                read_b = step(read_b, u=u_b.to(torch.bfloat16).double(), **tok, **layer)[1]
-                errs["copy"] += rel_errors(o_r, o_ex)
-                errs["copy_u_bf16"] += rel_errors(o_b, o_ex)
-                errs["u_bf16_extra"] += rel_errors(o_b, o_r)
-            S = S_next
+    for _ in range(args.windows * L):
+        tok = delta_tokens(gen, (B,), HV, HK, K, V, per_channel)
+        o_ex, S = step(S, **tok, **layer)
+        outs = {}
+        for name, model in models.items():
+            outs[name], flushed = model.step(
+                slots, lambda s, m=model: fake_quant(m.exact[s].float(), fmt).double(), **tok, **layer
+            )
+        if any(flushed):  # the slots step in lockstep: a flush step outputs from S_hp
+            continue
+        errs["copy"] += rel_errors(outs["copy"], o_ex)
+        errs["copy_u_bf16"] += rel_errors(outs["copy_u_bf16"], o_ex)
+        errs["u_bf16_extra"] += rel_errors(outs["copy_u_bf16"], outs["copy"])
     return errs
 
 

@@ -482,16 +482,31 @@ class DeltaReadCopyModel:
     held(slot) (optional) -> the state a flush stored [HV, V, K], for formats whose stored
     checkpoint is rounded (a 16-bit S_hp, a single copy): the flushing step continues from it
     instead of from ``exact`` (default: ``exact`` itself, an fp32 S_hp within rounding).
+
+    ``u_dtype`` (optional): the dtype a ring keeps u in. Each appended u is rounded to it, and the
+    steps after it replay the rounded value; the step that computes u outputs with it unrounded,
+    as a kernel does from its registers. None (the kernels today): u is kept as computed.
     """
 
-    def __init__(self, S_exact: torch.Tensor, S_read: torch.Tensor, L: int, per_channel: bool):
+    def __init__(
+        self, S_exact: torch.Tensor, S_read: torch.Tensor, L: int, per_channel: bool, u_dtype: torch.dtype | None = None
+    ):
         shaped("DeltaReadCopyModel", "S_exact", S_exact, ("num_slots", "HV", "V", "K"), (None,) * 4)
         shaped("DeltaReadCopyModel", "S_read", S_read, ("num_slots", "HV", "V", "K"), tuple(S_exact.shape))
         positive_int("DeltaReadCopyModel", "L", L)
+        if u_dtype is not None and not (isinstance(u_dtype, torch.dtype) and u_dtype.is_floating_point):
+            raise TypeError(
+                f"DeltaReadCopyModel: argument 'u_dtype' must be a floating torch.dtype or None, got {u_dtype!r}"
+            )
         self.exact, self.read = S_exact.clone(), S_read.clone()
         self.L = L
+        self.u_dtype = u_dtype
         self.m = [0] * S_exact.shape[0]
         self._step = kda_step if per_channel else gdn_step
+
+    def _kept(self, u: torch.Tensor) -> torch.Tensor:
+        """u as the ring keeps it."""
+        return u if self.u_dtype is None else u.to(self.u_dtype).to(u.dtype)
 
     def load(self, slot: int, S: torch.Tensor, S_read: torch.Tensor) -> None:
         """A prefill hand-over (load_state/reset) of one slot: checkpoint S, read copy S_read, ring emptied."""
@@ -511,10 +526,14 @@ class DeltaReadCopyModel:
                 if held is not None:  # the checkpoint the flush stored, rounded as its format says
                     self.exact[s] = held(s).to(self.exact.dtype)
                 o, exact, u = self._step(self.exact[s : s + 1], return_u=True, **args)
-                _, self.read[s : s + 1] = self._step(read_copy(s)[None].to(self.read.dtype), u=u, **args)
+                _, self.read[s : s + 1] = self._step(read_copy(s)[None].to(self.read.dtype), u=self._kept(u), **args)
                 self.m[s] = 0
             else:
-                o, self.read[s : s + 1] = self._step(self.read[s : s + 1], **args)
+                read = self.read[s : s + 1]
+                o, new_read, u = self._step(read, return_u=True, **args)
+                if self.u_dtype is not None:
+                    _, new_read = self._step(read, u=self._kept(u), **args)
+                self.read[s : s + 1] = new_read
                 _, exact = self._step(self.exact[s : s + 1], **args)
             self.exact[s : s + 1] = exact
             self.m[s] += 1

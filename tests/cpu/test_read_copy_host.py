@@ -372,6 +372,39 @@ class TestDeltaReadCopyModel:
         with pytest.raises(ValueError, match="u"):
             gdn_step(S, u=u[:, :1], **args)
 
+    def _model_run(self, u_dtype, steps):
+        """Outputs of one slot's read-copy model (L = 4, GDN, float64) over ``steps`` tokens drawn
+        from a fixed seed, with the ring's u kept in ``u_dtype``."""
+        from replayssm.reference.delta import DeltaReadCopyModel
+
+        gen = torch.Generator().manual_seed(5)
+        f64 = torch.float64
+        S = torch.randn(1, 2, 8, 16, generator=gen, dtype=f64)
+        model = DeltaReadCopyModel(S, S.float().to(torch.bfloat16).to(f64), 4, False, u_dtype=u_dtype)
+        outs = []
+        for _ in range(steps):
+            args = dict(
+                q=torch.randn(1, 1, 16, generator=gen, dtype=f64),
+                k=torch.randn(1, 1, 16, generator=gen, dtype=f64),
+                v=torch.randn(1, 2, 8, generator=gen, dtype=f64),
+                g=-torch.rand(1, 2, generator=gen, dtype=f64),
+                beta=torch.rand(1, 2, generator=gen, dtype=f64),
+            )
+            outs.append(model.step([0], lambda s: model.exact[s].to(torch.bfloat16).to(f64), **args)[0])
+        return torch.cat(outs)
+
+    def test_ring_u_dtype(self):
+        """u_dtype rounds what the ring keeps: float64 changes nothing; bf16 leaves the step that
+        computes u unchanged and moves the later non-flush outputs by about a bf16 rounding."""
+        exact = self._model_run(None, 9)
+        assert torch.equal(self._model_run(torch.float64, 9), exact)
+        narrow = self._model_run(torch.bfloat16, 9)
+        assert torch.equal(narrow[0], exact[0])  # its own u, unrounded
+        rel = float((narrow - exact).abs().max() / exact.abs().max())
+        assert 0 < rel < 2e-2, rel
+        with pytest.raises(TypeError, match="u_dtype"):
+            self._model_run(torch.int32, 1)
+
 
 # ---------------------------------------------------------------- NVFP4 (packed rows, row scales)
 NVFP4_MULTIPLE = "read_dtype: the nvfp4 read copy needs state rows whose length is a multiple of 128 elements, got 64"
