@@ -28,7 +28,6 @@ import argparse
 import datetime
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -36,6 +35,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from bench_common import git_commit  # noqa: E402
 
 from replayssm.reference.delta import DeltaReadCopyModel, gdn_step, kda_step  # noqa: E402
 from replayssm.reference.quant import fake_quant  # noqa: E402
@@ -127,12 +128,9 @@ def main(argv=None) -> int:
                     flush=True,
                 )
     if args.out is not None:
-        commit = subprocess.run(
-            ["git", "rev-parse", "--short=12", "HEAD"], cwd=ROOT, capture_output=True, text=True
-        ).stdout.strip()
         meta = dict(
             command="python perf/" + Path(__file__).name + " " + " ".join(sys.argv[1:]),
-            commit=commit or "unknown",
+            commit=git_commit(),
             device="cpu",
             date=datetime.date.today().isoformat(),
         )

@@ -315,6 +315,18 @@ class TestDeltaReadCopyHost:
             assert err <= 1e-6, f"slot {s}: materialize rel err {err:.2e}"
 
 
+def delta_step_inputs(gen, rows, hv, hk, k_dim, v_dim, per_channel=False) -> dict:
+    """Random float64 inputs of one GDN (KDA: per_channel) reference step of ``rows`` rows."""
+    f64 = torch.float64
+    return dict(
+        q=torch.randn(rows, hk, k_dim, generator=gen, dtype=f64),
+        k=torch.randn(rows, hk, k_dim, generator=gen, dtype=f64),
+        v=torch.randn(rows, hv, v_dim, generator=gen, dtype=f64),
+        g=-torch.rand((rows, hv, k_dim) if per_channel else (rows, hv), generator=gen, dtype=f64),
+        beta=torch.rand(rows, hv, generator=gen, dtype=f64),
+    )
+
+
 class TestDeltaReadCopyModel:
     """The read-copy model the GPU tests use as oracle (replayssm.reference.delta.DeltaReadCopyModel)
     agrees with the replay reference pool's two-copy mode (GDNReplayRef/KDAReplayRef with
@@ -336,14 +348,7 @@ class TestDeltaReadCopyModel:
         flushes = 0
         for step in range(4 * L + 3):
             slots = torch.randperm(n, generator=gen)[:2].tolist()
-            gshape = (2, hv, k_dim) if kda else (2, hv)
-            args = dict(
-                q=torch.randn(2, hk, k_dim, generator=gen, dtype=f64),
-                k=torch.randn(2, hk, k_dim, generator=gen, dtype=f64),
-                v=torch.randn(2, hv, v_dim, generator=gen, dtype=f64),
-                g=-torch.rand(gshape, generator=gen, dtype=f64),
-                beta=torch.rand(2, hv, generator=gen, dtype=f64),
-            )
+            args = delta_step_inputs(gen, 2, hv, hk, k_dim, v_dim, kda)
             o_ref = ref.step(slots, **args)
             o, flushed = model.step(slots, lambda s: ref.checkpoint_lp[s], **args)
             flushes += sum(flushed)
@@ -357,13 +362,7 @@ class TestDeltaReadCopyModel:
         gen = torch.Generator().manual_seed(3)
         f64 = torch.float64
         S = torch.randn(2, 2, 8, 16, generator=gen, dtype=f64)
-        args = dict(
-            q=torch.randn(2, 1, 16, generator=gen, dtype=f64),
-            k=torch.randn(2, 1, 16, generator=gen, dtype=f64),
-            v=torch.randn(2, 2, 8, generator=gen, dtype=f64),
-            g=-torch.rand(2, 2, generator=gen, dtype=f64),
-            beta=torch.rand(2, 2, generator=gen, dtype=f64),
-        )
+        args = delta_step_inputs(gen, 2, 2, 1, 16, 8)
         o, S1, u = gdn_step(S, return_u=True, **args)
         o2, S2 = gdn_step(S, u=u, **args)
         assert torch.equal(o, o2) and torch.equal(S1, S2)
@@ -383,13 +382,7 @@ class TestDeltaReadCopyModel:
         model = DeltaReadCopyModel(S, S.float().to(torch.bfloat16).to(f64), 4, False, u_dtype=u_dtype)
         outs = []
         for _ in range(steps):
-            args = dict(
-                q=torch.randn(1, 1, 16, generator=gen, dtype=f64),
-                k=torch.randn(1, 1, 16, generator=gen, dtype=f64),
-                v=torch.randn(1, 2, 8, generator=gen, dtype=f64),
-                g=-torch.rand(1, 2, generator=gen, dtype=f64),
-                beta=torch.rand(1, 2, generator=gen, dtype=f64),
-            )
+            args = delta_step_inputs(gen, 1, 2, 1, 16, 8)
             outs.append(model.step([0], lambda s: model.exact[s].to(torch.bfloat16).to(f64), **args)[0])
         return torch.cat(outs)
 
