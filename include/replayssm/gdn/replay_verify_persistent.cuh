@@ -26,8 +26,13 @@
 // solve its drafts' triangular recursion u_i = beta_i (v_i - S~_i k^_i) along the tree in closed
 // form (per head matrices formed once per unit) and store o_i and u_i.
 //
-// Only the checkpoint format without a read copy runs here (NoReadCopy: fp32, bf16 or fp16
-// state); the plan gives read-copy modules the tile verify.
+// State formats (RC, common/read_copy.cuh): the checkpoint alone (NoReadCopy: fp32, bf16 or fp16
+// state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy this kernel
+// serves only the rows that do not flush (DraftArgs::serve = kServeNonFlush): their tiles are the
+// copy's codes and row scales (one bulk copy each), dequantised by the shared loader
+// (ReadCopyTile) into the columns the dot products take. A row that flushes must recompute its
+// committed corrections from S_hp (gdn/wy.cuh); the launcher leaves it to the tile verify, run
+// right after this kernel on the same stream (kServeRest), which also re-encodes the copy.
 #pragma once
 
 #include "../common/align.cuh"
@@ -36,6 +41,7 @@
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
 #include "../common/persistent_units.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -51,8 +57,15 @@ __host__ __device__ constexpr int delta_verify_unit_heads(int ratio, bool per_ch
   return h;
 }
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+// The formats this kernel reads: the checkpoint alone, or a read copy beside an fp32 checkpoint.
+template <class RC, typename TS>
+constexpr bool kDeltaPersistentVerifyFormat =
+    !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
+
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
 struct PersistentVerifyLayout {
+  static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
   static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
@@ -64,7 +77,8 @@ struct PersistentVerifyLayout {
   // KDA (vectors with per-channel decays, fp32): both operands split, three MMAs per step. With
   // fp32 io its unit buffer and the fragments would not fit two CTAs per SM: CUDA cores.
   static constexpr bool kSplitVectors = PerChannelDecay;
-  static constexpr bool kMmaDots = std::is_same_v<TI, __nv_bfloat16> && std::is_same_v<TS, float> &&
+  // A read copy's tiles are dequantised into registers: CUDA-core dots.
+  static constexpr bool kMmaDots = !RC::kEnabled && std::is_same_v<TI, __nv_bfloat16> && std::is_same_v<TS, float> &&
                                    ROWS == 8 * kPersistentConsumerWarps && TMAX >= 4;
   using Dots = MmaSplitDots<K, kVecs <= 16 ? kVecs : 16>;
   static constexpr int kDotSets = (kVecs + 15) / 16;  // MMA vector sets: vectors 16 s .. 16 s + 15
@@ -115,10 +129,16 @@ struct PersistentVerifyLayout {
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
-  // padded), u ring rows [L][ROWS] fp32 (one bulk copy per live record) and the drafts' v rows
-  // [TMAX][ROWS] (io dtype).
-  static constexpr uint32_t kTileBytes = ROWS * K * sizeof(TS);  // what the copies bring
-  static constexpr SmemRegion kTile = first_region(static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
+  // padded; with a read copy its codes [ROWS][row_elems(K)] and row scales [ROWS] fp32 instead,
+  // one bulk copy each), u ring rows [L][ROWS] fp32 (one bulk copy per live record) and the
+  // drafts' v rows [TMAX][ROWS] (io dtype).
+  static constexpr uint32_t kCodeBytes =
+      RC::kEnabled ? ROWS * RC::row_elems(K) * static_cast<uint32_t>(sizeof(typename RC::T)) : 0u;
+  static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * 4u : 0u;
+  static constexpr uint32_t kTileBytes =
+      RC::kEnabled ? kCodeBytes + kScaleBytes : ROWS * K * static_cast<uint32_t>(sizeof(TS));  // what the copies bring
+  static constexpr SmemRegion kTile = first_region(
+      RC::kEnabled ? static_cast<size_t>(kTileBytes) : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
   static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
@@ -127,7 +147,7 @@ struct PersistentVerifyLayout {
                     kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
                     kBetaWords.aligned() && kURing.aligned() && kVd.aligned(),
                 "cp.async and bulk-copy destinations are 16-byte aligned");
-  static_assert(kTileBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
+  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
                 "copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB, as the Mamba-2 verify (two
@@ -137,10 +157,17 @@ struct PersistentVerifyLayout {
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
 struct PersistentVerify {
-  using Layout = PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>;
+  using Layout = PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>;
   using Tile = StateTile<TS, K, ROWS, kPersistentConsumerWarps>;
+  // A read copy's non-flush tile, and the tile whose columns the dot products take: the copy's
+  // (same rows per lane group as Tile, other columns per lane) or the checkpoint's.
+  using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;
+  using DotTile = std::conditional_t<RC::kEnabled, typename Read::Tile, Tile>;
+  static_assert(kSameColumnCount<Tile, DotTile> && DotTile::kPasses == Tile::kPasses,
+                "the copy's tile spreads its rows as the checkpoint's");
   // The drafts' dot products are summed kBatch at a time (at most a row group's 8 lanes' worth).
   static constexpr int kBatch = TMAX < Tile::kLanes ? TMAX : Tile::kLanes;
   static constexpr int kBatches = TMAX / kBatch;
@@ -221,6 +248,11 @@ struct PersistentVerify {
       if (n == 0) {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
+        return 0;
+      }
+      if (RC::kEnabled && cur.m + n > L) {  // a flush: the tile verify after this launch serves it
+        if (lane == 0) header->status = kUnitServedElsewhere;
+        cur.status = kUnitServedElsewhere;
         return 0;
       }
       const int64_t bt0 = c.b * T;
@@ -308,8 +340,20 @@ struct PersistentVerify {
       if (lane == 0) {
         const uint32_t tile_bytes = skipped ? 0u : Layout::kTileBytes;
         mbar_arrive_expect_tx(bar, tile_bytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
-        if constexpr (Layout::kRowStride == K)
+        if constexpr (RC::kEnabled) {  // the copy's codes, then its rows' scales (zero codes and scales if skipped)
+          if (!skipped) {
+            const typename RC::T* codes = static_cast<const typename RC::T*>(p.pool.read) +
+                                          slot * p.pool.read_stride_slot + h * p.pool.read_stride_head +
+                                          static_cast<int64_t>(v0) * RC::row_elems(K);
+            bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kCodeBytes, bar);
+            if constexpr (RC::kScaled)
+              bulk_copy_g2s(S + Layout::kTile.offset + Layout::kCodeBytes,
+                            p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + v0,
+                            Layout::kScaleBytes, bar);
+          }
+        } else if constexpr (Layout::kRowStride == K) {
           if (!skipped) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        }
       }
       __syncwarp();  // the bytes are announced before any lane's copy can land
       if constexpr (Layout::kRowStride != K) {  // padded rows: one copy per row
@@ -343,6 +387,7 @@ struct PersistentVerify {
     auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
       const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
       const UnitCoords c = unit_of(u);
+      if (hd.status == kUnitServedElsewhere) return 0;  // another launch writes this row
       if (hd.status != kUnitActive) {
         skip_unit(p.error_flag, hd.status);
         for (int i = tid; i < heads * T * V; i += kPersistentConsumers) {
@@ -394,16 +439,18 @@ struct PersistentVerify {
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       const UnitCoords c = unit_of(u);
-      if constexpr (Layout::kMmaDots) {
+      if constexpr (RC::kEnabled) {  // no flush unit reaches this kernel (fill_unit)
+        tile<false, DotTile>(vu, c, t, S, release, warp, lane, R);
+      } else if constexpr (Layout::kMmaDots) {
         if (vu.flush) {
           tile_mma<true>(vu, c, t, S, release, warp, lane, R);
         } else {
           tile_mma<false>(vu, c, t, S, release, warp, lane, R);
         }
       } else if (vu.flush) {
-        tile<true>(vu, c, t, S, release, warp, lane, R);
+        tile<true, Tile>(vu, c, t, S, release, warp, lane, R);
       } else {
-        tile<false>(vu, c, t, S, release, warp, lane, R);
+        tile<false, Tile>(vu, c, t, S, release, warp, lane, R);
       }
     };
 
@@ -794,11 +841,12 @@ struct PersistentVerify {
   // and then the queries, every draft's dot products with the lane's columns (vectors of drafts
   // n .. TMAX - 1 are zeros), their reduce-scatter over the row's lane group, the ring parts of
   // the sums the lane holds, and the gather of row l's sums into lane l; lane l then solves its
-  // row's drafts in tree order and stores their outputs and corrections.
-  template <bool kFlush, class Release>
+  // row's drafts in tree order and stores their outputs and corrections. DT: the tile whose
+  // columns a lane holds (Tile, or a read copy's DotTile: its codes dequantised, no flush).
+  template <bool kFlush, class DT, class Release>
   __device__ __forceinline__ void tile(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
                                        Release&& release, int warp, int lane, int R) const {
-    constexpr int kV = Tile::kVec;
+    constexpr int kV = DT::kVec;
     constexpr int kHeld = Split::kHeld, kDup = Split::kDup;
     const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
     const int m = vu.m, n = vu.n, me = vu.me;
@@ -813,15 +861,22 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
-    float sv[Tile::kPasses][Tile::kVpl][kV];
-    stage_rows(sv, ST, warp, lane);
+    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
+    float sv[DT::kPasses][DT::kVpl][kV];
+    if constexpr (RC::kEnabled) {  // the copy's codes times their scales
+      Read rd;
+      rd.load_shared(ST, reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kCodeBytes), warp, lane);
+      rd.values(1.f, sv);
+    } else {
+      stage_rows(sv, ST, warp, lane);
+    }
     if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
 
     // The ring part of sum (part, batch bi, pass s, held k) of the lane's rows (keys, then queries,
     // kBatch drafts at a time; drafts first .. first + kHeld - 1 of the batch; the kDup lanes that
     // hold them take records sub, sub + kDup, ...).
     auto ring_part = [&](int part, int bi, int s, int k) {
-      const int r = Tile::row(warp, lane, s);
+      const int r = DT::row(warp, lane, s);
       const float* ci = coef + (part * TMAX + bi * kBatch + first + k) * kW;
       float acc = 0.f;
 #pragma unroll
@@ -838,14 +893,14 @@ struct PersistentVerify {
     // parts live across the products ptxas 13.0 failed to allocate the tile's registers
     // ("register allocation failed with register count of 7").
     constexpr bool kLateRing = TMAX > 8;
-    float rsum[2][kBatches][Tile::kPasses][kHeld];
+    float rsum[2][kBatches][DT::kPasses][kHeld];
     if constexpr (!kLateRing) {
 #pragma unroll
       for (int part = 0; part < 2; ++part)
 #pragma unroll
         for (int bi = 0; bi < kBatches; ++bi)
 #pragma unroll
-          for (int s = 0; s < Tile::kPasses; ++s)
+          for (int s = 0; s < DT::kPasses; ++s)
 #pragma unroll
             for (int k = 0; k < kHeld; ++k) rsum[part][bi][s][k] = ring_part(part, bi, s, k);
     }
@@ -862,23 +917,23 @@ struct PersistentVerify {
     for (int part = 0; part < 2; ++part)
 #pragma unroll
       for (int bi = 0; bi < kBatches; ++bi) {
-        float dots[Tile::kPasses][kBatch];
+        float dots[DT::kPasses][kBatch];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           float x[kCols];
-          Tile::load_columns(x, vec + (part * TMAX + bi * kBatch + i) * K, lane);
+          DT::load_columns(x, vec + (part * TMAX + bi * kBatch + i) * K, lane);
 #pragma unroll
-          for (int s = 0; s < Tile::kPasses; ++s) {
+          for (int s = 0; s < DT::kPasses; ++s) {
             float dot = 0.f;
 #pragma unroll
-            for (int v = 0; v < Tile::kVpl; ++v)
+            for (int v = 0; v < DT::kVpl; ++v)
 #pragma unroll
               for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], x[v * kV + e], dot);
             dots[s][i] = dot;
           }
         }
 #pragma unroll
-        for (int s = 0; s < Tile::kPasses; ++s) {
+        for (int s = 0; s < DT::kPasses; ++s) {
           Split::sum(dots[s], lane);
 #pragma unroll
           for (int k = 0; k < kHeld; ++k)
@@ -888,12 +943,12 @@ struct PersistentVerify {
       // Row l's sums: its pass l / kRowsPerPass, its group l % kRowsPerPass of that pass.
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-          const int src = (l % Tile::kRowsPerPass) * Tile::kLanes + Split::holder(i);
+          const int src = (l % DT::kRowsPerPass) * DT::kLanes + Split::holder(i);
           float got = 0.f;
 #pragma unroll
-          for (int s = 0; s < Tile::kPasses; ++s) {
+          for (int s = 0; s < DT::kPasses; ++s) {
             const float x = __shfl_sync(0xffffffffu, dots[s][i % kHeld], src);
-            if (l / Tile::kRowsPerPass == s) got = x;
+            if (l / DT::kRowsPerPass == s) got = x;
           }
           sums[part][bi * kBatch + i] = got;
         }
@@ -1090,13 +1145,14 @@ struct PersistentVerify {
   }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
-__global__ void __launch_bounds__(kPersistentThreads,
-                                  (PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>::kCtasPerSm))
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
+__global__ void __launch_bounds__(
+    kPersistentThreads, (PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>::kCtasPerSm))
     replay_verify_persistent_kernel(const VerifyParams vp) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
-  const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX> k(vp, persistent_smem);
+  const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC> k(vp, persistent_smem);
   run_persistent<false>(k, [&] { return vp.d.ring.work; }, [] { return -1; });  // no flush hints
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
