@@ -250,9 +250,7 @@ class TestDeltaVerifyReadCopy:
                 w.plan(slots, draft_len=4)
 
 
-@pytest.mark.parametrize("read_dtype", READ_DTYPES, ids=READ_IDS)
-@pytest.mark.parametrize("cfg", READ_CFGS, ids=["gdn", "kda"])
-class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):
+class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_dtype: the parent's parametrization
     """Every check above with the persistent verify planned (forced at these small batches; the
     driver checks that every verify plan runs it). It serves the rows that do not flush: their
     units stream the copy's codes and row scales and dequantise them (ReadCopyTile) into the
