@@ -37,6 +37,7 @@
 
 #include "../common/align.cuh"
 #include "../common/decay_skip.cuh"
+#include "../common/mma_code_dots.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
@@ -84,6 +85,16 @@ struct PersistentVerifyLayout {
   static constexpr int kDotSets = (kVecs + 15) / 16;  // MMA vector sets: vectors 16 s .. 16 s + 15
   static constexpr size_t kDotSetBytes = Dots::template kSetBytes<kSplitVectors>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : K;  // TS elements per row of the stage tile
+  // GDN with a read copy of fp8 or bf16 codes, bf16 io, 8 rows per consumer warp and at most 8
+  // drafts: the tiles' dot products on tensor cores from the codes as they lie in the stage
+  // (common/mma_code_dots.cuh). The 2 TMAX vectors are the drafts' raw bf16 keys and queries (fp8:
+  // in f16, each scaled by a power of two); their norms and inverse scales join the factors, and
+  // each row's scale multiplies its results. KDA's vectors carry per-channel decays: CUDA cores.
+  static constexpr bool kCodeMma = RC::kEnabled && !RC::kBlockScaled && !PerChannelDecay &&
+                                   std::is_same_v<TI, __nv_bfloat16> && ROWS == 8 * kPersistentConsumerWarps &&
+                                   kVecs <= 16;
+  using CodeDots =
+      MmaCodeDots<std::conditional_t<kCodeMma, typename RC::T, __nv_bfloat16>, K, kVecs <= 16 ? kVecs : 16>;
 
   // Unit buffer: header, drafts, the drafts' q and k (io dtype), the tiles' vectors [2 TMAX][K]
   // fp32 (zeros past the row's drafts), the drafts' key norm factors, the key ring [L][K] fp32
@@ -125,7 +136,9 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
   static constexpr SmemRegion kFrag =
       kSolve.then(kMmaDots ? kDotSets * kDotSetBytes : 0, 16);  // the vectors' A fragments
-  static constexpr size_t kUnitBytes = buffer_bytes(kFrag, 128);
+  static constexpr SmemRegion kVecScale = kFrag.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
+  static constexpr SmemRegion kCodeFrag = kVecScale.then(kCodeMma ? CodeDots::kFragmentBytes : 0, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kCodeFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
@@ -410,6 +423,7 @@ struct PersistentVerify {
               [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
               kPersistentConsumers);
       }
+      if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
         channel_decays(U, dh, vu, c, tid);
@@ -439,7 +453,9 @@ struct PersistentVerify {
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       const UnitCoords c = unit_of(u);
-      if constexpr (RC::kEnabled) {  // no flush unit reaches this kernel (fill_unit)
+      if constexpr (Layout::kCodeMma) {  // no flush unit reaches a read copy's kernel (fill_unit)
+        tile_mma<false>(vu, c, t, S, release, warp, lane, R);
+      } else if constexpr (RC::kEnabled) {
         tile<false, DotTile>(vu, c, t, S, release, warp, lane, R);
       } else if constexpr (Layout::kMmaDots) {
         if (vu.flush) {
@@ -519,6 +535,21 @@ struct PersistentVerify {
         floats(U, Layout::kNorm)[d] = ks;
         floats(U, Layout::kNorm)[TMAX + d] = qs;
       }
+    }
+  }
+
+  // Code dots (Layout::kCodeMma), one warp per vector: vector v (draft v's raw key for v < TMAX,
+  // else draft v - TMAX's query; zeros past the row's drafts) into the A fragments, and its inverse
+  // scale, which head_values puts in the factors.
+  __device__ __forceinline__ void code_vectors(const unsigned char* U, int n, int warp, int lane) const {
+    using CD = typename Layout::CodeDots;
+    const __nv_bfloat16* raw = reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset);  // keys, then queries
+    unsigned char* frag = const_cast<unsigned char*>(U) + Layout::kCodeFrag.offset;
+    for (int v = warp; v < Layout::kVecs; v += kPersistentConsumerWarps) {
+      const __nv_bfloat16* src = v % TMAX < n ? raw + v * K : nullptr;
+      const float inv = src != nullptr ? CD::vector_scale(src, lane) : 1.f;
+      CD::set_vector(frag, v, src, inv, lane);
+      if (lane == 0) floats(U, Layout::kVecScale)[v] = inv;
     }
   }
 
@@ -621,8 +652,14 @@ struct PersistentVerify {
       if (lane == k) {  // tensor-core dots are of the raw keys and queries: their norms join the factors
         const float f = ek * (vu.flush ? 1.f : tot);
         const float* nrm = floats(U, Layout::kNorm);
-        fac[k] = Layout::kMmaDots ? f * nrm[k] : f;
-        fac[TMAX + k] = Layout::kMmaDots ? f * nrm[TMAX + k] : f;
+        if constexpr (Layout::kCodeMma) {  // and the code dots' vector scales
+          const float* vs = floats(U, Layout::kVecScale);
+          fac[k] = f * nrm[k] * vs[k];
+          fac[TMAX + k] = f * nrm[TMAX + k] * vs[TMAX + k];
+        } else {
+          fac[k] = Layout::kMmaDots ? f * nrm[k] : f;
+          fac[TMAX + k] = Layout::kMmaDots ? f * nrm[TMAX + k] : f;
+        }
       }
     }
     if (lane == 0) floats(U, Layout::kTot)[i] = tot;
@@ -958,16 +995,19 @@ struct PersistentVerify {
     draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
   }
 
-  // Tile t with the dot products on tensor cores (Layout::kMmaDots: 8 rows per warp). Lane (g, c)
-  // gets vector g's (and g + 8's) products with rows 2c and 2c + 1 of the warp's rows
-  // (MmaSplitDots; vector v is draft v's key for v < TMAX, else draft v - TMAX's query), adds
+  // Tile t with the dot products on tensor cores (Layout::kMmaDots or kCodeMma: 8 rows per warp).
+  // Lane (g, c) gets vector g's (and g + 8's) products with rows 2c and 2c + 1 of the warp's rows
+  // (MmaSplitDots from the checkpoint's rows, or MmaCodeDots from the copy's codes, times the
+  // rows' scales; vector v is draft v's key for v < TMAX, else draft v - TMAX's query), adds
   // their ring parts; row l's sums are gathered into the lanes l + 8 k. A flush folds the rows
   // first, stores them and writes them back over the stage's rows, which the MMAs read.
   template <bool kFlush, class Release>
   __device__ __forceinline__ void tile_mma(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
                                            Release&& release, int warp, int lane, int R) const {
     using Dots = typename Layout::Dots;
-    constexpr int kHeldM = Dots::kHeld;
+    using CodeDots = typename Layout::CodeDots;
+    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
+    constexpr int kHeldM = Layout::kCodeMma ? CodeDots::kHeld : Dots::kHeld;
     const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
     const int m = vu.m, n = vu.n, me = vu.me;
     const unsigned char* U = vu.buffer;
@@ -986,14 +1026,25 @@ struct PersistentVerify {
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
     }
-    constexpr int kSets = Layout::kDotSets;
+    const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
+    constexpr int kSets = Layout::kCodeMma ? 1 : Layout::kDotSets;
     float dot[kSets][kHeldM][2];
-    Dots::template dot_sets<kSets, Layout::kSplitVectors>(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset,
-                                                          lane, dot);
+    float rs[2] = {1.f, 1.f};  // the rows' scales (a scaled copy's code dots)
+    if constexpr (Layout::kCodeMma) {
+      const unsigned char* codes = S + Layout::kTile.offset;
+      CodeDots::dots(codes + warp * 8 * CodeDots::kRowBytes, U + Layout::kCodeFrag.offset, lane, dot[0]);
+      if constexpr (RC::kScaled) {
+        const float* sc = reinterpret_cast<const float*>(codes + Layout::kCodeBytes);
+        rs[0] = sc[r0];
+        rs[1] = sc[r0 + 1];
+      }
+    } else {
+      Dots::template dot_sets<kSets, Layout::kSplitVectors>(ST + warp * 8 * Layout::kRowStride,
+                                                            U + Layout::kFrag.offset, lane, dot);
+    }
 
     // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1: one u pair
     // per record); val[v / 8] holds vector v's.
-    const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
     float val[kSets * kHeldM][2];
 #pragma unroll
     for (int s = 0; s < kSets; ++s)
@@ -1013,8 +1064,8 @@ struct PersistentVerify {
               a1 = fmaf(cv[j], uj.y, a1);
             }
           }
-          vk[0] = fmaf(fac[v], dot[s][k][0], a0);
-          vk[1] = fmaf(fac[v], dot[s][k][1], a1);
+          vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], a0);
+          vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], a1);
         }
       }
     float vrow[TMAX];
