@@ -11,6 +11,7 @@
 #include <cstdint>
 
 #include "constants.h"
+#include "slots.cuh"
 #include "types.cuh"
 
 namespace replayssm {
@@ -44,7 +45,7 @@ enum VerifyServe : int32_t {
 template <int TMAX>
 __device__ __forceinline__ int draft_count_in_bounds(const DraftArgs& d, int64_t b, int R, int L) {
   const int n = d.counts == nullptr ? d.T : d.counts[b];
-  return n >= 1 && n <= d.T && n <= TMAX && n <= L && n <= R - L ? n : 0;
+  return n <= d.T && n <= TMAX && drafts_in_bounds(n, L, R) ? n : 0;
 }
 
 // kServeRest: whether the kServeNonFlush launch before this one served row b (pool slot `slot`):
@@ -56,7 +57,7 @@ __device__ __forceinline__ bool served_as_nonflush(const DraftArgs& d, const Rin
                                                    int L) {
   const int start = ring.start[slot], m = ring.len[slot], R = ring.capacity;
   const int n = draft_count_in_bounds<TMAX>(d, b, R, L);
-  return m >= 0 && m <= L && start >= 0 && start < R && n > 0 && m + n <= L;
+  return cursors_in_bounds(start, m, L, R) && n > 0 && m + n <= L;
 }
 
 // Reads row b's draft count and tree into shared memory (every thread of the CTA must call it;

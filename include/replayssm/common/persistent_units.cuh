@@ -60,7 +60,7 @@ __device__ __forceinline__ int read_unit_cursors(const SlotArg& slots, const Rin
   if (kind == SlotKind::kOutOfRange) return kUnitOutOfRange;
   *start = ring.start[*slot];
   *m = ring.len[*slot];
-  if (*m < 0 || *m > L || *start < 0 || *start >= ring.capacity) return kUnitBadCursor;
+  if (!cursors_in_bounds(*start, *m, L, ring.capacity)) return kUnitBadCursor;
   return kUnitActive;
 }
 

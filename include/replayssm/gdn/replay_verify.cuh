@@ -204,16 +204,7 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS, 
   [[maybe_unused]] const uint32_t seed = flush_seed<RC>(p.pool, slot);  // read with the cursors
   const int n = load_draft_tree<TMAX>(vp.drafts, c.b, anc_s, &n_s);  // ends with a barrier
 
-  if (n == 0 || n > L || n > R - L) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrBadDrafts);
-    return;
-  }
-  if (m < 0 || m > L || start < 0 || start >= R) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrCorruptCursor);
-    return;
-  }
+  if (!verify_row_ok<TI, ROWS>(p, c, T, n, m, start, L, R)) return;
   const bool flush = m + n > L;
   const int me = flush ? 0 : m;  // committed records replayed in the outputs (not folded)
   auto phys = [&](int j) {
