@@ -486,6 +486,14 @@ struct PersistentVerify {
               DG[i * TMAX + d];
         }
       }
+      if constexpr (RC::kTwoCopy) {  // and its betas (the values: draft_outputs)
+        const float* BT = floats(U, Layout::kBeta);
+        for (int k = tid; k < heads * n; k += kPersistentConsumers) {
+          const int i = k / n, d = k % n;
+          p.ring.beta[vu.slot * p.ring.beta_stride_slot + (c.h0 + i) * p.ring.beta_stride_head + vu.phys(vu.m + d, R)] =
+              BT[i * TMAX + d];
+        }
+      }
       if (c.h0 % ratio != 0) return;
       const TI* UK = reinterpret_cast<const TI*>(U + Layout::kK.offset);
       const float* ks = floats(U, Layout::kNorm);
@@ -1110,17 +1118,26 @@ struct PersistentVerify {
     for (int k = 0; k < (TMAX + kGroups - 1) / kGroups; ++k) {
       const int i = k * kGroups + grp;
       if (i < n) {
-        float u = 0.f, o = 0.f;
+        float u = 0.f, o = 0.f, vi = 0.f;
 #pragma unroll
         for (int d = 0; d < TMAX; ++d) {
           if (d <= i) {
             u = fmaf(M[i * TMAX + d], w[d], u);
             o = fmaf(N[i * TMAX + d], w[d], o);
           }
-          if (d == i) o += sums[1][d];
+          if (d == i) {
+            o += sums[1][d];
+            vi = vrow[d];
+          }
         }
         out_row(c.b, i, h, v0)[rl] = from_float<TI>(o);
-        uout[static_cast<int64_t>(vu.phys(m + i, R)) * V] = u;
+        const int64_t rec = static_cast<int64_t>(vu.phys(m + i, R)) * V;
+        uout[rec] = u;
+        // A read copy's flush recomputes the window's corrections from S_hp (gdn/wy.cuh): it reads
+        // each record's value as given (vi came from the io dtype, so the round trip is exact).
+        if constexpr (RC::kTwoCopy)
+          static_cast<TI*>(p.ring.v)[vu.slot * p.ring.v_stride_slot + h * p.ring.v_stride_head + rec + v0 + rl] =
+              from_float<TI>(vi);
       } else if (i < T) {
         out_row(c.b, i, h, v0)[rl] = from_float<TI>(0.f);
       }
