@@ -605,9 +605,10 @@ class GDNDecodeWrapper(_DecodeWrapper):
     finite float). window: int, one of 8, 16, 32; max_batch: positive int; pad_slot_id: int;
     debug: bool; device: see the module docstring (a CUDA device). ``persistent``: None lets plan()
     choose the replay kernel by batch (the persistent pipelined one from 128 units: batch x HK for
-    GDN, batch x HV for KDA; a verify of up to 8 drafts without a read copy from batch x HV >=
-    1,024), True/False forces it (``w.schedule.fallback`` reports a persistent request the device
-    or the specialization cannot serve); ``rows_per_cta``: None or an int tile of V.
+    GDN, batch x HV for KDA; a verify from batch x HV >= 1,024; with a read copy it serves the rows
+    that do not flush and the tile verify, launched after it, the flushing ones), True/False forces
+    it (``w.schedule.fallback`` reports a persistent request the device or the specialization
+    cannot serve); ``rows_per_cta``: None or an int tile of V.
     ``read_dtype``: None, or a low-precision read copy of the float32 checkpoint that non-flush
     steps read (torch.float8_e4m3fn with one fp32 scale per (hv, v) row, K >= 128; the string
     'nvfp4': packed e2m1 codes with an e4m3 scale per 16 values and an fp32 scale per row,

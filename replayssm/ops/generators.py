@@ -270,9 +270,8 @@ AOT_VERIFY_T = (4, 8)
 def aot_specializations() -> list[Specialization]:
     """The declared AOT set: each family's model shapes (replayssm.families) x {fp32, bf16 state}
     x bf16 io, L=16, both decode ops, and the ReplaySSM verify (with its commit) for draft
-    capacities AOT_VERIFY_T; and per model shape the fp32 replay decode with an fp8 read copy,
-    and for Mamba-2 (whose persistent verify reads the copy) its verify too. One entry per
-    distinct module."""
+    capacities AOT_VERIFY_T; and per model shape the fp32 replay decode with an fp8 read copy
+    and its verify (whose persistent kernel reads the copy). One entry per distinct module."""
     from ..families import FAMILIES  # the descriptors name the model shapes (and import this module)
 
     specs: dict[str, Specialization] = {}
@@ -286,11 +285,10 @@ def aot_specializations() -> list[Specialization]:
                 ]
                 if state == "float32":
                     built.append(fam.spec("replay_decode", dims, state, "bfloat16", L=16, read_dtype="float8_e4m3fn"))
-                    if fam.name == "mamba2":
-                        built += [
-                            fam.spec("replay_verify", dims, state, "bfloat16", L=16, T=T, read_dtype="float8_e4m3fn")
-                            for T in AOT_VERIFY_T
-                        ]
+                    built += [
+                        fam.spec("replay_verify", dims, state, "bfloat16", L=16, T=T, read_dtype="float8_e4m3fn")
+                        for T in AOT_VERIFY_T
+                    ]
                 specs.update((s.name, s) for s in built)
     return list(specs.values())
 

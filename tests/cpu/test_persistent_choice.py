@@ -43,6 +43,7 @@ SPECS = {
     "gdn_conv_verify": gdn_decode_spec("conventional_verify", 128, 128, F32, BF16, family="gdn", T=4),
     "gdn_verify": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=4),
     "kda_verify_T8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=8, family="kda"),
+    "gdn_verify_fp8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=4, read_dtype=torch.float8_e4m3fn),
     "gdn_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16),
     "kda_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16, family="kda"),
     "kda_verify_T16_L32": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=32, T=16, family="kda"),
@@ -266,6 +267,19 @@ class TestDeltaPlan:
         assert t.kernel == "verify" and t.grid == batch * HV * 128 // t.rows_per_cta
         eight = plan(modules["gdn_verify"], batch, 32, 4, persistent=True, drafts=4)  # 8 value heads per key head
         assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * 3)
+
+    @pytest.mark.parametrize("batch", [1, 32, 256])
+    def test_gdn_read_copy_verify_persistent(self, modules, batch):
+        """With an fp8 read copy the same rule and tiling (the stage holds the copy's codes and
+        scales): the persistent verify serves the rows that do not flush, and the tile plan, which
+        the launch runs after it for the flushing rows, is the tile verify's."""
+        HV, HK = 32, 16
+        auto = plan(modules["gdn_verify_fp8"], batch, HV, HK, drafts=4)
+        assert auto.persistent == (batch * HV >= 1024)
+        s = plan(modules["gdn_verify_fp8"], batch, HV, HK, persistent=True, drafts=4)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
+        assert s.heads_per_unit == 2 and s.main.ctas_per_sm == 3
+        assert s.tile.kernel == "verify" and s.tile.grid == batch * HV * 128 // s.tile.rows_per_cta
 
     def test_kda_verify_units_are_value_heads(self, modules):
         s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)

@@ -116,13 +116,16 @@ def _delta_verify_specs():
 
 def _delta_read_copy_verify_specs():
     """The GDN/KDA verify with each read copy (test_delta_verify.TestDeltaVerifyReadCopy and
-    test_delta_read_copy's plan test: K128 V128 L16, T = 4)."""
+    test_delta_read_copy's plan test: K128 V128 L16, T = 4), and the fp8 copy's at T = 8
+    (TestDeltaPersistentVerifyReadCopy.test_eight_drafts)."""
+    import torch
+
     from replayssm.ops.generators import gdn_decode_spec, verify_capacity
 
     from .test_delta_verify import READ_CFGS, READ_DTYPES
 
-    return [
-        gdn_decode_spec(
+    def spec(cfg, r, T):
+        return gdn_decode_spec(
             "replay_verify",
             cfg["K"],
             cfg["V"],
@@ -130,11 +133,12 @@ def _delta_read_copy_verify_specs():
             cfg["io"],
             cfg["L"],
             cfg["family"],
-            verify_capacity(cfg["T"]),
+            verify_capacity(T),
             read_dtype=r,
         )
-        for cfg in READ_CFGS
-        for r in READ_DTYPES
+
+    return [spec(cfg, r, cfg["T"]) for cfg in READ_CFGS for r in READ_DTYPES] + [
+        spec(cfg, torch.float8_e4m3fn, 8) for cfg in READ_CFGS
     ]
 
 

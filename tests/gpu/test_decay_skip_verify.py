@@ -14,7 +14,10 @@ plus a bound on every draft path's (docs/decay_skipping.md).
 * Mamba-2 at ``skip_tolerance=r``: each draft's output differs from the reading wrapper's by at
   most r |S_c[row] . C_i| |silu(z_i)| plus one bf16 ulp of the larger output, with S_c what the
   verify reads, and the checkpoint and copy stay bit-identical. (GDN and KDA take r > 0 only
-  beside a read copy, whose verify is the tile verify, which reads every tile.)
+  beside a read copy; their verify's bound at r > 0 is not tested here.)
+
+GDN/KDA beside an fp8 read copy: the persistent verify serves the rows that do not flush (and
+skips there), the tile verify launched after it the flushing rows (reading every tile).
 """
 
 from __future__ import annotations
@@ -38,7 +41,15 @@ from .test_decay_skip import (
 pytestmark = pytest.mark.gpu
 
 T = 4
-VERIFY_CASES = [("mamba2", "fp32"), ("mamba2", "fp8"), ("mamba2", "bf16"), ("gdn", "fp32"), ("kda", "fp32")]
+VERIFY_CASES = [
+    ("mamba2", "fp32"),
+    ("mamba2", "fp8"),
+    ("mamba2", "bf16"),
+    ("gdn", "fp32"),
+    ("kda", "fp32"),
+    ("gdn", "fp8"),  # the persistent verify serves the rows that do not flush, the tile verify the rest
+    ("kda", "fp8"),
+]
 
 
 def draft_plan(fam, gen, tree: bool, varlen: bool):

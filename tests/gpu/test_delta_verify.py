@@ -211,10 +211,12 @@ class TestDeltaVerifyReadCopy:
     random accepts, token trees with per-row counts (the commit copies the v and beta rings too),
     the tile kernel at 16 and 64 rows."""
 
+    extra: dict = {}  # configuration the subclass adds (the kernel it forces)
+
     def run(self, cfg, read_dtype, **kw):
         gen = seeded_generator()
         return run_spec_sequence(
-            DeltaSpec(cfg, gen),
+            DeltaSpec({**cfg, **self.extra}, gen),
             steps=40,
             batch=5,
             num_slots=10,
@@ -246,6 +248,57 @@ class TestDeltaVerifyReadCopy:
             w = DeltaSpec(cfg, seeded_generator()).wrapper("replay", 2, read_dtype=read_dtype, single_copy=True)
             with pytest.raises(ValueError, match="single_copy: the (GDN|KDA) verify reads a read copy"):
                 w.plan(slots, draft_len=4)
+
+
+class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_dtype: the parent's parametrization
+    """Every check above with the persistent verify planned (forced at these small batches; the
+    driver checks that every verify plan runs it). It serves the rows that do not flush: their
+    units stream the copy's codes and row scales and dequantise them (ReadCopyTile) into the
+    CUDA-core dots. The tile verify, launched right after it, serves the flushing rows. The
+    driver's batches mix both kinds, with pad rows, per-row counts and trees. Its default
+    32-row tiles, and 16 and 64 rows."""
+
+    extra = {"persistent": True}
+
+    def test_eight_drafts(self, cfg, read_dtype):
+        """T = 8 (the AOT set's other capacity): the consumers' second batch of draft sums."""
+        if read_dtype is not torch.float8_e4m3fn:
+            pytest.skip("the fp8 copy, as the AOT set carries it")
+        self.run({**cfg, "T": 8}, read_dtype, varlen=True)
+
+    def test_bad_rows_beside_flushing_rows(self, cfg, read_dtype):
+        """One batch with a flushing row, a non-flush row, a bad tree on a row that would not
+        flush, a bad count and a pad: both launches see every row, each serves its own, and a
+        bad row gets zeros and the error bit whichever launch writes it; its slot is untouched."""
+        gen = seeded_generator()
+        fam = DeltaSpec({**cfg, **self.extra}, gen)
+        w = fam.wrapper("replay", 5, read_dtype=read_dtype)
+        cache = w.create_cache(6, max_draft=4)
+        cache.reset(list(range(6)))
+        one = torch.tensor([0], dtype=torch.int32, device=DEV)
+        w.plan(one)
+        for _ in range(14):  # slot 0: 14 records, so 4 drafts flush (14 + 4 > 16)
+            inp = fam.inputs(1)
+            fam.run(w, cache, inp, fam.out_like(inp))
+        slots = torch.tensor([0, 1, 2, 3, -1], dtype=torch.int32, device=DEV)
+        # On the device, so that the host's checks of trees and counts do not see them.
+        parents = [[-1, 0, 1, 2], [-1, 0, 0, 1], [-1, 1, 0, 0], [-1, 0, 1, 2], [-1, 0, 1, 2]]
+        parents = torch.tensor(parents, dtype=torch.int32, device=DEV)
+        counts = torch.tensor([4, 3, 4, 0, 4], dtype=torch.int32, device=DEV)
+        before = snapshot(cache, [2, 3])
+        w.plan(slots, draft_len=4, parents=parents, draft_counts=counts)
+        assert w.schedule.kernel == "persistent", w.schedule
+        inp = fam.inputs(5, 4)
+        out = fam.out_like(inp)
+        fam.run(w, cache, inp, out)
+        torch.cuda.synchronize()
+        assert cache.check_errors() == 4  # bad drafts (rows 2 and 3)
+        assert torch.isfinite(out).all(), "every output written"
+        assert (out[2:] == 0).all() and (out[1, 3:] == 0).all()
+        assert (out[:2, :3] != 0).any(dim=-1).all(), "the flushing and the non-flush rows have outputs"
+        for a, b in zip(before, snapshot(cache, [2, 3])):
+            assert torch.equal(a, b), "a bad row's slot was written"
+        assert cache.ring_len.tolist()[:2] == [0, 0]  # slot 0 folded its 14 records; slot 1 had none
 
 
 class TestDeltaVerifyBadInput:

@@ -26,8 +26,8 @@ template <int TMAX>
 __device__ __forceinline__ int read_draft_header(const DraftArgs& d, int64_t b, int R, int L, DraftHeader<TMAX>* dh,
                                                  int lane) {
   static_assert(TMAX <= 32, "one lane per draft");
-  int n = d.counts == nullptr ? d.T : d.counts[b];
-  bool ok = n >= 1 && n <= d.T && n <= TMAX && n <= L && n <= R - L;
+  int n = draft_count_in_bounds<TMAX>(d, b, R, L);
+  bool ok = n > 0;
   int par = lane - 1;
   if (d.parents != nullptr && lane < d.T && lane < TMAX) par = d.parents[b * d.parents_stride + lane];
   uint32_t anc = 0u;

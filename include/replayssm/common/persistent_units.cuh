@@ -21,6 +21,7 @@ enum UnitStatus : int32_t {
   kUnitOutOfRange = 2,
   kUnitBadCursor = 3,
   kUnitBadDrafts = 4,  // a verify row's draft count or tree is invalid
+  kUnitServedElsewhere = 5,  // a verify row another launch of the same verify serves (DraftArgs::serve)
 };
 
 // First bytes of every unit buffer: which unit the producer put there and what it read for it.
@@ -59,7 +60,7 @@ __device__ __forceinline__ int read_unit_cursors(const SlotArg& slots, const Rin
   if (kind == SlotKind::kOutOfRange) return kUnitOutOfRange;
   *start = ring.start[*slot];
   *m = ring.len[*slot];
-  if (*m < 0 || *m > L || *start < 0 || *start >= ring.capacity) return kUnitBadCursor;
+  if (!cursors_in_bounds(*start, *m, L, ring.capacity)) return kUnitBadCursor;
   return kUnitActive;
 }
 

@@ -28,6 +28,20 @@ __device__ __forceinline__ SlotKind decode_slot(const SlotArg& s, int64_t row, i
   return SlotKind::kValid;
 }
 
+// Whether a slot's ring cursors are in bounds: m live records of a window of L, the oldest at
+// physical index start of a ring of R records. Every replay kernel checks its row's cursors by
+// this one test (a row that fails it raises kErrCorruptCursor and writes zeros).
+__host__ __device__ __forceinline__ bool cursors_in_bounds(int start, int m, int L, int R) {
+  return m >= 0 && m <= L && start >= 0 && start < R;
+}
+
+// Whether a verify's n drafts are in bounds: at least one, and they fit the window L and a ring of
+// R records after a full window (n <= R - L). The caller checks n against the planned and the
+// compiled draft counts (load_draft_tree, draft_count_in_bounds).
+__host__ __device__ __forceinline__ bool drafts_in_bounds(int n, int L, int R) {
+  return n >= 1 && n <= L && n <= R - L;
+}
+
 __device__ __forceinline__ void raise_error(int32_t* flag, int32_t bits) {
   if (flag != nullptr) atomicOr(flag, bits);
 }

@@ -44,8 +44,8 @@ template <typename TI, int ROWS, typename Params, typename Coords>
 __device__ __forceinline__ bool verify_row_ok(const Params& p, const Coords& c, int T, int n, int m, int start, int L,
                                               int R) {
   int32_t bits = 0;
-  if (n == 0 || n > L || n > R - L) bits = kErrBadDrafts;
-  else if (m < 0 || m > L || start < 0 || start >= R) bits = kErrCorruptCursor;
+  if (!drafts_in_bounds(n, L, R)) bits = kErrBadDrafts;
+  else if (!cursors_in_bounds(start, m, L, R)) bits = kErrCorruptCursor;
   if (bits == 0) return true;
   cp_async_wait_all();
   zero_token_rows<TI, ROWS>(p, c, T, 0, bits);

@@ -208,20 +208,28 @@ struct ConventionalDecode {
 };
 
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
-// Commit), for state format RC: the tile verify, and the persistent verify for the checkpoint
-// alone once there are enough value heads (or when asked).
+// Commit), for state format RC: the tile verify, and the persistent verify once there are enough
+// value heads (or when asked). With a read copy the persistent verify serves the rows that do
+// not flush and the tile verify, launched right after it, the rest (DraftArgs::serve).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
   template <int ROWS>
   using Smem = VerifySmem<TI, K, ROWS, L, PerChannelDecay, RC>;
   template <int ROWS>
-  using Persistent = typename PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>::Budget;
-  // The persistent verify exists for the checkpoint alone (no read copy) at a tiling whose
-  // buffers fit two CTAs per SM.
+  using Persistent = typename PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>::Budget;
+  // The persistent verify exists for the checkpoint alone or a read copy beside an fp32 one
+  // (kDeltaPersistentVerifyFormat) at a tiling whose buffers fit two CTAs per SM.
   template <int ROWS>
-  static constexpr bool kPersistentOk = !RC::kEnabled && Persistent<ROWS>::kFits &&
-                                        StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
+  static constexpr bool persistent_ok() {
+    if constexpr (kDeltaPersistentVerifyFormat<RC, TS>) {
+      return Persistent<ROWS>::kFits && StateTile<TS, K, ROWS, 4>::kRowsPerWarp <= 32 && ROWS % Vec16<TI>::kElems == 0;
+    } else {
+      return false;
+    }
+  }
+  template <int ROWS>
+  static constexpr bool kPersistentOk = persistent_ok<ROWS>();
 
   // Work units of the persistent verify: a row's value heads in groups of delta_verify_unit_heads.
   static int64_t units(int64_t batch, int num_v_heads, int num_k_heads) {
@@ -256,7 +264,7 @@ struct ReplayVerify {
     e = dispatch_rows<V>(rows, [&](auto r) -> cudaError_t {
       constexpr int kRows = decltype(r)::value;
       if constexpr (kPersistentOk<kRows>) {
-        return kernel_facts(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, dev,
+        return kernel_facts(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, dev,
                             q.limits, kPersistentThreads, Persistent<kRows>::kBytes, &f);
       }
       return cudaSuccess;
@@ -269,26 +277,34 @@ struct ReplayVerify {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
     if (!buffers_match<RC>(p.d.pool, p.d.ring)) return cudaErrorInvalidValue;
+    if (p.drafts.serve != kServeAll) return cudaErrorInvalidValue;  // the launcher's to set
     const KernelLaunch& k =
         s.main.kernel == kKernelPersistent && persistent_verify_inputs_aligned<TI>(p) ? s.main : s.tile;
-    if (k.kernel == kKernelPersistent) {
-      if (static_cast<int64_t>(k.units) != units(p.d.batch, p.d.num_v_heads, p.d.num_k_heads))
-        return cudaErrorInvalidValue;
-      return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
+    auto launch_tile = [&](const Params& tp) -> cudaError_t {
+      const KernelLaunch& t = s.tile;
+      if (t.kernel != kKernelVerify || !tile_matches(t, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
+      return dispatch_rows<V>(t.rows_per_cta, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
-        if constexpr (kPersistentOk<kRows>) {
-          return launch_planned(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>, p, k,
-                                Persistent<kRows>::kBytes, stream);
-        }
-        return cudaErrorInvalidValue;
+        return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, tp, t,
+                              Smem<kRows>::bytes(R, p.drafts.T), stream);
       });
-    }
-    if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
-    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
+    };
+    if (k.kernel != kKernelPersistent) return launch_tile(p);
+    if (static_cast<int64_t>(k.units) != units(p.d.batch, p.d.num_v_heads, p.d.num_k_heads))
+      return cudaErrorInvalidValue;
+    Params pp = p;
+    if constexpr (RC::kEnabled) pp.drafts.serve = kServeNonFlush;
+    const cudaError_t e = dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
       constexpr int kRows = decltype(rows)::value;
-      return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, p, k,
-                            Smem<kRows>::bytes(R, p.drafts.T), stream);
+      if constexpr (kPersistentOk<kRows>) {
+        return launch_planned(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, pp, k,
+                              Persistent<kRows>::kBytes, stream);
+      }
+      return cudaErrorInvalidValue;
     });
+    if (e != cudaSuccess || !RC::kEnabled) return e;
+    pp.drafts.serve = kServeRest;  // then the flushing rows (and any with bad inputs) on the tile verify
+    return launch_tile(pp);
   }
   static cudaError_t prepare() {
     int optin = 0;
@@ -303,10 +319,10 @@ struct ReplayVerify {
         // Only where the device runs its sm_90+ code (elsewhere it is a trap the plan never picks).
         bool has_code = false;
         if (err == cudaSuccess)
-          err = kernel_has_bulk_pipeline(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>,
-                                         &has_code);
+          err = kernel_has_bulk_pipeline(
+              replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, &has_code);
         if (err == cudaSuccess && has_code)
-          err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX>,
+          err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Persistent<kRows>::kBytes));
       }

@@ -154,7 +154,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
     if constexpr (!PerChannelDecay) gate_s[0] = step_log_decay(p, c);
     gate_s[1] = step_beta(p, c);
   }
-  if (m < 0 || m > L || start < 0 || start >= R) {
+  if (!cursors_in_bounds(start, m, L, R)) {
     if (tid == 0) raise_error(p.error_flag, kErrCorruptCursor);
     cp_async_wait_all();
     TI* out = out_rows<TI, ROWS>(p, c);

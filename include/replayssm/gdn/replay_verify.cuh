@@ -127,6 +127,8 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS, 
   const int kW = L + T;  // coefficient columns: committed records, then drafts
   int64_t slot;
   if (!resolve_verify_slot<TI, ROWS>(p, c, T, &slot)) return;
+  // After the persistent verify of a read copy (DraftArgs::serve): the rows it left, the flushes.
+  if (vp.drafts.serve == kServeRest && served_as_nonflush<TMAX>(vp.drafts, p.ring, c.b, slot, L)) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int R = p.ring.capacity;
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +
@@ -202,16 +204,7 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS, 
   [[maybe_unused]] const uint32_t seed = flush_seed<RC>(p.pool, slot);  // read with the cursors
   const int n = load_draft_tree<TMAX>(vp.drafts, c.b, anc_s, &n_s);  // ends with a barrier
 
-  if (n == 0 || n > L || n > R - L) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrBadDrafts);
-    return;
-  }
-  if (m < 0 || m > L || start < 0 || start >= R) {
-    cp_async_wait_all();
-    zero_token_rows<TI, ROWS>(p, c, T, 0, kErrCorruptCursor);
-    return;
-  }
+  if (!verify_row_ok<TI, ROWS>(p, c, T, n, m, start, L, R)) return;
   const bool flush = m + n > L;
   const int me = flush ? 0 : m;  // committed records replayed in the outputs (not folded)
   auto phys = [&](int j) {

@@ -26,16 +26,23 @@
 // solve its drafts' triangular recursion u_i = beta_i (v_i - S~_i k^_i) along the tree in closed
 // form (per head matrices formed once per unit) and store o_i and u_i.
 //
-// Only the checkpoint format without a read copy runs here (NoReadCopy: fp32, bf16 or fp16
-// state); the plan gives read-copy modules the tile verify.
+// State formats (RC, common/read_copy.cuh): the checkpoint alone (NoReadCopy: fp32, bf16 or fp16
+// state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy this kernel
+// serves only the rows that do not flush (DraftArgs::serve = kServeNonFlush): their tiles are the
+// copy's codes and row scales (one bulk copy each), dequantised by the shared loader
+// (ReadCopyTile) into the columns the dot products take. A row that flushes must recompute its
+// committed corrections from S_hp (gdn/wy.cuh); the launcher leaves it to the tile verify, run
+// right after this kernel on the same stream (kServeRest), which also re-encodes the copy.
 #pragma once
 
 #include "../common/align.cuh"
 #include "../common/decay_skip.cuh"
+#include "../common/mma_code_dots.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
 #include "../common/persistent_units.cuh"
+#include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
 
@@ -51,8 +58,15 @@ __host__ __device__ constexpr int delta_verify_unit_heads(int ratio, bool per_ch
   return h;
 }
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+// The formats this kernel reads: the checkpoint alone, or a read copy beside an fp32 checkpoint.
+template <class RC, typename TS>
+constexpr bool kDeltaPersistentVerifyFormat =
+    !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
+
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
 struct PersistentVerifyLayout {
+  static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
   static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
@@ -64,12 +78,23 @@ struct PersistentVerifyLayout {
   // KDA (vectors with per-channel decays, fp32): both operands split, three MMAs per step. With
   // fp32 io its unit buffer and the fragments would not fit two CTAs per SM: CUDA cores.
   static constexpr bool kSplitVectors = PerChannelDecay;
-  static constexpr bool kMmaDots = std::is_same_v<TI, __nv_bfloat16> && std::is_same_v<TS, float> &&
+  // A read copy's tiles are dequantised into registers: CUDA-core dots.
+  static constexpr bool kMmaDots = !RC::kEnabled && std::is_same_v<TI, __nv_bfloat16> && std::is_same_v<TS, float> &&
                                    ROWS == 8 * kPersistentConsumerWarps && TMAX >= 4;
   using Dots = MmaSplitDots<K, kVecs <= 16 ? kVecs : 16>;
   static constexpr int kDotSets = (kVecs + 15) / 16;  // MMA vector sets: vectors 16 s .. 16 s + 15
   static constexpr size_t kDotSetBytes = Dots::template kSetBytes<kSplitVectors>;
   static constexpr int kRowStride = kMmaDots ? Dots::kRowStride : K;  // TS elements per row of the stage tile
+  // GDN with a read copy of fp8 or bf16 codes, bf16 io, 8 rows per consumer warp and at most 8
+  // drafts: the tiles' dot products on tensor cores from the codes as they lie in the stage
+  // (common/mma_code_dots.cuh). The 2 TMAX vectors are the drafts' raw bf16 keys and queries (fp8:
+  // in f16, each scaled by a power of two); their norms and inverse scales join the factors, and
+  // each row's scale multiplies its results. KDA's vectors carry per-channel decays: CUDA cores.
+  static constexpr bool kCodeMma = RC::kEnabled && !RC::kBlockScaled && !PerChannelDecay &&
+                                   std::is_same_v<TI, __nv_bfloat16> && ROWS == 8 * kPersistentConsumerWarps &&
+                                   kVecs <= 16;
+  using CodeDots =
+      MmaCodeDots<std::conditional_t<kCodeMma, typename RC::T, __nv_bfloat16>, K, kVecs <= 16 ? kVecs : 16>;
 
   // Unit buffer: header, drafts, the drafts' q and k (io dtype), the tiles' vectors [2 TMAX][K]
   // fp32 (zeros past the row's drafts), the drafts' key norm factors, the key ring [L][K] fp32
@@ -111,14 +136,22 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
   static constexpr SmemRegion kFrag =
       kSolve.then(kMmaDots ? kDotSets * kDotSetBytes : 0, 16);  // the vectors' A fragments
-  static constexpr size_t kUnitBytes = buffer_bytes(kFrag, 128);
+  static constexpr SmemRegion kVecScale = kFrag.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
+  static constexpr SmemRegion kCodeFrag = kVecScale.then(kCodeMma ? CodeDots::kFragmentBytes : 0, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kCodeFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
-  // padded), u ring rows [L][ROWS] fp32 (one bulk copy per live record) and the drafts' v rows
-  // [TMAX][ROWS] (io dtype).
-  static constexpr uint32_t kTileBytes = ROWS * K * sizeof(TS);  // what the copies bring
-  static constexpr SmemRegion kTile = first_region(static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
+  // padded; with a read copy its codes [ROWS][row_elems(K)] and row scales [ROWS] fp32 instead,
+  // one bulk copy each), u ring rows [L][ROWS] fp32 (one bulk copy per live record) and the
+  // drafts' v rows [TMAX][ROWS] (io dtype).
+  static constexpr uint32_t kCodeBytes =
+      RC::kEnabled ? ROWS * RC::row_elems(K) * static_cast<uint32_t>(sizeof(typename RC::T)) : 0u;
+  static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * 4u : 0u;
+  static constexpr uint32_t kTileBytes =
+      RC::kEnabled ? kCodeBytes + kScaleBytes : ROWS * K * static_cast<uint32_t>(sizeof(TS));  // what the copies bring
+  static constexpr SmemRegion kTile = first_region(
+      RC::kEnabled ? static_cast<size_t>(kTileBytes) : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
   static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
@@ -127,7 +160,7 @@ struct PersistentVerifyLayout {
                     kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
                     kBetaWords.aligned() && kURing.aligned() && kVd.aligned(),
                 "cp.async and bulk-copy destinations are 16-byte aligned");
-  static_assert(kTileBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
+  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
                 "copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB, as the Mamba-2 verify (two
@@ -137,10 +170,17 @@ struct PersistentVerifyLayout {
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
 struct PersistentVerify {
-  using Layout = PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>;
+  using Layout = PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>;
   using Tile = StateTile<TS, K, ROWS, kPersistentConsumerWarps>;
+  // A read copy's non-flush tile, and the tile whose columns the dot products take: the copy's
+  // (same rows per lane group as Tile, other columns per lane) or the checkpoint's.
+  using Read = ReadCopyTile<RC, TS, K, ROWS, kPersistentConsumerWarps>;
+  using DotTile = std::conditional_t<RC::kEnabled, typename Read::Tile, Tile>;
+  static_assert(kSameColumnCount<Tile, DotTile> && DotTile::kPasses == Tile::kPasses,
+                "the copy's tile spreads its rows as the checkpoint's");
   // The drafts' dot products are summed kBatch at a time (at most a row group's 8 lanes' worth).
   static constexpr int kBatch = TMAX < Tile::kLanes ? TMAX : Tile::kLanes;
   static constexpr int kBatches = TMAX / kBatch;
@@ -221,6 +261,11 @@ struct PersistentVerify {
       if (n == 0) {
         if (lane == 0) header->status = kUnitBadDrafts;
         cur.status = kUnitBadDrafts;
+        return 0;
+      }
+      if (RC::kEnabled && cur.m + n > L) {  // a flush: the tile verify after this launch serves it
+        if (lane == 0) header->status = kUnitServedElsewhere;
+        cur.status = kUnitServedElsewhere;
         return 0;
       }
       const int64_t bt0 = c.b * T;
@@ -308,8 +353,20 @@ struct PersistentVerify {
       if (lane == 0) {
         const uint32_t tile_bytes = skipped ? 0u : Layout::kTileBytes;
         mbar_arrive_expect_tx(bar, tile_bytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
-        if constexpr (Layout::kRowStride == K)
+        if constexpr (RC::kEnabled) {  // the copy's codes, then its rows' scales (zero codes and scales if skipped)
+          if (!skipped) {
+            const typename RC::T* codes = static_cast<const typename RC::T*>(p.pool.read) +
+                                          slot * p.pool.read_stride_slot + h * p.pool.read_stride_head +
+                                          static_cast<int64_t>(v0) * RC::row_elems(K);
+            bulk_copy_g2s(S + Layout::kTile.offset, codes, Layout::kCodeBytes, bar);
+            if constexpr (RC::kScaled)
+              bulk_copy_g2s(S + Layout::kTile.offset + Layout::kCodeBytes,
+                            p.pool.read_scale + slot * p.pool.scale_stride_slot + h * p.pool.scale_stride_head + v0,
+                            Layout::kScaleBytes, bar);
+          }
+        } else if constexpr (Layout::kRowStride == K) {
           if (!skipped) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
+        }
       }
       __syncwarp();  // the bytes are announced before any lane's copy can land
       if constexpr (Layout::kRowStride != K) {  // padded rows: one copy per row
@@ -343,6 +400,7 @@ struct PersistentVerify {
     auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
       const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
       const UnitCoords c = unit_of(u);
+      if (hd.status == kUnitServedElsewhere) return 0;  // another launch writes this row
       if (hd.status != kUnitActive) {
         skip_unit(p.error_flag, hd.status);
         for (int i = tid; i < heads * T * V; i += kPersistentConsumers) {
@@ -365,6 +423,7 @@ struct PersistentVerify {
               [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
               kPersistentConsumers);
       }
+      if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
         channel_decays(U, dh, vu, c, tid);
@@ -394,16 +453,20 @@ struct PersistentVerify {
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       const UnitCoords c = unit_of(u);
-      if constexpr (Layout::kMmaDots) {
+      if constexpr (Layout::kCodeMma) {  // no flush unit reaches a read copy's kernel (fill_unit)
+        tile_mma<false>(vu, c, t, S, release, warp, lane, R);
+      } else if constexpr (RC::kEnabled) {
+        tile<false, DotTile>(vu, c, t, S, release, warp, lane, R);
+      } else if constexpr (Layout::kMmaDots) {
         if (vu.flush) {
           tile_mma<true>(vu, c, t, S, release, warp, lane, R);
         } else {
           tile_mma<false>(vu, c, t, S, release, warp, lane, R);
         }
       } else if (vu.flush) {
-        tile<true>(vu, c, t, S, release, warp, lane, R);
+        tile<true, Tile>(vu, c, t, S, release, warp, lane, R);
       } else {
-        tile<false>(vu, c, t, S, release, warp, lane, R);
+        tile<false, Tile>(vu, c, t, S, release, warp, lane, R);
       }
     };
 
@@ -421,6 +484,14 @@ struct PersistentVerify {
           const int i = k / n, d = k % n;
           p.ring.g[vu.slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + vu.phys(vu.m + d, R)] =
               DG[i * TMAX + d];
+        }
+      }
+      if constexpr (RC::kTwoCopy) {  // and its betas (the values: draft_outputs)
+        const float* BT = floats(U, Layout::kBeta);
+        for (int k = tid; k < heads * n; k += kPersistentConsumers) {
+          const int i = k / n, d = k % n;
+          p.ring.beta[vu.slot * p.ring.beta_stride_slot + (c.h0 + i) * p.ring.beta_stride_head + vu.phys(vu.m + d, R)] =
+              BT[i * TMAX + d];
         }
       }
       if (c.h0 % ratio != 0) return;
@@ -472,6 +543,21 @@ struct PersistentVerify {
         floats(U, Layout::kNorm)[d] = ks;
         floats(U, Layout::kNorm)[TMAX + d] = qs;
       }
+    }
+  }
+
+  // Code dots (Layout::kCodeMma), one warp per vector: vector v (draft v's raw key for v < TMAX,
+  // else draft v - TMAX's query; zeros past the row's drafts) into the A fragments, and its inverse
+  // scale, which head_values puts in the factors.
+  __device__ __forceinline__ void code_vectors(const unsigned char* U, int n, int warp, int lane) const {
+    using CD = typename Layout::CodeDots;
+    const __nv_bfloat16* raw = reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset);  // keys, then queries
+    unsigned char* frag = const_cast<unsigned char*>(U) + Layout::kCodeFrag.offset;
+    for (int v = warp; v < Layout::kVecs; v += kPersistentConsumerWarps) {
+      const __nv_bfloat16* src = v % TMAX < n ? raw + v * K : nullptr;
+      const float inv = src != nullptr ? CD::vector_scale(src, lane) : 1.f;
+      CD::set_vector(frag, v, src, inv, lane);
+      if (lane == 0) floats(U, Layout::kVecScale)[v] = inv;
     }
   }
 
@@ -574,8 +660,14 @@ struct PersistentVerify {
       if (lane == k) {  // tensor-core dots are of the raw keys and queries: their norms join the factors
         const float f = ek * (vu.flush ? 1.f : tot);
         const float* nrm = floats(U, Layout::kNorm);
-        fac[k] = Layout::kMmaDots ? f * nrm[k] : f;
-        fac[TMAX + k] = Layout::kMmaDots ? f * nrm[TMAX + k] : f;
+        if constexpr (Layout::kCodeMma) {  // and the code dots' vector scales
+          const float* vs = floats(U, Layout::kVecScale);
+          fac[k] = f * nrm[k] * vs[k];
+          fac[TMAX + k] = f * nrm[TMAX + k] * vs[TMAX + k];
+        } else {
+          fac[k] = Layout::kMmaDots ? f * nrm[k] : f;
+          fac[TMAX + k] = Layout::kMmaDots ? f * nrm[TMAX + k] : f;
+        }
       }
     }
     if (lane == 0) floats(U, Layout::kTot)[i] = tot;
@@ -794,11 +886,12 @@ struct PersistentVerify {
   // and then the queries, every draft's dot products with the lane's columns (vectors of drafts
   // n .. TMAX - 1 are zeros), their reduce-scatter over the row's lane group, the ring parts of
   // the sums the lane holds, and the gather of row l's sums into lane l; lane l then solves its
-  // row's drafts in tree order and stores their outputs and corrections.
-  template <bool kFlush, class Release>
+  // row's drafts in tree order and stores their outputs and corrections. DT: the tile whose
+  // columns a lane holds (Tile, or a read copy's DotTile: its codes dequantised, no flush).
+  template <bool kFlush, class DT, class Release>
   __device__ __forceinline__ void tile(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
                                        Release&& release, int warp, int lane, int R) const {
-    constexpr int kV = Tile::kVec;
+    constexpr int kV = DT::kVec;
     constexpr int kHeld = Split::kHeld, kDup = Split::kDup;
     const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
     const int m = vu.m, n = vu.n, me = vu.me;
@@ -813,15 +906,22 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
-    float sv[Tile::kPasses][Tile::kVpl][kV];
-    stage_rows(sv, ST, warp, lane);
+    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
+    float sv[DT::kPasses][DT::kVpl][kV];
+    if constexpr (RC::kEnabled) {  // the copy's codes times their scales
+      Read rd;
+      rd.load_shared(ST, reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kCodeBytes), warp, lane);
+      rd.values(1.f, sv);
+    } else {
+      stage_rows(sv, ST, warp, lane);
+    }
     if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
 
     // The ring part of sum (part, batch bi, pass s, held k) of the lane's rows (keys, then queries,
     // kBatch drafts at a time; drafts first .. first + kHeld - 1 of the batch; the kDup lanes that
     // hold them take records sub, sub + kDup, ...).
     auto ring_part = [&](int part, int bi, int s, int k) {
-      const int r = Tile::row(warp, lane, s);
+      const int r = DT::row(warp, lane, s);
       const float* ci = coef + (part * TMAX + bi * kBatch + first + k) * kW;
       float acc = 0.f;
 #pragma unroll
@@ -838,14 +938,14 @@ struct PersistentVerify {
     // parts live across the products ptxas 13.0 failed to allocate the tile's registers
     // ("register allocation failed with register count of 7").
     constexpr bool kLateRing = TMAX > 8;
-    float rsum[2][kBatches][Tile::kPasses][kHeld];
+    float rsum[2][kBatches][DT::kPasses][kHeld];
     if constexpr (!kLateRing) {
 #pragma unroll
       for (int part = 0; part < 2; ++part)
 #pragma unroll
         for (int bi = 0; bi < kBatches; ++bi)
 #pragma unroll
-          for (int s = 0; s < Tile::kPasses; ++s)
+          for (int s = 0; s < DT::kPasses; ++s)
 #pragma unroll
             for (int k = 0; k < kHeld; ++k) rsum[part][bi][s][k] = ring_part(part, bi, s, k);
     }
@@ -862,23 +962,23 @@ struct PersistentVerify {
     for (int part = 0; part < 2; ++part)
 #pragma unroll
       for (int bi = 0; bi < kBatches; ++bi) {
-        float dots[Tile::kPasses][kBatch];
+        float dots[DT::kPasses][kBatch];
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
           float x[kCols];
-          Tile::load_columns(x, vec + (part * TMAX + bi * kBatch + i) * K, lane);
+          DT::load_columns(x, vec + (part * TMAX + bi * kBatch + i) * K, lane);
 #pragma unroll
-          for (int s = 0; s < Tile::kPasses; ++s) {
+          for (int s = 0; s < DT::kPasses; ++s) {
             float dot = 0.f;
 #pragma unroll
-            for (int v = 0; v < Tile::kVpl; ++v)
+            for (int v = 0; v < DT::kVpl; ++v)
 #pragma unroll
               for (int e = 0; e < kV; ++e) dot = fmaf(sv[s][v][e], x[v * kV + e], dot);
             dots[s][i] = dot;
           }
         }
 #pragma unroll
-        for (int s = 0; s < Tile::kPasses; ++s) {
+        for (int s = 0; s < DT::kPasses; ++s) {
           Split::sum(dots[s], lane);
 #pragma unroll
           for (int k = 0; k < kHeld; ++k)
@@ -888,12 +988,12 @@ struct PersistentVerify {
       // Row l's sums: its pass l / kRowsPerPass, its group l % kRowsPerPass of that pass.
 #pragma unroll
         for (int i = 0; i < kBatch; ++i) {
-          const int src = (l % Tile::kRowsPerPass) * Tile::kLanes + Split::holder(i);
+          const int src = (l % DT::kRowsPerPass) * DT::kLanes + Split::holder(i);
           float got = 0.f;
 #pragma unroll
-          for (int s = 0; s < Tile::kPasses; ++s) {
+          for (int s = 0; s < DT::kPasses; ++s) {
             const float x = __shfl_sync(0xffffffffu, dots[s][i % kHeld], src);
-            if (l / Tile::kRowsPerPass == s) got = x;
+            if (l / DT::kRowsPerPass == s) got = x;
           }
           sums[part][bi * kBatch + i] = got;
         }
@@ -903,16 +1003,19 @@ struct PersistentVerify {
     draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
   }
 
-  // Tile t with the dot products on tensor cores (Layout::kMmaDots: 8 rows per warp). Lane (g, c)
-  // gets vector g's (and g + 8's) products with rows 2c and 2c + 1 of the warp's rows
-  // (MmaSplitDots; vector v is draft v's key for v < TMAX, else draft v - TMAX's query), adds
+  // Tile t with the dot products on tensor cores (Layout::kMmaDots or kCodeMma: 8 rows per warp).
+  // Lane (g, c) gets vector g's (and g + 8's) products with rows 2c and 2c + 1 of the warp's rows
+  // (MmaSplitDots from the checkpoint's rows, or MmaCodeDots from the copy's codes, times the
+  // rows' scales; vector v is draft v's key for v < TMAX, else draft v - TMAX's query), adds
   // their ring parts; row l's sums are gathered into the lanes l + 8 k. A flush folds the rows
   // first, stores them and writes them back over the stage's rows, which the MMAs read.
   template <bool kFlush, class Release>
   __device__ __forceinline__ void tile_mma(const VerifyUnit& vu, const UnitCoords& c, int t, const unsigned char* S,
                                            Release&& release, int warp, int lane, int R) const {
     using Dots = typename Layout::Dots;
-    constexpr int kHeldM = Dots::kHeld;
+    using CodeDots = typename Layout::CodeDots;
+    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
+    constexpr int kHeldM = Layout::kCodeMma ? CodeDots::kHeld : Dots::kHeld;
     const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
     const int m = vu.m, n = vu.n, me = vu.me;
     const unsigned char* U = vu.buffer;
@@ -931,14 +1034,25 @@ struct PersistentVerify {
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
     }
-    constexpr int kSets = Layout::kDotSets;
+    const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
+    constexpr int kSets = Layout::kCodeMma ? 1 : Layout::kDotSets;
     float dot[kSets][kHeldM][2];
-    Dots::template dot_sets<kSets, Layout::kSplitVectors>(ST + warp * 8 * Layout::kRowStride, U + Layout::kFrag.offset,
-                                                          lane, dot);
+    float rs[2] = {1.f, 1.f};  // the rows' scales (a scaled copy's code dots)
+    if constexpr (Layout::kCodeMma) {
+      const unsigned char* codes = S + Layout::kTile.offset;
+      CodeDots::dots(codes + warp * 8 * CodeDots::kRowBytes, U + Layout::kCodeFrag.offset, lane, dot[0]);
+      if constexpr (RC::kScaled) {
+        const float* sc = reinterpret_cast<const float*>(codes + Layout::kCodeBytes);
+        rs[0] = sc[r0];
+        rs[1] = sc[r0 + 1];
+      }
+    } else {
+      Dots::template dot_sets<kSets, Layout::kSplitVectors>(ST + warp * 8 * Layout::kRowStride,
+                                                            U + Layout::kFrag.offset, lane, dot);
+    }
 
     // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1: one u pair
     // per record); val[v / 8] holds vector v's.
-    const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
     float val[kSets * kHeldM][2];
 #pragma unroll
     for (int s = 0; s < kSets; ++s)
@@ -958,8 +1072,8 @@ struct PersistentVerify {
               a1 = fmaf(cv[j], uj.y, a1);
             }
           }
-          vk[0] = fmaf(fac[v], dot[s][k][0], a0);
-          vk[1] = fmaf(fac[v], dot[s][k][1], a1);
+          vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], a0);
+          vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], a1);
         }
       }
     float vrow[TMAX];
@@ -1004,17 +1118,26 @@ struct PersistentVerify {
     for (int k = 0; k < (TMAX + kGroups - 1) / kGroups; ++k) {
       const int i = k * kGroups + grp;
       if (i < n) {
-        float u = 0.f, o = 0.f;
+        float u = 0.f, o = 0.f, vi = 0.f;
 #pragma unroll
         for (int d = 0; d < TMAX; ++d) {
           if (d <= i) {
             u = fmaf(M[i * TMAX + d], w[d], u);
             o = fmaf(N[i * TMAX + d], w[d], o);
           }
-          if (d == i) o += sums[1][d];
+          if (d == i) {
+            o += sums[1][d];
+            vi = vrow[d];
+          }
         }
         out_row(c.b, i, h, v0)[rl] = from_float<TI>(o);
-        uout[static_cast<int64_t>(vu.phys(m + i, R)) * V] = u;
+        const int64_t rec = static_cast<int64_t>(vu.phys(m + i, R)) * V;
+        uout[rec] = u;
+        // A read copy's flush recomputes the window's corrections from S_hp (gdn/wy.cuh): it reads
+        // each record's value as given (vi came from the io dtype, so the round trip is exact).
+        if constexpr (RC::kTwoCopy)
+          static_cast<TI*>(p.ring.v)[vu.slot * p.ring.v_stride_slot + h * p.ring.v_stride_head + rec + v0 + rl] =
+              from_float<TI>(vi);
       } else if (i < T) {
         out_row(c.b, i, h, v0)[rl] = from_float<TI>(0.f);
       }
@@ -1090,13 +1213,14 @@ struct PersistentVerify {
   }
 };
 
-template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX>
-__global__ void __launch_bounds__(kPersistentThreads,
-                                  (PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX>::kCtasPerSm))
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
+__global__ void __launch_bounds__(
+    kPersistentThreads, (PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>::kCtasPerSm))
     replay_verify_persistent_kernel(const VerifyParams vp) {
 #if REPLAYSSM_HAS_BULK_PIPELINE
   extern __shared__ __align__(128) unsigned char persistent_smem[];
-  const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX> k(vp, persistent_smem);
+  const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC> k(vp, persistent_smem);
   run_persistent<false>(k, [&] { return vp.d.ring.work; }, [] { return -1; });  // no flush hints
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here

@@ -144,7 +144,7 @@ __global__ void __launch_bounds__(128) replay_decode_kernel(const DecodeParams p
   TI zraw{};
   if (zp != nullptr && tid < ROWS) zraw = zp[tid];
 
-  if (m < 0 || m > L || start < 0 || start >= R) {
+  if (!cursors_in_bounds(start, m, L, R)) {
     if (tid == 0) raise_error(p.error_flag, kErrCorruptCursor);
     cp_async_wait_all();
     zero_rows<TI, ROWS>(p, c);
