@@ -251,35 +251,28 @@ class TestDeltaPlan:
         s = plan(modules["kda_k256_L32"], 256, 32, 32, persistent=True)
         assert s.kernel == "tile" and s.fallback.startswith("layout")
 
+    @pytest.mark.parametrize("module", ["gdn_verify", "gdn_verify_fp8"])
     @pytest.mark.parametrize("batch", [1, 8, 32, 256])
-    def test_gdn_verify_persistent(self, modules, batch):
-        """Automatic from batch x HV >= 1,024 or forced: 32-row fp32 tiles (16 KB), three CTAs per SM
-        at T = 4, units of a key head's value heads (at most 4), the tile verify otherwise."""
+    def test_gdn_verify_persistent(self, modules, batch, module):
+        """Automatic from batch x HV >= 1,024 or forced: 32-row tiles, three CTAs per SM at T = 4,
+        units of a key head's value heads (at most 4), the tile verify otherwise. With an fp8 read
+        copy the same rule and tiling (the stage holds the copy's codes and scales): the persistent
+        verify serves the rows that do not flush, and the tile plan, which the launch runs after it
+        for the flushing rows, is the tile verify's."""
         HV, HK = 32, 16
-        auto = plan(modules["gdn_verify"], batch, HV, HK, drafts=4)
+        auto = plan(modules[module], batch, HV, HK, drafts=4)
         assert auto.persistent == (batch * HV >= 1024)
-        s = plan(modules["gdn_verify"], batch, HV, HK, persistent=True, drafts=4)
+        s = plan(modules[module], batch, HV, HK, persistent=True, drafts=4)
         assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
         assert s.heads_per_unit == 2 and s.main.ctas_per_sm == 3
         assert s.grid == min(batch * HV // 2, 132 * 3)
-        assert s.tile.kernel == "verify" and s.tile.rows_per_cta == delta_tile_rows(128, 128, batch, HV)
-        t = plan(modules["gdn_verify"], batch, HV, HK, persistent=False, drafts=4)
-        assert t.kernel == "verify" and t.grid == batch * HV * 128 // t.rows_per_cta
-        eight = plan(modules["gdn_verify"], batch, 32, 4, persistent=True, drafts=4)  # 8 value heads per key head
-        assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * 3)
-
-    @pytest.mark.parametrize("batch", [1, 32, 256])
-    def test_gdn_read_copy_verify_persistent(self, modules, batch):
-        """With an fp8 read copy the same rule and tiling (the stage holds the copy's codes and
-        scales): the persistent verify serves the rows that do not flush, and the tile plan, which
-        the launch runs after it for the flushing rows, is the tile verify's."""
-        HV, HK = 32, 16
-        auto = plan(modules["gdn_verify_fp8"], batch, HV, HK, drafts=4)
-        assert auto.persistent == (batch * HV >= 1024)
-        s = plan(modules["gdn_verify_fp8"], batch, HV, HK, persistent=True, drafts=4)
-        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
-        assert s.heads_per_unit == 2 and s.main.ctas_per_sm == 3
         assert s.tile.kernel == "verify" and s.tile.grid == batch * HV * 128 // s.tile.rows_per_cta
+        if module == "gdn_verify":  # the fp32 tiles: the tile verify's rows and 8 value heads per key head
+            assert s.tile.rows_per_cta == delta_tile_rows(128, 128, batch, HV)
+            t = plan(modules[module], batch, HV, HK, persistent=False, drafts=4)
+            assert t.kernel == "verify" and t.grid == batch * HV * 128 // t.rows_per_cta
+            eight = plan(modules[module], batch, 32, 4, persistent=True, drafts=4)
+            assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * 3)
 
     def test_kda_verify_units_are_value_heads(self, modules):
         s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)
