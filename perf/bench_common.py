@@ -5,8 +5,10 @@ from __future__ import annotations
 import datetime
 import json
 import os
+import re
 import subprocess
 import sys
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import torch
@@ -76,3 +78,47 @@ def write_results(name: str, meta_: dict, rows: list[dict], out_dir: str | None 
     path = d / f"{name}.json"
     path.write_text(json.dumps({"meta": meta_, "rows": rows}, indent=1))
     return path
+
+
+def kernel_label(name: str) -> str:
+    """A kernel's readable name: its function name without namespaces, template arguments or
+    parameters ('void replayssm::gdn::replay_verify_persistent_kernel<float, ...>(VerifyParams)'
+    -> 'replay_verify_persistent_kernel')."""
+    depth, head = 0, []
+    for ch in name:  # drop everything inside <...> and (...)
+        if ch in "<(":
+            depth += 1
+        elif ch in ">)":
+            depth -= 1
+        elif depth == 0:
+            head.append(ch)
+    words = re.split(r"\s+", "".join(head).strip())
+    return words[-1].split("::")[-1] if words and words[-1] else name
+
+
+def summarise_kernel_times(events: Iterable[tuple[str, float]], per: int) -> dict[str, float]:
+    """Device µs per unit of work (a round, a step) of each kernel label, from (name, µs) pairs of
+    `per` units; the labels sorted by time, largest first."""
+    if per < 1:
+        raise ValueError(f"per: expected a positive count of units, got {per}")
+    total: dict[str, float] = {}
+    for name, us in events:
+        label = kernel_label(name)
+        total[label] = total.get(label, 0.0) + us
+    return {k: v / per for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
+
+
+def kernel_split(body: Callable[[], None], per: int) -> dict[str, float]:
+    """Runs `body` (eagerly, once: `per` units of work) under the PyTorch profiler and returns
+    each kernel's device µs per unit (summarise_kernel_times). A diagnostic beside the graph
+    timings, not one: launches are eager, and the profiler's own overhead is not in the device
+    times."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        body()
+        torch.cuda.synchronize()
+    kernels = [(e.name, e.device_time_total) for e in prof.events() if e.device_type == DeviceType.CUDA]
+    return summarise_kernel_times(kernels, per)

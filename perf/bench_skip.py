@@ -97,7 +97,7 @@ def timed(fam, batch, fmt, phases, tol, args, T=None):
             r = bench_pool(fam, batch, "replay", None, args.reps, None, fmt, phases)
             return r, skipped_fraction(fam, batch, fmt, phases, tol) if tol is not None else 0.0
         fam.args.read_dtype = fmt.read_dtype
-        us, mean_tokens, _, rows_used, kernel = bench_replay_verify(
+        us, mean_tokens, _, rows_used, kernel, _ = bench_replay_verify(
             fam, batch, T, args.rounds, args.reps, None, phases=phases, acceptance=0.7
         )
         r = dict(us_per_step=us, mean_accepted=mean_tokens, verify_kernel=kernel, verify_rows_per_cta=rows_used)

@@ -27,7 +27,10 @@ round_over_step, mean_accepted, tokens_per_s (batch x mean_accepted per round ti
 tokens_per_s_standard, tokens_ratio; replay rows also verify_kernel (the schedule's kernel:
 'persistent' or 'verify', the tile verify) and verify_kernel_asked (--verify-kernels: the plan's
 choice, or one forced), replay chain rows also us_conventional_verify and
-conventional_over_replay.
+conventional_over_replay; with --kernel-split, kernel_us_per_round (kernel name -> device µs per
+round, from the same rounds run once more eagerly under the PyTorch profiler: with a read copy
+the GDN/KDA verify is two launches per round, the persistent verify and the tile verify of the
+flushing rows).
 """
 
 from __future__ import annotations
@@ -43,7 +46,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import mode_bytes  # noqa: E402
-from bench_common import capture, meta, read_bandwidth_TBps, replay_us_per_step, write_results  # noqa: E402
+from bench_common import (  # noqa: E402
+    capture,
+    kernel_split,
+    meta,
+    read_bandwidth_TBps,
+    replay_us_per_step,
+    write_results,
+)
 from bench_decode import FAMILIES, READ_DTYPES, SHAPES, fill_states, plain_format, stagger  # noqa: E402
 from spec_drafts import (  # noqa: E402
     TREES,
@@ -118,11 +128,24 @@ def mean_committed(draws: list[torch.Tensor]) -> float:
 
 
 def bench_replay_verify(
-    fam, batch, T, rounds, reps, rows=None, *, phases="lockstep", acceptance=0.7, parents=None, persistent=None
+    fam,
+    batch,
+    T,
+    rounds,
+    reps,
+    rows=None,
+    *,
+    phases="lockstep",
+    acceptance=0.7,
+    parents=None,
+    persistent=None,
+    split=False,
 ):
     """µs per verify + commit round of T drafts (a chain, or the token tree ``parents``), the
     mean tokens a round commits under the acceptance model of perf/spec_drafts.py, the ring's
-    bytes per slot, the tiling and the verify kernel the plan ran (schedule.kernel)."""
+    bytes per slot, the tiling, the verify kernel the plan ran (schedule.kernel) and, with
+    ``split``, each kernel's device µs per round (bench_common.kernel_split over the same rounds
+    run once more, eagerly; else None)."""
     w, cache, slots = replay_pool(fam, batch, rows, phases, max_draft=T, persistent=persistent)
     w.plan(slots, draft_len=T, parents=parents)
     kernel = w.schedule.kernel
@@ -142,8 +165,9 @@ def bench_replay_verify(
 
     g = capture(body)
     us = replay_us_per_step(g, rounds, reps=1, trials=reps)
+    per_kernel = kernel_split(body, rounds) if split else None
     assert cache.check_errors() == 0
-    return us, mean_tokens, cache.ring_bytes_per_slot(), w._rows, kernel
+    return us, mean_tokens, cache.ring_bytes_per_slot(), w._rows, kernel, per_kernel
 
 
 def bench_conventional_verify(fam, batch, T, rounds, reps):
@@ -283,9 +307,10 @@ def bench_batch(fam, family, batch, args) -> list[dict]:
                         acceptance=args.acceptance,
                         parents=parents,
                         persistent=VERIFY_KERNELS[choice],
+                        split=args.kernel_split,
                     )
                 best = min(sweep, key=lambda r: sweep[r][0])
-                us, mean_tokens, ring_bytes, rows_used, kernel = sweep[best]
+                us, mean_tokens, ring_bytes, rows_used, kernel, per_kernel = sweep[best]
                 r = spec_row(fam, family, batch, args, mode=mode, kernel="replayssm", T=T, phases=ph, tree=tree)
                 r.update(
                     parents=parents,
@@ -297,6 +322,8 @@ def bench_batch(fam, family, batch, args) -> list[dict]:
                     verify_rows_per_cta=rows_used,
                     verify_rows_sweep_us={str(sweep[t][3]): sweep[t][0] for t in sweep},
                 )
+                if per_kernel is not None:
+                    r["kernel_us_per_round"] = per_kernel
                 if mode == "spec":  # the snapshot baseline at the same T, from this run
                     r["us_conventional_verify"] = conv[T]
                     r["conventional_over_replay"] = conv[T] / us
@@ -328,6 +355,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         choices=list(VERIFY_KERNELS),
         default=["auto"],
         help="replay verify kernels to run side by side: the plan's choice, or forced (rows carry verify_kernel)",
+    )
+    ap.add_argument(
+        "--kernel-split",
+        action="store_true",
+        help="also run each replay verify's rounds once under the PyTorch profiler and report every "
+        "kernel's device µs per round (kernel_us_per_round; eager launches, a diagnostic)",
     )
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")

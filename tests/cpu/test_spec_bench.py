@@ -16,6 +16,7 @@ sys.path.insert(0, str(REPO / "perf"))
 try:
     drafts = importlib.import_module("spec_drafts")
     bench = importlib.import_module("bench_spec")
+    common = importlib.import_module("bench_common")
 finally:
     sys.path.pop(0)
 
@@ -74,6 +75,7 @@ def test_arguments():
     assert (a.families, a.batches, a.drafts) == (["mamba2", "gdn", "kda"], [1, 64, 256, 512], [2, 4, 8, 16])
     assert (a.trees, a.phases, a.acceptance) == (["tree4", "binary7", "binary15"], ["lockstep", "staggered"], 0.7)
     assert bench.parse_args(["--trees"]).trees == []
+    assert not a.kernel_split and bench.parse_args(["--kernel-split"]).kernel_split
     for bad in (["--drafts", "17"], ["--drafts", "1"], ["--acceptance", "2"], ["--window", "8"], ["--batches", "0"]):
         with pytest.raises((SystemExit, ValueError)):
             bench.parse_args(bad)
@@ -87,3 +89,28 @@ def test_chain_draws_are_shared_by_both_kernels_and_rates_follow():
     row = bench.add_rates({"batch": 64, "us_per_step": 200.0, "mean_accepted": 2.5}, 100.0)
     assert row["round_over_step"] == 2.0 and row["tokens_per_s"] == pytest.approx(64 * 2.5 / 200e-6)
     assert row["tokens_ratio"] == pytest.approx(1.25)
+
+
+def test_kernel_labels_drop_namespaces_templates_and_parameters():
+    name = (
+        "void replayssm::gdn::replay_verify_persistent_kernel<float, __nv_bfloat16, 128, 128, 16, 32, false, 4, "
+        "replayssm::ReadCopy<replayssm::Fp8Codec> >(replayssm::gdn::VerifyParams)"
+    )
+    assert common.kernel_label(name) == "replay_verify_persistent_kernel"
+    assert common.kernel_label("replay_verify_kernel") == "replay_verify_kernel"
+    assert common.kernel_label("void at::native::(anonymous namespace)::fill_kernel<float>(float*)") == "fill_kernel"
+
+
+def test_kernel_split_sums_per_label_and_divides_by_the_rounds():
+    events = [
+        ("void replayssm::gdn::replay_verify_persistent_kernel<1>(P)", 300.0),
+        ("void replayssm::gdn::replay_verify_kernel<1>(P)", 100.0),
+        ("void replayssm::gdn::replay_verify_persistent_kernel<1>(P)", 340.0),
+        ("void replayssm::commit_kernel<2>(C)", 4.0),
+        ("void replayssm::gdn::replay_verify_kernel<1>(P)", 60.0),
+    ]
+    got = common.summarise_kernel_times(events, per=2)
+    assert got == {"replay_verify_persistent_kernel": 320.0, "replay_verify_kernel": 80.0, "commit_kernel": 2.0}
+    assert list(got) == ["replay_verify_persistent_kernel", "replay_verify_kernel", "commit_kernel"]
+    with pytest.raises(ValueError, match="per"):
+        common.summarise_kernel_times(events, per=0)
