@@ -8,6 +8,7 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -108,17 +109,32 @@ def summarise_kernel_times(events: Iterable[tuple[str, float]], per: int) -> dic
     return {k: v / per for k, v in sorted(total.items(), key=lambda kv: -kv[1])}
 
 
-def kernel_split(body: Callable[[], None], per: int) -> dict[str, float]:
-    """Runs `body` (eagerly, once: `per` units of work) under the PyTorch profiler and returns
-    each kernel's device µs per unit (summarise_kernel_times). A diagnostic beside the graph
-    timings, not one: launches are eager, and the profiler's own overhead is not in the device
-    times."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile
-
+def profiled_kernels(run: Callable[[], None]) -> list[tuple[str, float, float]]:
+    """(name, start µs, end µs) of every kernel that `run` launches (a CUDA graph's replay
+    included), read from the PyTorch profiler's CUDA trace, in start order."""
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        body()
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        run()
         torch.cuda.synchronize()
-    kernels = [(e.name, e.device_time_total) for e in prof.events() if e.device_type == DeviceType.CUDA]
-    return summarise_kernel_times(kernels, per)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "trace.json"
+        prof.export_chrome_trace(str(path))
+        return trace_kernels(json.loads(path.read_text())["traceEvents"])
+
+
+def trace_kernels(events: Iterable[dict]) -> list[tuple[str, float, float]]:
+    """(name, start µs, end µs) of the kernel events of a Chrome trace (complete events of category
+    'kernel'), in start order."""
+    kernels = (
+        (str(e.get("name", "")), float(e["ts"]), float(e["ts"]) + float(e["dur"]))
+        for e in events
+        if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
+    )
+    return sorted(kernels, key=lambda k: (k[1], k[2]))
+
+
+def kernel_split(run: Callable[[], None], per: int) -> dict[str, float]:
+    """Each kernel's device µs per unit of work (summarise_kernel_times) over one call of `run`
+    (`per` units: e.g. one replay of a graph of `per` rounds) under the profiler. A diagnostic
+    beside the timed replays, not a timing: the profiler's overhead is outside the device times."""
+    return summarise_kernel_times(((name, end - start) for name, start, end in profiled_kernels(run)), per)

@@ -28,7 +28,7 @@ tokens_per_s_standard, tokens_ratio; replay rows also verify_kernel (the schedul
 'persistent' or 'verify', the tile verify) and verify_kernel_asked (--verify-kernels: the plan's
 choice, or one forced), replay chain rows also us_conventional_verify and
 conventional_over_replay; with --kernel-split, kernel_us_per_round (kernel name -> device µs per
-round, from the same rounds run once more eagerly under the PyTorch profiler: with a read copy
+round, from one more replay of the timed graph under the PyTorch profiler: with a read copy
 the GDN/KDA verify is two launches per round, the persistent verify and the tile verify of the
 flushing rows).
 """
@@ -144,8 +144,8 @@ def bench_replay_verify(
     """µs per verify + commit round of T drafts (a chain, or the token tree ``parents``), the
     mean tokens a round commits under the acceptance model of perf/spec_drafts.py, the ring's
     bytes per slot, the tiling, the verify kernel the plan ran (schedule.kernel) and, with
-    ``split``, each kernel's device µs per round (bench_common.kernel_split over the same rounds
-    run once more, eagerly; else None)."""
+    ``split``, each kernel's device µs per round (bench_common.kernel_split over one more replay
+    of the timed graph; else None)."""
     w, cache, slots = replay_pool(fam, batch, rows, phases, max_draft=T, persistent=persistent)
     w.plan(slots, draft_len=T, parents=parents)
     kernel = w.schedule.kernel
@@ -165,7 +165,7 @@ def bench_replay_verify(
 
     g = capture(body)
     us = replay_us_per_step(g, rounds, reps=1, trials=reps)
-    per_kernel = kernel_split(body, rounds) if split else None
+    per_kernel = kernel_split(g.replay, rounds) if split else None
     assert cache.check_errors() == 0
     return us, mean_tokens, cache.ring_bytes_per_slot(), w._rows, kernel, per_kernel
 
@@ -359,8 +359,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     ap.add_argument(
         "--kernel-split",
         action="store_true",
-        help="also run each replay verify's rounds once under the PyTorch profiler and report every "
-        "kernel's device µs per round (kernel_us_per_round; eager launches, a diagnostic)",
+        help="also replay each replay verify's timed graph once under the PyTorch profiler and report "
+        "every kernel's device µs per round (kernel_us_per_round; a diagnostic)",
     )
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")

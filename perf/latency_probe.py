@@ -16,10 +16,8 @@ Rows use the shared schema with ``kernel_us``, ``gap_us`` and ``us_single_replay
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
-import tempfile
 from pathlib import Path
 
 import torch
@@ -27,7 +25,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_common import capture, meta, replay_us_per_step, time_graph, write_results  # noqa: E402
+from bench_common import capture, meta, profiled_kernels, replay_us_per_step, time_graph, write_results  # noqa: E402
 from bench_decode import FAMILIES, SHAPES, fill_states, plain_format  # noqa: E402
 
 LAYERS = 16
@@ -37,22 +35,7 @@ def kernel_spans(graph, replays: int = 20) -> list[list[tuple[float, float]]]:
     """(start, end) in µs of every kernel of `replays` graph replays, one list per replay."""
     graph.replay()
     torch.cuda.synchronize()
-    spans = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for _ in range(replays):
-            with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-                graph.replay()
-                torch.cuda.synchronize()
-            path = Path(tmp) / "trace.json"
-            prof.export_chrome_trace(str(path))
-            events = json.loads(path.read_text())["traceEvents"]
-            ks = sorted(
-                (float(e["ts"]), float(e["ts"]) + float(e["dur"]))
-                for e in events
-                if e.get("ph") == "X" and str(e.get("cat", "")).lower() == "kernel"
-            )
-            spans.append(ks)
-    return spans
+    return [[(start, end) for _, start, end in profiled_kernels(graph.replay)] for _ in range(replays)]
 
 
 def summarize(spans) -> dict:

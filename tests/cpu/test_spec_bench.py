@@ -101,6 +101,16 @@ def test_kernel_labels_drop_namespaces_templates_and_parameters():
     assert common.kernel_label("void at::native::(anonymous namespace)::fill_kernel<float>(float*)") == "fill_kernel"
 
 
+def test_trace_kernels_keeps_kernel_events_in_start_order():
+    events = [
+        {"ph": "X", "cat": "kernel", "name": "b", "ts": 20.0, "dur": 5.0},
+        {"ph": "X", "cat": "cuda_runtime", "name": "cudaGraphLaunch", "ts": 1.0, "dur": 3.0},
+        {"ph": "X", "cat": "Kernel", "name": "a", "ts": 10.0, "dur": 2.5},
+        {"ph": "i", "cat": "kernel", "name": "marker", "ts": 0.0},
+    ]
+    assert common.trace_kernels(events) == [("a", 10.0, 12.5), ("b", 20.0, 25.0)]
+
+
 def test_kernel_split_sums_per_label_and_divides_by_the_rounds():
     events = [
         ("void replayssm::gdn::replay_verify_persistent_kernel<1>(P)", 300.0),
