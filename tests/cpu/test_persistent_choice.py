@@ -256,9 +256,9 @@ class TestDeltaPlan:
     def test_gdn_verify_persistent(self, modules, batch, module):
         """Automatic from batch x HV >= 1,024 or forced: 32-row tiles, three CTAs per SM at T = 4,
         units of a key head's value heads (at most 4), the tile verify otherwise. With an fp8 read
-        copy the same rule and tiling (the stage holds the copy's codes and scales): the persistent
-        verify serves the rows that do not flush, and the tile plan, which the launch runs after it
-        for the flushing rows, is the tile verify's."""
+        copy the same rule and tiling (the stage holds the copy's codes and scales, or a flush
+        unit's fp32 tile): the persistent verify serves every row, flushing ones included, and the
+        tile plan (for inputs that are not 16-byte aligned) is the tile verify's."""
         HV, HK = 32, 16
         auto = plan(modules[module], batch, HV, HK, drafts=4)
         assert auto.persistent == (batch * HV >= 1024)

@@ -252,10 +252,11 @@ class TestDeltaVerifyReadCopy:
 
 class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_dtype: the parent's parametrization
     """Every check above with the persistent verify planned (forced at these small batches; the
-    driver checks that every verify plan runs it). It serves the rows that do not flush: their
-    units stream the copy's codes and row scales and dequantise them (ReadCopyTile) into the
-    CUDA-core dots. The tile verify, launched right after it, serves the flushing rows. The
-    driver's batches mix both kinds, with pad rows, per-row counts and trees. Its default
+    driver checks that every verify plan runs it). Its non-flush units stream the copy's codes
+    and row scales (GDN's fp8 and bf16 codes into tensor-core dots; else dequantised by
+    ReadCopyTile into CUDA-core dots). GDN's flush units recompute the committed corrections from
+    S_hp in the same launch; KDA's flushing rows go to the tile verify, launched right after it.
+    The driver's batches mix both kinds, with pad rows, per-row counts and trees. Its default
     32-row tiles, and 16 and 64 rows."""
 
     extra = {"persistent": True}
@@ -268,8 +269,9 @@ class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_d
 
     def test_bad_rows_beside_flushing_rows(self, cfg, read_dtype):
         """One batch with a flushing row, a non-flush row, a bad tree on a row that would not
-        flush, a bad count and a pad: both launches see every row, each serves its own, and a
-        bad row gets zeros and the error bit whichever launch writes it; its slot is untouched."""
+        flush, a bad count and a pad: every row is served (GDN: by the one launch; KDA: each of
+        its two launches serves its own), and a bad row gets zeros and the error bit whichever
+        launch writes it; its slot is untouched."""
         gen = seeded_generator()
         fam = DeltaSpec({**cfg, **self.extra}, gen)
         w = fam.wrapper("replay", 5, read_dtype=read_dtype)

@@ -30,7 +30,7 @@ struct DraftArgs {
 };
 
 // Which rows of a verify one launch serves (DraftArgs::serve). Callers pass kServeAll. A
-// launcher whose persistent verify cannot flush (with a read copy: a flush recomputes the
+// launcher whose persistent verify cannot flush (KDA with a read copy: a flush recomputes the
 // committed corrections from S_hp) runs it with kServeNonFlush, then the tile verify with
 // kServeRest on the same stream. A row with bad inputs may be served by both: each writes the
 // same zeros and error bits.

@@ -209,8 +209,9 @@ struct ConventionalDecode {
 
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
 // Commit), for state format RC: the tile verify, and the persistent verify once there are enough
-// value heads (or when asked). With a read copy the persistent verify serves the rows that do
-// not flush and the tile verify, launched right after it, the rest (DraftArgs::serve).
+// value heads (or when asked). With a read copy GDN's persistent verify serves every row; KDA's
+// serves the rows that do not flush and the tile verify, launched right after it, the rest
+// (DraftArgs::serve).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
@@ -292,8 +293,10 @@ struct ReplayVerify {
     if (k.kernel != kKernelPersistent) return launch_tile(p);
     if (static_cast<int64_t>(k.units) != units(p.d.batch, p.d.num_v_heads, p.d.num_k_heads))
       return cudaErrorInvalidValue;
+    // With a read copy, KDA's flushing rows take a second launch (kDeltaPersistentExactFlush).
+    constexpr bool kTwoLaunches = RC::kEnabled && !kDeltaPersistentExactFlush<RC, PerChannelDecay>;
     Params pp = p;
-    if constexpr (RC::kEnabled) pp.drafts.serve = kServeNonFlush;
+    if constexpr (kTwoLaunches) pp.drafts.serve = kServeNonFlush;
     const cudaError_t e = dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
       constexpr int kRows = decltype(rows)::value;
       if constexpr (kPersistentOk<kRows>) {
@@ -302,7 +305,7 @@ struct ReplayVerify {
       }
       return cudaErrorInvalidValue;
     });
-    if (e != cudaSuccess || !RC::kEnabled) return e;
+    if (e != cudaSuccess || !kTwoLaunches) return e;
     pp.drafts.serve = kServeRest;  // then the flushing rows (and any with bad inputs) on the tile verify
     return launch_tile(pp);
   }

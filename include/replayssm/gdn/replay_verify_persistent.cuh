@@ -27,12 +27,14 @@
 // form (per head matrices formed once per unit) and store o_i and u_i.
 //
 // State formats (RC, common/read_copy.cuh): the checkpoint alone (NoReadCopy: fp32, bf16 or fp16
-// state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy this kernel
-// serves only the rows that do not flush (DraftArgs::serve = kServeNonFlush): their tiles are the
-// copy's codes and row scales (one bulk copy each), dequantised by the shared loader
-// (ReadCopyTile) into the columns the dot products take. A row that flushes must recompute its
-// committed corrections from S_hp (gdn/wy.cuh); the launcher leaves it to the tile verify, run
-// right after this kernel on the same stream (kServeRest), which also re-encodes the copy.
+// state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy the tiles of
+// a row that does not flush are the copy's codes and row scales (one bulk copy each), dequantised
+// by the shared loader (ReadCopyTile) into the columns the dot products take. A row that flushes
+// must recompute its committed corrections from S_hp (gdn/wy.cuh). GDN does it here
+// (kDeltaPersistentExactFlush): the flush unit streams S_hp's tiles and the records' v rows,
+// each row solves its corrections in registers, folds, writes S_hp and re-encodes the copy. KDA
+// serves only the rows that do not flush (DraftArgs::serve = kServeNonFlush) and the launcher
+// leaves the rest to the tile verify, run right after this kernel on the same stream (kServeRest).
 #pragma once
 
 #include "../common/align.cuh"
@@ -45,6 +47,7 @@
 #include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
+#include "wy.cuh"
 
 namespace replayssm {
 namespace gdn {
@@ -63,10 +66,20 @@ template <class RC, typename TS>
 constexpr bool kDeltaPersistentVerifyFormat =
     !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
 
+// GDN with a read copy: a unit whose row flushes (m + n > L) is served here too. It streams the
+// fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from them (per
+// row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and re-encodes
+// the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores. KDA's flush
+// needs the records' per-channel decayed keys E_j . k_j beside its unit buffer: its flushing rows
+// stay with the tile verify, launched after this kernel (DraftArgs::serve).
+template <class RC, bool PerChannelDecay>
+constexpr bool kDeltaPersistentExactFlush = RC::kTwoCopy && !PerChannelDecay;
+
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
           class RC = NoReadCopy>
 struct PersistentVerifyLayout {
   static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
+  static constexpr bool kExactFlush = kDeltaPersistentExactFlush<RC, PerChannelDecay>;
   static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
@@ -138,7 +151,11 @@ struct PersistentVerifyLayout {
       kSolve.then(kMmaDots ? kDotSets * kDotSetBytes : 0, 16);  // the vectors' A fragments
   static constexpr SmemRegion kVecScale = kFrag.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
   static constexpr SmemRegion kCodeFrag = kVecScale.then(kCodeMma ? CodeDots::kFragmentBytes : 0, 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kCodeFrag, 128);
+  // kExactFlush: the committed keys' Gram matrix k_i . k_j [L][L] (a flush unit's, formed once per
+  // unit; each value head applies its decays as it solves) and per head the records' betas [L].
+  static constexpr SmemRegion kPair = kCodeFrag.then(kExactFlush ? static_cast<size_t>(L) * L * 4 : 0, 16);
+  static constexpr SmemRegion kRecBeta = kPair.then(kExactFlush ? static_cast<size_t>(kUnitHeads) * L * 4 : 0, 16);
+  static constexpr size_t kUnitBytes = buffer_bytes(kRecBeta, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
@@ -150,17 +167,26 @@ struct PersistentVerifyLayout {
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * 4u : 0u;
   static constexpr uint32_t kTileBytes =
       RC::kEnabled ? kCodeBytes + kScaleBytes : ROWS * K * static_cast<uint32_t>(sizeof(TS));  // what the copies bring
-  static constexpr SmemRegion kTile = first_region(
-      RC::kEnabled ? static_cast<size_t>(kTileBytes) : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS), 128);
+  // kExactFlush: a flush unit's stage takes the checkpoint's tile [ROWS][K] (TS, one bulk copy) in
+  // place of the copy's, and the committed records' v rows [L][ROWS] (io dtype, one bulk copy per
+  // record) in place of their u rows, whose region then receives the recomputed corrections.
+  static constexpr uint32_t kHpTileBytes = kExactFlush ? ROWS * K * static_cast<uint32_t>(sizeof(TS)) : 0u;
+  static constexpr size_t kTileRegionBytes =
+      RC::kEnabled ? (kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes)
+                   : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
+  static constexpr SmemRegion kTile = first_region(kTileRegionBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
-  static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
+  static constexpr SmemRegion kVRing = kVd.then(kExactFlush ? static_cast<size_t>(L) * ROWS * sizeof(TI) : 0, 16);
+  static constexpr size_t kStageBytes = buffer_bytes(kVRing, 128);
 
   static_assert(kQ.aligned() && kK.aligned() && kVec.aligned() && kKeyRing.aligned() && kGateRing.aligned() &&
                     kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
-                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned(),
+                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned() && kVRing.aligned() &&
+                    kRecBeta.aligned(),
                 "cp.async and bulk-copy destinations are 16-byte aligned");
-  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
+  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0 &&
+                    kHpTileBytes % 16 == 0,
                 "copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB, as the Mamba-2 verify (two
@@ -263,7 +289,8 @@ struct PersistentVerify {
         cur.status = kUnitBadDrafts;
         return 0;
       }
-      if (RC::kEnabled && cur.m + n > L) {  // a flush: the tile verify after this launch serves it
+      const bool exact = Layout::kExactFlush && cur.m + n > L;  // a read copy's flush, served here
+      if (RC::kEnabled && !Layout::kExactFlush && cur.m + n > L) {  // the tile verify after this launch serves it
         if (lane == 0) header->status = kUnitServedElsewhere;
         cur.status = kUnitServedElsewhere;
         return 0;
@@ -333,7 +360,17 @@ struct PersistentVerify {
         const int i = k / n, d = k % n;
         cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
       }
-      if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
+      if (exact) {  // the committed records' betas, per head
+        float* RB = floats(U, Layout::kRecBeta);
+        for (int k = lane; k < heads * m; k += 32) {
+          const int i = k / m, j = k % m;
+          cp_async4(&RB[i * L + j], p.ring.beta + slot * p.ring.beta_stride_slot +
+                                        (c.h0 + i) * p.ring.beta_stride_head + cur.phys(j, R));
+        }
+      }
+      if (exact) {  // a read copy's flush recomputes the corrections from S_hp: it reads every tile
+        if (p.skip_below < 0.f && lane == 0) count_skips(p.skip_stats, 0u, heads);
+      } else if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
         cp_async_wait_all();
         __syncwarp();
         skip = decayed_heads(U, c, static_cast<int>(m), n, lane);
@@ -348,6 +385,21 @@ struct PersistentVerify {
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(v0) * K;
+      if (Layout::kExactFlush && m + n > L) {  // S_hp's tile and the committed records' v rows
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bar, Layout::kHpTileBytes + static_cast<uint32_t>(m) * ROWS * sizeof(TI));
+          bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kHpTileBytes, bar);
+        }
+        __syncwarp();  // the bytes are announced before any lane's copy can land
+        if (lane < m) {
+          const TI* vr = static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + h * p.ring.v_stride_head +
+                         static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
+          bulk_copy_g2s(S + Layout::kVRing.offset + static_cast<uint32_t>(lane) * ROWS * sizeof(TI), vr,
+                        ROWS * static_cast<uint32_t>(sizeof(TI)), bar);
+        }
+        draft_values(c, h, v0, n, S, lane);
+        return;
+      }
       const bool skipped = (skip >> (t / kChunks)) & 1u;  // a decayed head: zeros, no bytes (common/decay_skip.cuh)
       if (skipped) zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
       if (lane == 0) {
@@ -379,16 +431,22 @@ struct PersistentVerify {
                           static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
         bulk_copy_g2s(S + Layout::kURing.offset + static_cast<uint32_t>(lane) * ROWS * 4u, ur, ROWS * 4u, bar);
       }
-      const TI* vp_ = static_cast<const TI*>(p.in.v) + c.b * T * p.in.v_stride_batch + h * p.in.v_stride_head + v0;
-      TI* Svd = reinterpret_cast<TI*>(S + Layout::kVd.offset);
-      for (int i = lane; i < n * kRV; i += 32) {
-        const int d = i / kRV, q = i % kRV;
-        cp_async16(Svd + d * ROWS + q * kIV, vp_ + d * p.in.v_stride_batch + q * kIV);
-      }
+      draft_values(c, h, v0, n, S, lane);
     };
 
     // Units in index order: no flush hints (a verify's flushes follow from its draft counts).
     pipe.produce(units, WorkCounter{p.ring.work, units}, [](RowOrder&) {}, fill_unit, fill_stage);
+  }
+
+  // The v rows of the row's n drafts for tile (h, v0) into stage S (producer warp).
+  __device__ __forceinline__ void draft_values(const UnitCoords& c, int h, int v0, int n, unsigned char* S,
+                                               int lane) const {
+    const TI* vp_ = static_cast<const TI*>(p.in.v) + c.b * T * p.in.v_stride_batch + h * p.in.v_stride_head + v0;
+    TI* Svd = reinterpret_cast<TI*>(S + Layout::kVd.offset);
+    for (int i = lane; i < n * kRV; i += 32) {
+      const int d = i / kRV, q = i % kRV;
+      cp_async16(Svd + d * ROWS + q * kIV, vp_ + d * p.in.v_stride_batch + q * kIV);
+    }
   }
 
   // ---- consumers (warps 0..3) ----
@@ -431,6 +489,10 @@ struct PersistentVerify {
         channel_pairs(U, dh, vu, tid);
       } else {
         key_products(U, dh, vu, tid);
+        if (Layout::kExactFlush && vu.flush)  // the committed keys' Gram matrix (undecayed)
+          window_pairs<L, kPersistentConsumerWarps, K>(
+              vu.m, [&](int j) { return floats(U, Layout::kKeyRing) + j * K; }, [](int, int) { return 1.f; },
+              floats(U, Layout::kPair), warp, lane);
         Layout::Pipeline::consumer_sync();
         for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
       }
@@ -453,10 +515,14 @@ struct PersistentVerify {
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       const UnitCoords c = unit_of(u);
-      if constexpr (Layout::kCodeMma) {  // no flush unit reaches a read copy's kernel (fill_unit)
-        tile_mma<false>(vu, c, t, S, release, warp, lane, R);
-      } else if constexpr (RC::kEnabled) {
-        tile<false, DotTile>(vu, c, t, S, release, warp, lane, R);
+      if constexpr (RC::kEnabled) {  // a flush (kExactFlush): S_hp's tile on CUDA cores
+        if (Layout::kExactFlush && vu.flush) {
+          if constexpr (Layout::kExactFlush) tile<true, Tile>(vu, c, t, S, release, warp, lane, R);
+        } else if constexpr (Layout::kCodeMma) {
+          tile_mma<false>(vu, c, t, S, release, warp, lane, R);
+        } else {
+          tile<false, DotTile>(vu, c, t, S, release, warp, lane, R);
+        }
       } else if constexpr (Layout::kMmaDots) {
         if (vu.flush) {
           tile_mma<true>(vu, c, t, S, release, warp, lane, R);
@@ -660,7 +726,7 @@ struct PersistentVerify {
       if (lane == k) {  // tensor-core dots are of the raw keys and queries: their norms join the factors
         const float f = ek * (vu.flush ? 1.f : tot);
         const float* nrm = floats(U, Layout::kNorm);
-        if constexpr (Layout::kCodeMma) {  // and the code dots' vector scales
+        if (Layout::kCodeMma && !vu.flush) {  // and the code dots' vector scales (a flush: CUDA cores)
           const float* vs = floats(U, Layout::kVecScale);
           fac[k] = f * nrm[k] * vs[k];
           fac[TMAX + k] = f * nrm[TMAX + k] * vs[TMAX + k];
@@ -906,16 +972,24 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
-    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
+    static_assert(!kFlush || !RC::kEnabled || Layout::kExactFlush, "this read copy's flush rows are the tile verify's");
     float sv[DT::kPasses][DT::kVpl][kV];
-    if constexpr (RC::kEnabled) {  // the copy's codes times their scales
+    if constexpr (RC::kEnabled && !kFlush) {  // the copy's codes times their scales
       Read rd;
       rd.load_shared(ST, reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kCodeBytes), warp, lane);
       rd.values(1.f, sv);
     } else {
-      stage_rows(sv, ST, warp, lane);
+      stage_rows(sv, ST, warp, lane);  // a flush: the checkpoint's rows (with a read copy, S_hp's)
     }
-    if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
+    if constexpr (kFlush && RC::kEnabled) {
+      exact_corrections(sv, U, hi, S, m, warp, lane);
+      fold_rows<true>(sv, U, hi, Su, m, warp, lane);
+      // The corrections went to the stage through the generic proxy; the next bulk copy into it
+      // (async proxy) must come after them.
+      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+    } else if constexpr (kFlush) {
+      fold_rows<false>(sv, U, hi, Su, m, warp, lane);
+    }
 
     // The ring part of sum (part, batch bi, pass s, held k) of the lane's rows (keys, then queries,
     // kBatch drafts at a time; drafts first .. first + kHeld - 1 of the batch; the kDup lanes that
@@ -1030,7 +1104,7 @@ struct PersistentVerify {
     if constexpr (kFlush) {
       float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
       stage_rows(sv, ST, warp, lane);
-      fold_rows(sv, U, hi, Su, m, warp, lane);
+      fold_rows<false>(sv, U, hi, Su, m, warp, lane);
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
     }
@@ -1156,8 +1230,55 @@ struct PersistentVerify {
             sv[s][v]);
   }
 
+  // kExactFlush, a flush tile: the m committed records' corrections recomputed from this warp's
+  // rows of S_hp (sv) in registers, per row (gdn/wy.cuh, as the decode's flush): with the Gram
+  // matrix A of the committed keys, a_j = exp(g_j) and E_j = exp(g_0 + .. + g_j),
+  //   u_j = beta_j (v_j - E_j (S_hp . k_j) - sum_{i<j} A_ji (prod_{i<l<=j} a_l) u_i),
+  // written times their fold weights (prod_{j<l<m} a_l) into the stage's u rows, which a flush
+  // unit's producer leaves empty; fold_rows<true> reads them there (this warp's rows only).
+  __device__ __forceinline__ void exact_corrections(const float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec],
+                                                    const unsigned char* U, int hi, const unsigned char* S, int m,
+                                                    int warp, int lane) const {
+    constexpr int kV = Tile::kVec;
+    const float* UR = floats(U, Layout::kKeyRing);
+    const float* A = floats(U, Layout::kPair);
+    const float* RB = floats(U, Layout::kRecBeta) + hi * L;
+    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kVRing.offset);
+    float* Su = reinterpret_cast<float*>(const_cast<unsigned char*>(S) + Layout::kURing.offset);
+    const float gj = lane < m ? floats(U, Layout::kHeadGRing)[hi * L + lane] : 0.f;
+    const float a_lane = expf(gj);  // lane j: a_j
+    const float e_lane = expf(warp_prefix_sum(gj, lane));  // lane j: E_j
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+      float uw[L];
+      forward_substitute_regs<L, true>(
+          m, uw,
+          [&](int j) {
+            float kx[kCols];
+            Tile::load_columns(kx, UR + j * K, lane);
+            float y = 0.f;
+#pragma unroll
+            for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+              for (int e = 0; e < kV; ++e) y = fmaf(sv[s][v][e], kx[v * kV + e], y);
+            return group_sum<Tile::kLanes>(y) * __shfl_sync(0xffffffffu, e_lane, j);
+          },
+          [&](int j) { return __shfl_sync(0xffffffffu, a_lane, j); }, [&](int j, int i) { return A[j * L + i]; },
+          [&](int j) { return to_float(Svr[j * ROWS + r]); }, [&](int j) { return RB[j]; });
+      if (Tile::row_leader(lane)) {
+#pragma unroll
+        for (int j = 0; j < L; ++j)
+          if (j < m) Su[j * ROWS + r] = uw[j];
+      }
+    }
+    __syncwarp();
+  }
+
   // A flush: this warp's rows of the stage tile with the m committed records folded in,
-  // S' = S_c Diag(E(Gc)) + sum_j u_j kd_j^T (GDN: kd_j = w_j k_j with the head's fold weights).
+  // S' = S_c Diag(E(Gc)) + sum_j u_j kd_j^T (GDN: kd_j = w_j k_j with the head's fold weights;
+  // kWeighted: the u rows already carry them).
+  template <bool kWeighted>
   __device__ __forceinline__ void fold_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const unsigned char* U,
                                             int hi, const float* Su, int m, int warp, int lane) const {
     constexpr int kV = Tile::kVec;
@@ -1182,7 +1303,7 @@ struct PersistentVerify {
       float kj[Tile::kVpl][kV];
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) load_floats<float, kV>(UR + j * K + Tile::col(lane, v), kj[v]);
-      const float w = PerChannelDecay ? 1.f : floats(U, Layout::kFold)[hi * L + j];
+      const float w = PerChannelDecay || kWeighted ? 1.f : floats(U, Layout::kFold)[hi * L + j];
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s) {
         const float uj = w * Su[j * ROWS + Tile::row(warp, lane, s)];
@@ -1196,8 +1317,22 @@ struct PersistentVerify {
 
   // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
   // read the stored state); `back` (not null): also write it over the stage tile's rows.
+  // With a read copy, store_state_row also re-encodes the copy's rows from the same fold.
   __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
                                              int v0, int warp, int lane, TS* back) const {
+    if constexpr (RC::kEnabled) {
+#pragma unroll
+      for (int s = 0; s < Tile::kPasses; ++s) {
+        float held[Tile::kVpl][Tile::kVec];
+        store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, h, v0 + Tile::row(warp, lane, s), V, K, 0u),
+                                      sv[s], lane, held);
+#pragma unroll
+        for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+          for (int e = 0; e < Tile::kVec; ++e) sv[s][v][e] = held[v][e];
+      }
+      return;
+    }
     TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
              static_cast<int64_t>(v0) * K;
 #pragma unroll
