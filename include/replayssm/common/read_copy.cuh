@@ -390,6 +390,26 @@ __device__ __forceinline__ void store_state_row(const StateRowDst<RC, TS>& dst,
   }
 }
 
+// A flush's store of this thread's rows of a tile (Tile's passes; the tile's first row is row0 of
+// head `head`, of `rows` rows per head and `cols` elements per row), each through
+// store_state_row; sv then holds what the state now holds there.
+template <class RC, typename TS, class Tile>
+__device__ __forceinline__ void store_state_tile(const StatePool& pool, int64_t slot, int head, int row0, int rows,
+                                                 int cols, uint32_t seed,
+                                                 float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int warp,
+                                                 int lane) {
+#pragma unroll
+  for (int s = 0; s < Tile::kPasses; ++s) {
+    float held[Tile::kVpl][Tile::kVec];
+    store_state_row<RC, TS, Tile>(
+        state_row_dst<RC, TS>(pool, slot, head, row0 + Tile::row(warp, lane, s), rows, cols, seed), sv[s], lane, held);
+#pragma unroll
+    for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+      for (int e = 0; e < Tile::kVec; ++e) sv[s][v][e] = held[v][e];
+  }
+}
+
 // The columns a read tile's thread holds must be the columns its checkpoint tile's thread holds
 // in count (a kernel keeps per-column operands such as C in one array for both), which holds when
 // both spread a row over the same number of lanes.

@@ -171,9 +171,8 @@ struct PersistentVerifyLayout {
   // place of the copy's, and the committed records' v rows [L][ROWS] (io dtype, one bulk copy per
   // record) in place of their u rows, whose region then receives the recomputed corrections.
   static constexpr uint32_t kHpTileBytes = kExactFlush ? ROWS * K * static_cast<uint32_t>(sizeof(TS)) : 0u;
-  static constexpr size_t kTileRegionBytes =
-      RC::kEnabled ? (kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes)
-                   : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
+  static constexpr size_t kTileRegionBytes = RC::kEnabled ? (kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes)
+                                                          : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile = first_region(kTileRegionBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
@@ -182,8 +181,7 @@ struct PersistentVerifyLayout {
 
   static_assert(kQ.aligned() && kK.aligned() && kVec.aligned() && kKeyRing.aligned() && kGateRing.aligned() &&
                     kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
-                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned() && kVRing.aligned() &&
-                    kRecBeta.aligned(),
+                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned() && kVRing.aligned() && kRecBeta.aligned(),
                 "cp.async and bulk-copy destinations are 16-byte aligned");
   static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0 &&
                     kHpTileBytes % 16 == 0,
@@ -1321,16 +1319,7 @@ struct PersistentVerify {
   __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
                                              int v0, int warp, int lane, TS* back) const {
     if constexpr (RC::kEnabled) {
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        float held[Tile::kVpl][Tile::kVec];
-        store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, h, v0 + Tile::row(warp, lane, s), V, K, 0u),
-                                      sv[s], lane, held);
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) sv[s][v][e] = held[v][e];
-      }
+      store_state_tile<RC, TS, Tile>(p.pool, slot, h, v0, V, K, 0u, sv, warp, lane);
       return;
     }
     TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +

@@ -672,16 +672,7 @@ struct PersistentVerify : GroupUnits {
   __device__ __forceinline__ void store_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], int64_t slot, int h,
                                              int p0, int warp, int lane, TS* back) const {
     if constexpr (RC::kEnabled) {
-#pragma unroll
-      for (int s = 0; s < Tile::kPasses; ++s) {
-        float held[Tile::kVpl][Tile::kVec];
-        store_state_row<RC, TS, Tile>(state_row_dst<RC, TS>(p.pool, slot, h, p0 + Tile::row(warp, lane, s), P, N, 0u),
-                                      sv[s], lane, held);
-#pragma unroll
-        for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-          for (int e = 0; e < Tile::kVec; ++e) sv[s][v][e] = held[v][e];
-      }
+      store_state_tile<RC, TS, Tile>(p.pool, slot, h, p0, P, N, 0u, sv, warp, lane);
       return;
     }
     TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
