@@ -44,6 +44,9 @@ SPECS = {
     "gdn_verify": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=4),
     "kda_verify_T8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=8, family="kda"),
     "gdn_verify_fp8": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=4, read_dtype=torch.float8_e4m3fn),
+    "kda_verify_fp8": gdn_decode_spec(
+        "replay_verify", 128, 128, F32, BF16, L=16, T=4, family="kda", read_dtype=torch.float8_e4m3fn
+    ),
     "gdn_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16),
     "kda_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16, family="kda"),
     "kda_verify_T16_L32": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=32, T=16, family="kda"),
@@ -273,6 +276,17 @@ class TestDeltaPlan:
             assert t.kernel == "verify" and t.grid == batch * HV * 128 // t.rows_per_cta
             eight = plan(modules[module], batch, 32, 4, persistent=True, drafts=4)
             assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * 3)
+
+    @pytest.mark.parametrize("module", ["gdn_verify_fp8", "kda_verify_fp8"])
+    def test_read_copy_verify_tilings(self, modules, module):
+        """With a read copy a flush unit's stage holds S_hp's fp32 tile (the persistent verify folds
+        and re-encodes it): 16 and 32 rows keep three CTAs per SM at four drafts, and 64 rows (a
+        32 KB tile) still run persistent, at two."""
+        HV, HK = (32, 16) if module.startswith("gdn") else (32, 32)
+        for rows, ctas in ((16, 3), (32, 3), (64, 2)):
+            s = plan(modules[module], 256, HV, HK, persistent=True, rows=rows, drafts=4)
+            assert s.kernel == "persistent" and s.fallback is None, (rows, s)
+            assert s.rows_per_cta == rows and s.main.ctas_per_sm == ctas, (rows, s)
 
     def test_kda_verify_units_are_value_heads(self, modules):
         s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)

@@ -66,14 +66,12 @@ template <class RC, typename TS>
 constexpr bool kDeltaPersistentVerifyFormat =
     !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
 
-// GDN with a read copy: a unit whose row flushes (m + n > L) is served here too. It streams the
-// fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from them (per
-// row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and re-encodes
-// the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores. KDA's flush
-// needs the records' per-channel decayed keys E_j . k_j beside its unit buffer: its flushing rows
-// stay with the tile verify, launched after this kernel (DraftArgs::serve).
+// With a read copy, a unit whose row flushes (m + n > L) is served here too. It streams the fp32
+// checkpoint's tiles, recomputes the committed records' corrections exactly from them (per row, in
+// registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and re-encodes the copy,
+// and evaluates its drafts against what S_hp now holds, on CUDA cores.
 template <class RC, bool PerChannelDecay>
-constexpr bool kDeltaPersistentExactFlush = RC::kTwoCopy && !PerChannelDecay;
+constexpr bool kDeltaPersistentExactFlush = RC::kTwoCopy;
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
           class RC = NoReadCopy>
@@ -131,7 +129,8 @@ struct PersistentVerifyLayout {
   // KDA's path sums overwrite the gate ring when TMAX <= L: a key channel's thread reads its column
   // of the ring, then writes its column of the sums, and nothing reads the ring after
   // (channel_decays). At 16 drafts that lets 32-row tiles, and so the tensor-core dots, fit.
-  static constexpr bool kPathOnGateRing = PerChannelDecay && TMAX <= L;
+  // A KDA flush that recomputes its corrections (kExactFlush) reads the gate ring in its tiles.
+  static constexpr bool kPathOnGateRing = PerChannelDecay && TMAX <= L && !kExactFlush;
   static constexpr SmemRegion kPathOwn = kBiasWords.then(PerChannelDecay && !kPathOnGateRing ? TMAX * K * 4 : 0, 16);
   static constexpr SmemRegion kPath =
       kPathOnGateRing ? SmemRegion{kGateRing.offset, static_cast<size_t>(TMAX) * K * 4, 16} : kPathOwn;
@@ -187,9 +186,11 @@ struct PersistentVerifyLayout {
                     kHpTileBytes % 16 == 0,
                 "copies move whole 16-byte blocks");
 
-  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB, as the Mamba-2 verify (two
-  // unit buffers at two stages: a unit's start is long), else two with the default rule.
-  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
+  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
+  // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long),
+  // else two with the default rule.
+  static constexpr uint32_t kLargestTileBytes = kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes;
+  static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
@@ -482,6 +483,7 @@ struct PersistentVerify {
       if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
+        if (Layout::kExactFlush && vu.flush) committed_channel_pairs(U, vu, warp, tid);
         channel_decays(U, dh, vu, c, tid);
         Layout::Pipeline::consumer_sync();
         channel_pairs(U, dh, vu, tid);
@@ -739,7 +741,8 @@ struct PersistentVerify {
 
   // KDA (one value head), one thread per key channel: the drafts' log decays (in place of their
   // gate words), path sums P_i, the committed keys decayed in place kd_j = E(sum_{j<k<m} g_k) . k_j,
-  // E(Gc), and the betas (warp 0).
+  // E(Gc), and the betas (warp 0). A flush that recomputes its corrections (kExactFlush) keeps
+  // the keys and decays as they are: its tiles read them (exact_fold_channels).
   __device__ __forceinline__ void channel_decays(const unsigned char* U, const DraftHeader<TMAX>* dh,
                                                  const VerifyUnit& vu, const UnitCoords& c, int tid) const {
     const int m = vu.m, n = vu.n;
@@ -753,6 +756,7 @@ struct PersistentVerify {
     float* col = floats(U, Layout::kCol);
     const bool derived = p.in.g.ptr == nullptr;
     const float negA = derived ? -expf(scalar_from_word(p.in.A_log, c.h0 * p.in.A_log.stride0, HW[0])) : 0.f;
+    const int mc = Layout::kExactFlush && vu.flush ? 0 : m;  // committed records decayed here
     for (int e = tid; e < K; e += kPersistentConsumers) {
       float g[TMAX];
 #pragma unroll
@@ -764,7 +768,7 @@ struct PersistentVerify {
         }
       }
       float sum = 0.f;  // sum_{j<k<m} g_k[e]: this column of the gate ring is read here only
-      for (int j = m - 1; j >= 0; --j) {
+      for (int j = mc - 1; j >= 0; --j) {
         UR[j * K + e] *= expf(sum);
         sum += UG[j * K + e];
       }
@@ -786,6 +790,21 @@ struct PersistentVerify {
       float* fac = floats(U, Layout::kFac);
       fac[tid] = fac[TMAX + tid] = 1.f;  // the decays are in the vectors
     }
+  }
+
+  // KDA, a flush that recomputes its corrections (kExactFlush): the committed records' decays
+  // a_j = exp(g_j) in place of their logs in the gate ring, then the window's triangular system,
+  // the Gram matrix of the keys with their decays between records (gdn/wy.cuh window_pairs), which
+  // the tiles solve. Every consumer thread calls it (a barrier inside).
+  __device__ __forceinline__ void committed_channel_pairs(const unsigned char* U, const VerifyUnit& vu, int warp,
+                                                          int tid) const {
+    const float* UR = floats(U, Layout::kKeyRing);
+    float* UA = floats(U, Layout::kGateRing);
+    for (int i = tid; i < vu.m * K; i += kPersistentConsumers) UA[i] = expf(UA[i]);
+    Layout::Pipeline::consumer_sync();
+    window_pairs<L, kPersistentConsumerWarps, K>(
+        vu.m, [&](int j) { return UR + j * K; }, [&](int j, int e) { return UA[j * K + e]; }, floats(U, Layout::kPair),
+        warp, tid % 32);
   }
 
   // KDA: the coefficients of every (draft, record) pair, then the tiles' vectors.
@@ -979,7 +998,9 @@ struct PersistentVerify {
     } else {
       stage_rows(sv, ST, warp, lane);  // a flush: the checkpoint's rows (with a read copy, S_hp's)
     }
-    if constexpr (kFlush && RC::kEnabled) {
+    if constexpr (kFlush && RC::kEnabled && PerChannelDecay) {
+      exact_fold_channels(sv, U, S, m, warp, lane);
+    } else if constexpr (kFlush && RC::kEnabled) {
       exact_corrections(sv, U, hi, S, m, warp, lane);
       fold_rows<true>(sv, U, hi, Su, m, warp, lane);
       // The corrections went to the stage through the generic proxy; the next bulk copy into it
@@ -1271,6 +1292,71 @@ struct PersistentVerify {
       }
     }
     __syncwarp();
+  }
+
+  // KDA (kExactFlush), a flush tile: this warp's rows of S_hp (sv) folded with the m committed
+  // records' corrections recomputed from them, per row in registers. With the records' decays
+  // a_j = exp(g_j) per key channel (the gate ring, committed_channel_pairs), their undecayed keys
+  // k_j and the system A (the keys' decayed Gram matrix):
+  //   y_j = S_hp (E_j . k_j), E_j = a_0 ... a_j: the rows scaled by a_0, a_1, ... in turn (which
+  //       leaves sv = S_hp Diag(E_{m-1}), the fold's first part), y_j their product with k_j;
+  //   u_j = beta_j (v_j - y_j - sum_{i<j} A_ji u_i);
+  //   sv += sum_j u_j (D_j . k_j), D_j = a_{j+1} ... a_{m-1}, newest record first.
+  __device__ __forceinline__ void exact_fold_channels(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec],
+                                                      const unsigned char* U, const unsigned char* S, int m, int warp,
+                                                      int lane) const {
+    constexpr int kV = Tile::kVec;
+    const float* UR = floats(U, Layout::kKeyRing);
+    const float* UA = floats(U, Layout::kGateRing);
+    const float* A = floats(U, Layout::kPair);
+    const float* RB = floats(U, Layout::kRecBeta);
+    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kVRing.offset);
+#pragma unroll
+    for (int s = 0; s < Tile::kPasses; ++s) {
+      const int r = Tile::row(warp, lane, s);
+      float y[L];
+#pragma unroll
+      for (int j = 0; j < L; ++j) {
+        y[j] = 0.f;
+        if (j < m) {
+          float a[kCols], k[kCols];
+          Tile::load_columns(a, UA + j * K, lane);
+          Tile::load_columns(k, UR + j * K, lane);
+          float d = 0.f;
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) {
+              sv[s][v][e] *= a[v * kV + e];
+              d = fmaf(sv[s][v][e], k[v * kV + e], d);
+            }
+          y[j] = group_sum<Tile::kLanes>(d);
+        }
+      }
+      float uw[L];
+      forward_substitute_regs<L, false>(
+          m, uw, [&](int j) { return y[j]; }, [](int) { return 1.f; }, [&](int j, int i) { return A[j * L + i]; },
+          [&](int j) { return to_float(Svr[j * ROWS + r]); }, [&](int j) { return RB[j]; });
+      float D[kCols];
+#pragma unroll
+      for (int i = 0; i < kCols; ++i) D[i] = 1.f;
+#pragma unroll
+      for (int j = L - 1; j >= 0; --j) {
+        if (j < m) {
+          float a[kCols], k[kCols];
+          Tile::load_columns(a, UA + j * K, lane);
+          Tile::load_columns(k, UR + j * K, lane);
+#pragma unroll
+          for (int v = 0; v < Tile::kVpl; ++v)
+#pragma unroll
+            for (int e = 0; e < kV; ++e) {
+              const int i = v * kV + e;
+              sv[s][v][e] = fmaf(uw[j], D[i] * k[i], sv[s][v][e]);
+              D[i] *= a[i];
+            }
+        }
+      }
+    }
   }
 
   // A flush: this warp's rows of the stage tile with the m committed records folded in,
