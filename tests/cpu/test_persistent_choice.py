@@ -259,9 +259,9 @@ class TestDeltaPlan:
     def test_gdn_verify_persistent(self, modules, batch, module):
         """Automatic from batch x HV >= 1,024 or forced: 32-row tiles, three CTAs per SM at T = 4,
         units of a key head's value heads (at most 4), the tile verify otherwise. With an fp8 read
-        copy the same rule and tiling (the stage holds the copy's codes and scales, or a flush
-        unit's fp32 tile): the persistent verify serves every row, flushing ones included, and the
-        tile plan (for inputs that are not 16-byte aligned) is the tile verify's."""
+        copy the same rule and tiling (the stage holds the copy's codes and scales): the persistent
+        verify serves the rows that do not flush, and the tile plan, which the launch runs after it
+        for the flushing rows, is the tile verify's."""
         HV, HK = 32, 16
         auto = plan(modules[module], batch, HV, HK, drafts=4)
         assert auto.persistent == (batch * HV >= 1024)
@@ -279,14 +279,15 @@ class TestDeltaPlan:
 
     @pytest.mark.parametrize("module", ["gdn_verify_fp8", "kda_verify_fp8"])
     def test_read_copy_verify_tilings(self, modules, module):
-        """With a read copy a flush unit's stage holds S_hp's fp32 tile (the persistent verify folds
-        and re-encodes it): 16 and 32 rows keep three CTAs per SM at four drafts, and 64 rows (a
-        32 KB tile) still run persistent, at two."""
+        """With a read copy the persistent verify streams the copy's codes and row scales: 16, 32
+        and 64 rows all run persistent at three CTAs per SM at four drafts. (With its exact flush
+        on, kDeltaPersistentExactFlush, a flush unit's stage holds S_hp's fp32 tile, and 64 rows,
+        a 32 KB tile, take two CTAs per SM.)"""
         HV, HK = (32, 16) if module.startswith("gdn") else (32, 32)
-        for rows, ctas in ((16, 3), (32, 3), (64, 2)):
+        for rows in (16, 32, 64):
             s = plan(modules[module], 256, HV, HK, persistent=True, rows=rows, drafts=4)
             assert s.kernel == "persistent" and s.fallback is None, (rows, s)
-            assert s.rows_per_cta == rows and s.main.ctas_per_sm == ctas, (rows, s)
+            assert s.rows_per_cta == rows and s.main.ctas_per_sm == 3, (rows, s)
 
     def test_kda_verify_units_are_value_heads(self, modules):
         s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)

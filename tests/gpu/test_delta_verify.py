@@ -254,9 +254,9 @@ class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_d
     """Every check above with the persistent verify planned (forced at these small batches; the
     driver checks that every verify plan runs it). Its non-flush units stream the copy's codes
     and row scales (GDN's fp8 and bf16 codes into tensor-core dots; else dequantised by
-    ReadCopyTile into CUDA-core dots). Its flush units recompute the committed corrections from
-    S_hp (GDN through the stage's u rows, KDA in registers with per-channel decays), fold, write
-    S_hp and re-encode the copy, in the same launch.
+    ReadCopyTile into CUDA-core dots). The flushing rows go to the tile verify, launched right
+    after it (DraftArgs::serve), while the persistent verify's own exact flush
+    (kDeltaPersistentExactFlush) is off.
     The driver's batches mix both kinds, with pad rows, per-row counts and trees. Its default
     32-row tiles, and 16 and 64 rows."""
 
@@ -270,8 +270,8 @@ class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_d
 
     def test_bad_rows_beside_flushing_rows(self, cfg, read_dtype):
         """One batch with a flushing row, a non-flush row, a bad tree on a row that would not
-        flush, a bad count and a pad: the one launch serves every row, and a bad row gets zeros
-        and the error bit; its slot is untouched."""
+        flush, a bad count and a pad: both launches see every row, each serves its own, and a
+        bad row gets zeros and the error bit whichever launch writes it; its slot is untouched."""
         gen = seeded_generator()
         fam = DeltaSpec({**cfg, **self.extra}, gen)
         w = fam.wrapper("replay", 5, read_dtype=read_dtype)

@@ -209,8 +209,9 @@ struct ConventionalDecode {
 
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
 // Commit), for state format RC: the tile verify, and the persistent verify once there are enough
-// value heads (or when asked). With a read copy the persistent verify serves every row, the
-// flushing ones included (kDeltaPersistentExactFlush).
+// value heads (or when asked). With a read copy the persistent verify serves the rows that do not
+// flush and the tile verify, launched right after it, the rest (DraftArgs::serve), unless the
+// persistent verify's own exact flush is on (kDeltaPersistentExactFlush: then one launch).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
@@ -292,8 +293,8 @@ struct ReplayVerify {
     if (k.kernel != kKernelPersistent) return launch_tile(p);
     if (static_cast<int64_t>(k.units) != units(p.d.batch, p.d.num_v_heads, p.d.num_k_heads))
       return cudaErrorInvalidValue;
-    // A read copy whose flushing rows the persistent verify cannot serve would take a second
-    // launch, the tile verify for those rows (DraftArgs::serve); every format serves them now.
+    // A read copy whose flushing rows the persistent verify does not serve takes a second launch,
+    // the tile verify for those rows (DraftArgs::serve).
     constexpr bool kTwoLaunches = RC::kEnabled && !kDeltaPersistentExactFlush<RC, PerChannelDecay>;
     Params pp = p;
     if constexpr (kTwoLaunches) pp.drafts.serve = kServeNonFlush;

@@ -66,12 +66,15 @@ template <class RC, typename TS>
 constexpr bool kDeltaPersistentVerifyFormat =
     !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
 
-// With a read copy, a unit whose row flushes (m + n > L) is served here too. It streams the fp32
-// checkpoint's tiles, recomputes the committed records' corrections exactly from them (per row, in
-// registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and re-encodes the copy,
-// and evaluates its drafts against what S_hp now holds, on CUDA cores.
+// With a read copy, a unit whose row flushes (m + n > L) can be served here too (kExactFlush). It
+// streams the fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from
+// them (per row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and
+// re-encodes the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores.
+// Off until its GPU tests have run (written 2026-12-06; the device could not be reached): the
+// launcher then runs the tile verify after this kernel for the flushing rows (DraftArgs::serve),
+// and the kernels are those of before (PTX compared). Turn it on with RC::kTwoCopy.
 template <class RC, bool PerChannelDecay>
-constexpr bool kDeltaPersistentExactFlush = RC::kTwoCopy;
+constexpr bool kDeltaPersistentExactFlush = false;
 
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
           class RC = NoReadCopy>
@@ -726,7 +729,8 @@ struct PersistentVerify {
       if (lane == k) {  // tensor-core dots are of the raw keys and queries: their norms join the factors
         const float f = ek * (vu.flush ? 1.f : tot);
         const float* nrm = floats(U, Layout::kNorm);
-        if (Layout::kCodeMma && !vu.flush) {  // and the code dots' vector scales (a flush: CUDA cores)
+        if (Layout::kCodeMma &&
+            !(Layout::kExactFlush && vu.flush)) {  // and the code dots' vector scales (a flush: CUDA cores)
           const float* vs = floats(U, Layout::kVecScale);
           fac[k] = f * nrm[k] * vs[k];
           fac[TMAX + k] = f * nrm[TMAX + k] * vs[TMAX + k];
