@@ -32,9 +32,8 @@ struct DraftArgs {
 // Which rows of a verify one launch serves (DraftArgs::serve). Callers pass kServeAll. A
 // launcher whose persistent verify does not flush (GDN/KDA with a read copy while
 // kDeltaPersistentExactFlush is off: a flush recomputes the committed corrections from S_hp) runs
-// it with kServeNonFlush, then the tile verify with
-// kServeRest on the same stream. A row with bad inputs may be served by both: each writes the
-// same zeros and error bits.
+// it with kServeNonFlush, then the tile verify with kServeRest on the same stream. A row with bad
+// inputs may be served by both: each writes the same zeros and error bits.
 enum VerifyServe : int32_t {
   kServeAll = 0,
   kServeNonFlush = 1,  // leaves alone the rows with valid cursors and drafts that flush (m + n > L)

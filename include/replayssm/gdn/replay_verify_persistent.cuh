@@ -30,11 +30,10 @@
 // state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy the tiles of
 // a row that does not flush are the copy's codes and row scales (one bulk copy each), dequantised
 // by the shared loader (ReadCopyTile) into the columns the dot products take. A row that flushes
-// must recompute its committed corrections from S_hp (gdn/wy.cuh). GDN does it here
-// (kDeltaPersistentExactFlush): the flush unit streams S_hp's tiles and the records' v rows,
-// each row solves its corrections in registers, folds, writes S_hp and re-encodes the copy. KDA
-// serves only the rows that do not flush (DraftArgs::serve = kServeNonFlush) and the launcher
-// leaves the rest to the tile verify, run right after this kernel on the same stream (kServeRest).
+// must recompute its committed corrections from S_hp (gdn/wy.cuh). While this kernel's own exact
+// flush is off (kDeltaPersistentExactFlush, below) it serves only the rows that do not flush
+// (DraftArgs::serve = kServeNonFlush) and the launcher leaves the rest to the tile verify, run
+// right after it on the same stream (kServeRest).
 #pragma once
 
 #include "../common/align.cuh"
@@ -173,8 +172,9 @@ struct PersistentVerifyLayout {
   // place of the copy's, and the committed records' v rows [L][ROWS] (io dtype, one bulk copy per
   // record) in place of their u rows, whose region then receives the recomputed corrections.
   static constexpr uint32_t kHpTileBytes = kExactFlush ? ROWS * K * static_cast<uint32_t>(sizeof(TS)) : 0u;
-  static constexpr size_t kTileRegionBytes = RC::kEnabled ? (kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes)
-                                                          : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
+  static constexpr uint32_t kLargestTileBytes = kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes;
+  static constexpr size_t kTileRegionBytes =
+      RC::kEnabled ? kLargestTileBytes : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile = first_region(kTileRegionBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
@@ -192,7 +192,6 @@ struct PersistentVerifyLayout {
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
   // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long),
   // else two with the default rule.
-  static constexpr uint32_t kLargestTileBytes = kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes;
   static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
@@ -291,8 +290,9 @@ struct PersistentVerify {
         cur.status = kUnitBadDrafts;
         return 0;
       }
-      const bool exact = Layout::kExactFlush && cur.m + n > L;  // a read copy's flush, served here
-      if (RC::kEnabled && !Layout::kExactFlush && cur.m + n > L) {  // the tile verify after this launch serves it
+      const bool flush = cur.m + n > L;
+      const bool exact = Layout::kExactFlush && flush;  // a read copy's flush, served here
+      if (RC::kEnabled && !Layout::kExactFlush && flush) {  // the tile verify after this launch serves it
         if (lane == 0) header->status = kUnitServedElsewhere;
         cur.status = kUnitServedElsewhere;
         return 0;
