@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # One device call for the one-launch GDN/KDA read-copy verify (perf/pending/README.md): GPU tests,
-# memcheck, the spec bench of this tree (new) and of 901647b (base), racecheck, each only if the
-# deadline leaves room. Carry .gl (aot.tar.xz, aot_bench.tar.xz, aot_base.tar.xz, base.tar.xz).
+# memcheck, the spec bench of this tree (new) and of the base tree in .gl/base (perf/ab_device.sh
+# prepare 901647b), racecheck, each only if the deadline leaves room. Each tree's prebuilt modules
+# come from its own .gl/aot*.tar.xz (perf/prebuild_modules.py, python -m replayssm.aot), as in
+# perf/ab_device.sh. Carry .gl.
 #   C=<commit> DEADLINE=560 bash .gl/device_run.sh    (STEPS="test memcheck new base racecheck")
 set -uo pipefail
 C=${C:-worktree}; DEADLINE=${DEADLINE:-560}
@@ -10,10 +12,9 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 REPLAYSSM_COMMIT=$C
 t0=$(date +%s); el() { echo "[$(( $(date +%s) - t0 ))s] $*"; }
 left() { echo $(( DEADLINE - ($(date +%s) - t0) )); }
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
-mkdir -p /tmp/aot_new /tmp/aot_base /tmp/base
-for f in .gl/aot.tar.xz .gl/aot_bench.tar.xz; do [[ -f $f ]] && tar -xJf $f -C /tmp/aot_new; done
-[[ -f .gl/base.tar.xz && ! -d /tmp/base/replayssm ]] && tar -xJf .gl/base.tar.xz -C /tmp/base
-[[ -f .gl/aot_base.tar.xz ]] && tar -xJf .gl/aot_base.tar.xz -C /tmp/aot_base
+mkdir -p /tmp/aot_new /tmp/aot_base
+for f in .gl/aot*.tar.xz; do tar -xJf "$f" -C /tmp/aot_new; done
+for f in .gl/base/.gl/aot*.tar.xz; do [[ -f $f ]] && tar -xJf "$f" -C /tmp/aot_base; done
 el "unpacked: new $(ls /tmp/aot_new/90a | wc -l) modules, base $(ls /tmp/aot_base/90a 2>/dev/null | wc -l)"
 for step in ${STEPS:-test memcheck new base racecheck}; do
   l=$(left)
@@ -32,7 +33,7 @@ for step in ${STEPS:-test memcheck new base racecheck}; do
     el "sanitizer $step rc $?: $(grep -E 'ERROR SUMMARY|passed|failed' "$OUT/sanitize_$step.log" | tail -2 | tr '\n' ' ')" ;;
   new|base)
     (( l < 60 )) && { el "no time for bench $step"; continue; }
-    if [[ $step == new ]]; then d=$PWD; c=$C; else d=/tmp/base; c=$(cat /tmp/base/COMMIT); fi
+    if [[ $step == new ]]; then d=$PWD; c=$C; else d=$PWD/.gl/base; c=$(cat "$d/COMMIT"); fi
     (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/cache_$step REPLAYSSM_AOT_DIR=/tmp/aot_$step REPLAYSSM_COMMIT=$c \
       timeout $(( l - 5 < ${BTL:-150} ? l - 5 : ${BTL:-150} )) python3 perf/bench_spec.py --families ${FAM:-gdn kda} \
       --batches 256 --drafts 4 8 --trees tree4 binary7 --read-dtype float8_e4m3fn --verify-kernels persistent \
