@@ -30,10 +30,8 @@
 // state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy the tiles of
 // a row that does not flush are the copy's codes and row scales (one bulk copy each), dequantised
 // by the shared loader (ReadCopyTile) into the columns the dot products take. A row that flushes
-// must recompute its committed corrections from S_hp (gdn/wy.cuh). While this kernel's own exact
-// flush is off (kDeltaPersistentExactFlush, below) it serves only the rows that do not flush
-// (DraftArgs::serve = kServeNonFlush) and the launcher leaves the rest to the tile verify, run
-// right after it on the same stream (kServeRest).
+// must recompute its committed corrections from S_hp (gdn/wy.cuh): its unit streams S_hp's tiles
+// instead (Layout::kExactFlush, below).
 #pragma once
 
 #include "../common/align.cuh"
@@ -65,21 +63,15 @@ template <class RC, typename TS>
 constexpr bool kDeltaPersistentVerifyFormat =
     !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
 
-// With a read copy, a unit whose row flushes (m + n > L) can be served here too (kExactFlush). It
-// streams the fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from
-// them (per row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and
-// re-encodes the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores.
-// Off until its GPU tests have run (written 2026-12-06; the device could not be reached): the
-// launcher then runs the tile verify after this kernel for the flushing rows (DraftArgs::serve),
-// and the kernels are those of before (PTX compared). Turn it on with RC::kTwoCopy.
-template <class RC, bool PerChannelDecay>
-constexpr bool kDeltaPersistentExactFlush = false;
-
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
           class RC = NoReadCopy>
 struct PersistentVerifyLayout {
   static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
-  static constexpr bool kExactFlush = kDeltaPersistentExactFlush<RC, PerChannelDecay>;
+  // With a read copy, a unit whose row flushes (m + n > L) streams the fp32 checkpoint's tiles,
+  // recomputes the committed records' corrections exactly from them (per row, in registers:
+  // gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and re-encodes the copy, and
+  // evaluates its drafts against what S_hp now holds, on CUDA cores.
+  static constexpr bool kExactFlush = RC::kEnabled;
   static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
@@ -291,12 +283,7 @@ struct PersistentVerify {
         return 0;
       }
       const bool flush = cur.m + n > L;
-      const bool exact = Layout::kExactFlush && flush;  // a read copy's flush, served here
-      if (RC::kEnabled && !Layout::kExactFlush && flush) {  // the tile verify after this launch serves it
-        if (lane == 0) header->status = kUnitServedElsewhere;
-        cur.status = kUnitServedElsewhere;
-        return 0;
-      }
+      const bool exact = Layout::kExactFlush && flush;  // a read copy's flush: S_hp's tiles
       const int64_t bt0 = c.b * T;
       const int64_t slot = cur.slot, m = cur.m;
       const TI* qp = static_cast<const TI*>(p.in.q) + bt0 * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
@@ -460,7 +447,6 @@ struct PersistentVerify {
     auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
       const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
       const UnitCoords c = unit_of(u);
-      if (hd.status == kUnitServedElsewhere) return 0;  // another launch writes this row
       if (hd.status != kUnitActive) {
         skip_unit(p.error_flag, hd.status);
         for (int i = tid; i < heads * T * V; i += kPersistentConsumers) {
@@ -993,7 +979,6 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
-    static_assert(!kFlush || !RC::kEnabled || Layout::kExactFlush, "this read copy's flush rows are the tile verify's");
     float sv[DT::kPasses][DT::kVpl][kV];
     if constexpr (RC::kEnabled && !kFlush) {  // the copy's codes times their scales
       Read rd;
@@ -1111,7 +1096,7 @@ struct PersistentVerify {
                                            Release&& release, int warp, int lane, int R) const {
     using Dots = typename Layout::Dots;
     using CodeDots = typename Layout::CodeDots;
-    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
+    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush tiles take the CUDA-core path (tile<true>)");
     constexpr int kHeldM = Layout::kCodeMma ? CodeDots::kHeld : Dots::kHeld;
     const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
     const int m = vu.m, n = vu.n, me = vu.me;
