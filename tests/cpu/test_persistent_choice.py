@@ -279,14 +279,14 @@ class TestDeltaPlan:
 
     @pytest.mark.parametrize("module", ["gdn_verify_fp8", "kda_verify_fp8"])
     def test_read_copy_verify_tilings(self, modules, module):
-        """With a read copy the persistent verify streams the copy's codes and row scales, and a
-        flush unit's stage holds S_hp's fp32 tile: 16, 32 and 64 rows all run persistent at four
-        drafts, three CTAs per SM up to 32 rows, two at 64 (a 32 KB fp32 tile)."""
+        """With a read copy the persistent verify streams the copy's codes and row scales (a flush
+        unit's consumers read S_hp's rows from global memory, so no stage holds an fp32 tile):
+        16, 32 and 64 rows all run persistent at three CTAs per SM at four drafts."""
         HV, HK = (32, 16) if module.startswith("gdn") else (32, 32)
         for rows in (16, 32, 64):
             s = plan(modules[module], 256, HV, HK, persistent=True, rows=rows, drafts=4)
             assert s.kernel == "persistent" and s.fallback is None, (rows, s)
-            assert s.rows_per_cta == rows and s.main.ctas_per_sm == (2 if rows == 64 else 3), (rows, s)
+            assert s.rows_per_cta == rows and s.main.ctas_per_sm == 3, (rows, s)
 
     def test_kda_verify_units_are_value_heads(self, modules):
         s = plan(modules["kda_verify_T8"], 64, 32, 32, drafts=8)
