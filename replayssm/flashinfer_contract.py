@@ -279,7 +279,7 @@ def checkpointing_ssu(
     p.slots = SlotArg(slots.data_ptr(), pad_slot_id, num_slots, int(slots.dtype == torch.int64), 0)
     p.error_flag = scratch.data_ptr()
     p.batch = batch
-    params = m2.VerifyParams(p, DraftArgs(None, None, 0, None, 0, T)) if T > 1 else p
+    params = m2.VerifyParams(p, DraftArgs(None, None, 0, None, 0, T, 0)) if T > 1 else p
     planned.module.check_params(ENTRY_STEP, type(params))
     planned.module.launch_step(params, planned.schedule, current_stream(device))
     return out if given_out is None else given_out

@@ -128,6 +128,7 @@ class DraftPlan:
             self.state_slots.data_ptr() if self.has_state_slots else None,
             self.state_slots.stride(0),
             self.T,
+            0,
         )
 
     def commit_params(self, cache, slots: SlotArg, batch: int, num_accepted, accepted_path) -> CommitParams:

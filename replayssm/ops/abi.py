@@ -91,6 +91,7 @@ class DraftArgs(ctypes.Structure):
         ("state_slots", c_ptr),
         ("state_slots_stride", i64),
         ("T", i32),
+        ("serve", i32),  # VerifyServe: which rows a launch serves; set by the launchers, pass 0
     ]
 
 

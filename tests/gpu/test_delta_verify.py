@@ -254,9 +254,9 @@ class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_d
     """Every check above with the persistent verify planned (forced at these small batches; the
     driver checks that every verify plan runs it). Its non-flush units stream the copy's codes
     and row scales (GDN's fp8 and bf16 codes into tensor-core dots; else dequantised by
-    ReadCopyTile into CUDA-core dots). Its flush units stream S_hp's fp32 tiles, recompute the
-    window's corrections exactly from them, fold, store S_hp and the re-encoded copy, and evaluate
-    their drafts on CUDA cores, in the same launch.
+    ReadCopyTile into CUDA-core dots). The flushing rows go to the tile verify, launched right
+    after it (DraftArgs::serve), while the persistent verify's own exact flush
+    (kDeltaPersistentExactFlush) is off.
     The driver's batches mix both kinds, with pad rows, per-row counts and trees. Its default
     32-row tiles, and 16 and 64 rows."""
 

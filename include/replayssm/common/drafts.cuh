@@ -26,6 +26,18 @@ struct DraftArgs {
   const int32_t* state_slots;  // conventional verify only: [batch, T] pool slot receiving the
   int64_t state_slots_stride;  //   state after each draft (per-draft snapshots); else nullptr
   int32_t T;                   // planned drafts per row: dim 1 of every per-token input
+  int32_t serve;               // which rows this launch serves (VerifyServe): callers pass kServeAll
+};
+
+// Which rows of a verify one launch serves (DraftArgs::serve). Callers pass kServeAll. A
+// launcher whose persistent verify does not flush (GDN/KDA with a read copy while
+// kDeltaPersistentExactFlush is off: a flush recomputes the committed corrections from S_hp) runs
+// it with kServeNonFlush, then the tile verify with kServeRest on the same stream. A row with bad
+// inputs may be served by both: each writes the same zeros and error bits.
+enum VerifyServe : int32_t {
+  kServeAll = 0,
+  kServeNonFlush = 1,  // leaves alone the rows with valid cursors and drafts that flush (m + n > L)
+  kServeRest = 2,      // leaves alone the rows the kServeNonFlush launch served (served_as_nonflush)
 };
 
 // Row b's draft count if it lies within the bounds every verify takes (1 <= n <= T, TMAX, L and
@@ -34,6 +46,18 @@ template <int TMAX>
 __device__ __forceinline__ int draft_count_in_bounds(const DraftArgs& d, int64_t b, int R, int L) {
   const int n = d.counts == nullptr ? d.T : d.counts[b];
   return n <= d.T && n <= TMAX && drafts_in_bounds(n, L, R) ? n : 0;
+}
+
+// kServeRest: whether the kServeNonFlush launch before this one served row b (pool slot `slot`):
+// it serves every row whose cursors are valid, whose draft count is in bounds and which does not
+// flush (one with a bad tree among them, as bad drafts). A verify that does not flush leaves its
+// row's start and len as they were, so this launch reads the cursors that one read.
+template <int TMAX, typename RingT>
+__device__ __forceinline__ bool served_as_nonflush(const DraftArgs& d, const RingT& ring, int64_t b, int64_t slot,
+                                                   int L) {
+  const int start = ring.start[slot], m = ring.len[slot], R = ring.capacity;
+  const int n = draft_count_in_bounds<TMAX>(d, b, R, L);
+  return cursors_in_bounds(start, m, L, R) && n > 0 && m + n <= L;
 }
 
 // Reads row b's draft count and tree into shared memory (every thread of the CTA must call it;

@@ -21,6 +21,7 @@ enum UnitStatus : int32_t {
   kUnitOutOfRange = 2,
   kUnitBadCursor = 3,
   kUnitBadDrafts = 4,  // a verify row's draft count or tree is invalid
+  kUnitServedElsewhere = 5,  // a verify row another launch of the same verify serves (DraftArgs::serve)
 };
 
 // First bytes of every unit buffer: which unit the producer put there and what it read for it.

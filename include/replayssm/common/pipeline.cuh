@@ -62,11 +62,6 @@ __device__ __forceinline__ void bulk_copy_g2s(void* smem, const void* gmem, uint
       : "memory");
 }
 
-// Hint: bring `bytes` (a multiple of 16; a 16-byte aligned address) of global memory into L2.
-__device__ __forceinline__ void bulk_prefetch_l2(const void* gmem, uint32_t bytes) {
-  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem), "r"(bytes) : "memory");
-}
-
 // Named barrier over the first `threads` threads of the CTA (id 1..15; 0 is __syncthreads).
 __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");

@@ -209,7 +209,9 @@ struct ConventionalDecode {
 
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
 // Commit), for state format RC: the tile verify, and the persistent verify once there are enough
-// value heads (or when asked), with or without a read copy: one launch either way.
+// value heads (or when asked). With a read copy the persistent verify serves the rows that do not
+// flush and the tile verify, launched right after it, the rest (DraftArgs::serve), unless the
+// persistent verify's own exact flush is on (kDeltaPersistentExactFlush: then one launch).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
@@ -276,26 +278,37 @@ struct ReplayVerify {
     const int R = p.d.ring.capacity;
     if (R < L + 1 || R > kMaxRingCapacity<L> || p.drafts.T < 1 || p.drafts.T > TMAX) return cudaErrorInvalidValue;
     if (!buffers_match<RC>(p.d.pool, p.d.ring)) return cudaErrorInvalidValue;
+    if (p.drafts.serve != kServeAll) return cudaErrorInvalidValue;  // the launcher's to set
     const KernelLaunch& k =
         s.main.kernel == kKernelPersistent && persistent_verify_inputs_aligned<TI>(p) ? s.main : s.tile;
-    if (k.kernel != kKernelPersistent) {
-      if (k.kernel != kKernelVerify || !tile_matches(k, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
-      return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) {
+    auto launch_tile = [&](const Params& tp) -> cudaError_t {
+      const KernelLaunch& t = s.tile;
+      if (t.kernel != kKernelVerify || !tile_matches(t, p.d.batch, p.d.num_v_heads, V)) return cudaErrorInvalidValue;
+      return dispatch_rows<V>(t.rows_per_cta, [&](auto rows) {
         constexpr int kRows = decltype(rows)::value;
-        return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, p, k,
+        return launch_planned(replay_verify_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, tp, t,
                               Smem<kRows>::bytes(R, p.drafts.T), stream);
       });
-    }
+    };
+    if (k.kernel != kKernelPersistent) return launch_tile(p);
     if (static_cast<int64_t>(k.units) != units(p.d.batch, p.d.num_v_heads, p.d.num_k_heads))
       return cudaErrorInvalidValue;
-    return dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
+    // A read copy whose flushing rows the persistent verify does not serve takes a second launch,
+    // the tile verify for those rows (DraftArgs::serve).
+    constexpr bool kTwoLaunches = RC::kEnabled && !kDeltaPersistentExactFlush<RC, PerChannelDecay>;
+    Params pp = p;
+    if constexpr (kTwoLaunches) pp.drafts.serve = kServeNonFlush;
+    const cudaError_t e = dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
       constexpr int kRows = decltype(rows)::value;
       if constexpr (kPersistentOk<kRows>) {
-        return launch_planned(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, p, k,
+        return launch_planned(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, pp, k,
                               Persistent<kRows>::kBytes, stream);
       }
       return cudaErrorInvalidValue;
     });
+    if (e != cudaSuccess || !kTwoLaunches) return e;
+    pp.drafts.serve = kServeRest;  // then the flushing rows (and any with bad inputs) on the tile verify
+    return launch_tile(pp);
   }
   static cudaError_t prepare() {
     int optin = 0;

@@ -127,6 +127,8 @@ __global__ void __launch_bounds__(128, kVerifyMinCtas<PerChannelDecay, K, ROWS, 
   const int kW = L + T;  // coefficient columns: committed records, then drafts
   int64_t slot;
   if (!resolve_verify_slot<TI, ROWS>(p, c, T, &slot)) return;
+  // After the persistent verify of a read copy (DraftArgs::serve): the rows it left, the flushes.
+  if (vp.drafts.serve == kServeRest && served_as_nonflush<TMAX>(vp.drafts, p.ring, c.b, slot, L)) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int R = p.ring.capacity;
   TS* st = static_cast<TS*>(p.pool.state) + slot * p.pool.stride_slot + c.hv * p.pool.stride_head +

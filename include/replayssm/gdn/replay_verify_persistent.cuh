@@ -30,8 +30,10 @@
 // state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy the tiles of
 // a row that does not flush are the copy's codes and row scales (one bulk copy each), dequantised
 // by the shared loader (ReadCopyTile) into the columns the dot products take. A row that flushes
-// must recompute its committed corrections from S_hp (gdn/wy.cuh): its consumers read S_hp's rows
-// straight from global memory, which the producer prefetched into L2 (Layout::kExactFlush, below).
+// must recompute its committed corrections from S_hp (gdn/wy.cuh). While this kernel's own exact
+// flush is off (kDeltaPersistentExactFlush, below) it serves only the rows that do not flush
+// (DraftArgs::serve = kServeNonFlush) and the launcher leaves the rest to the tile verify, run
+// right after it on the same stream (kServeRest).
 #pragma once
 
 #include "../common/align.cuh"
@@ -63,16 +65,23 @@ template <class RC, typename TS>
 constexpr bool kDeltaPersistentVerifyFormat =
     !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
 
+// With a read copy, a unit whose row flushes (m + n > L) can be served here too (kExactFlush). It
+// streams the fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from
+// them (per row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and
+// re-encodes the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores.
+// Off: on, it passed the GPU tests but its rounds were slower than the two launches (H100, B = 256,
+// fp8, T = 4: GDN 498 against 444 µs, KDA 1,032 against 794; reading S_hp from global memory
+// instead of the stage was slower still; perf/README.md, "The exact flush inside the persistent
+// verify, measured"). Off, the launcher runs the tile verify after this kernel for the flushing
+// rows (DraftArgs::serve). Turn it on with RC::kTwoCopy.
+template <class RC, bool PerChannelDecay>
+constexpr bool kDeltaPersistentExactFlush = false;
+
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
           class RC = NoReadCopy>
 struct PersistentVerifyLayout {
   static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
-  // With a read copy, a unit whose row flushes (m + n > L) reads the fp32 checkpoint's rows
-  // (consumers, from global memory: a stage sized for an fp32 tile would cost every other unit
-  // its pipeline depth), recomputes the committed records' corrections exactly from them (per
-  // row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and
-  // re-encodes the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores.
-  static constexpr bool kExactFlush = RC::kEnabled;
+  static constexpr bool kExactFlush = kDeltaPersistentExactFlush<RC, PerChannelDecay>;
   static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
@@ -161,29 +170,31 @@ struct PersistentVerifyLayout {
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * 4u : 0u;
   static constexpr uint32_t kTileBytes =
       RC::kEnabled ? kCodeBytes + kScaleBytes : ROWS * K * static_cast<uint32_t>(sizeof(TS));  // what the copies bring
+  // kExactFlush: a flush unit's stage takes the checkpoint's tile [ROWS][K] (TS, one bulk copy) in
+  // place of the copy's, and the committed records' v rows [L][ROWS] (io dtype, one bulk copy per
+  // record) in place of their u rows, whose region then receives the recomputed corrections.
+  static constexpr uint32_t kHpTileBytes = kExactFlush ? ROWS * K * static_cast<uint32_t>(sizeof(TS)) : 0u;
+  static constexpr uint32_t kLargestTileBytes = kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes;
   static constexpr size_t kTileRegionBytes =
-      RC::kEnabled ? kTileBytes : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
+      RC::kEnabled ? kLargestTileBytes : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile = first_region(kTileRegionBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
-  static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
-  // kExactFlush: a flush unit's stage holds no checkpoint tile (its consumers read S_hp's rows
-  // from global memory); the committed records' v rows [L][ROWS] (io dtype, one bulk copy per
-  // record) take the copy's tile region, and the u ring's region receives the recomputed
-  // corrections.
-  static constexpr uint32_t kVRingBytes = kExactFlush ? L * ROWS * static_cast<uint32_t>(sizeof(TI)) : 0u;
-  static_assert(kVRingBytes <= kTile.bytes, "the committed v rows fit the copy's tile region");
+  static constexpr SmemRegion kVRing = kVd.then(kExactFlush ? static_cast<size_t>(L) * ROWS * sizeof(TI) : 0, 16);
+  static constexpr size_t kStageBytes = buffer_bytes(kVRing, 128);
 
   static_assert(kQ.aligned() && kK.aligned() && kVec.aligned() && kKeyRing.aligned() && kGateRing.aligned() &&
                     kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
-                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned() && kRecBeta.aligned(),
+                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned() && kVRing.aligned() && kRecBeta.aligned(),
                 "cp.async and bulk-copy destinations are 16-byte aligned");
-  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
+  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0 &&
+                    kHpTileBytes % 16 == 0,
                 "copies move whole 16-byte blocks");
 
-  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB, as the Mamba-2 verify (two
-  // unit buffers at two stages: a unit's start is long), else two with the default rule.
-  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
+  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
+  // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long),
+  // else two with the default rule.
+  static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
@@ -282,7 +293,12 @@ struct PersistentVerify {
         return 0;
       }
       const bool flush = cur.m + n > L;
-      const bool exact = Layout::kExactFlush && flush;  // a read copy's flush: S_hp's tiles
+      const bool exact = Layout::kExactFlush && flush;  // a read copy's flush, served here
+      if (RC::kEnabled && !Layout::kExactFlush && flush) {  // the tile verify after this launch serves it
+        if (lane == 0) header->status = kUnitServedElsewhere;
+        cur.status = kUnitServedElsewhere;
+        return 0;
+      }
       const int64_t bt0 = c.b * T;
       const int64_t slot = cur.slot, m = cur.m;
       const TI* qp = static_cast<const TI*>(p.in.q) + bt0 * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
@@ -358,11 +374,6 @@ struct PersistentVerify {
       }
       if (exact) {  // a read copy's flush recomputes the corrections from S_hp: it reads every tile
         if (p.skip_below < 0.f && lane == 0) count_skips(p.skip_stats, 0u, heads);
-        // The consumers read S_hp's rows from global memory: bring the unit's tiles into L2 now.
-        for (int t = lane; t < tiles_per_unit(); t += 32)
-          bulk_prefetch_l2(static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot +
-                               (c.h0 + t / kChunks) * p.pool.stride_head + static_cast<int64_t>(t % kChunks) * ROWS * K,
-                           ROWS * K * static_cast<uint32_t>(sizeof(TS)));
       } else if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
         cp_async_wait_all();
         __syncwarp();
@@ -378,13 +389,16 @@ struct PersistentVerify {
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(v0) * K;
-      if (Layout::kExactFlush && m + n > L) {  // the committed records' v rows (S_hp: the consumers)
-        if (lane == 0) mbar_arrive_expect_tx(bar, static_cast<uint32_t>(m) * ROWS * sizeof(TI));
+      if (Layout::kExactFlush && m + n > L) {  // S_hp's tile and the committed records' v rows
+        if (lane == 0) {
+          mbar_arrive_expect_tx(bar, Layout::kHpTileBytes + static_cast<uint32_t>(m) * ROWS * sizeof(TI));
+          bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kHpTileBytes, bar);
+        }
         __syncwarp();  // the bytes are announced before any lane's copy can land
         if (lane < m) {
           const TI* vr = static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + h * p.ring.v_stride_head +
                          static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
-          bulk_copy_g2s(S + Layout::kTile.offset + static_cast<uint32_t>(lane) * ROWS * sizeof(TI), vr,
+          bulk_copy_g2s(S + Layout::kVRing.offset + static_cast<uint32_t>(lane) * ROWS * sizeof(TI), vr,
                         ROWS * static_cast<uint32_t>(sizeof(TI)), bar);
         }
         draft_values(c, h, v0, n, S, lane);
@@ -448,6 +462,7 @@ struct PersistentVerify {
     auto begin_unit = [&](int64_t u, const unsigned char* U) -> int {
       const UnitHeader hd = *reinterpret_cast<const UnitHeader*>(U + Layout::kHeader.offset);
       const UnitCoords c = unit_of(u);
+      if (hd.status == kUnitServedElsewhere) return 0;  // another launch writes this row
       if (hd.status != kUnitActive) {
         skip_unit(p.error_flag, hd.status);
         for (int i = tid; i < heads * T * V; i += kPersistentConsumers) {
@@ -980,18 +995,14 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
+    static_assert(!kFlush || !RC::kEnabled || Layout::kExactFlush, "this read copy's flush rows are the tile verify's");
     float sv[DT::kPasses][DT::kVpl][kV];
     if constexpr (RC::kEnabled && !kFlush) {  // the copy's codes times their scales
       Read rd;
       rd.load_shared(ST, reinterpret_cast<const float*>(S + Layout::kTile.offset + Layout::kCodeBytes), warp, lane);
       rd.values(1.f, sv);
-    } else if constexpr (RC::kEnabled) {  // a read copy's flush: S_hp's rows, from global memory (L2)
-      stage_rows<K>(sv,
-                    static_cast<const TS*>(p.pool.state) + vu.slot * p.pool.stride_slot + h * p.pool.stride_head +
-                        static_cast<int64_t>(v0) * K,
-                    warp, lane);
     } else {
-      stage_rows<Layout::kRowStride>(sv, ST, warp, lane);  // a flush: the checkpoint's rows
+      stage_rows(sv, ST, warp, lane);  // a flush: the checkpoint's rows (with a read copy, S_hp's)
     }
     if constexpr (kFlush && RC::kEnabled && PerChannelDecay) {
       exact_fold_channels(sv, U, S, m, warp, lane);
@@ -1102,7 +1113,7 @@ struct PersistentVerify {
                                            Release&& release, int warp, int lane, int R) const {
     using Dots = typename Layout::Dots;
     using CodeDots = typename Layout::CodeDots;
-    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush tiles take the CUDA-core path (tile<true>)");
+    static_assert(!(kFlush && RC::kEnabled), "a read copy's flush rows are the tile verify's");
     constexpr int kHeldM = Layout::kCodeMma ? CodeDots::kHeld : Dots::kHeld;
     const int hi = t / kChunks, h = c.h0 + hi, v0 = (t % kChunks) * ROWS;
     const int m = vu.m, n = vu.n, me = vu.me;
@@ -1117,7 +1128,7 @@ struct PersistentVerify {
 
     if constexpr (kFlush) {
       float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
-      stage_rows<Layout::kRowStride>(sv, ST, warp, lane);
+      stage_rows(sv, ST, warp, lane);
       fold_rows<false>(sv, U, hi, Su, m, warp, lane);
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
@@ -1232,17 +1243,16 @@ struct PersistentVerify {
     }
   }
 
-  // This warp's rows of a tile ST (rows kStride elements apart: the stage's, or S_hp's in global
-  // memory) as floats.
-  template <int kStride>
+  // This warp's rows of the stage tile ST (rows Layout::kRowStride elements apart) as floats.
   __device__ __forceinline__ static void stage_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const TS* ST,
                                                     int warp, int lane) {
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s)
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v)
-        unpack16<TS>(*reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * kStride + Tile::col(lane, v)),
-                     sv[s][v]);
+        unpack16<TS>(
+            *reinterpret_cast<const uint4*>(ST + Tile::row(warp, lane, s) * Layout::kRowStride + Tile::col(lane, v)),
+            sv[s][v]);
   }
 
   // kExactFlush, a flush tile: the m committed records' corrections recomputed from this warp's
@@ -1258,7 +1268,7 @@ struct PersistentVerify {
     const float* UR = floats(U, Layout::kKeyRing);
     const float* A = floats(U, Layout::kPair);
     const float* RB = floats(U, Layout::kRecBeta) + hi * L;
-    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kTile.offset);  // the committed v rows
+    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kVRing.offset);
     float* Su = reinterpret_cast<float*>(const_cast<unsigned char*>(S) + Layout::kURing.offset);
     const float gj = lane < m ? floats(U, Layout::kHeadGRing)[hi * L + lane] : 0.f;
     const float a_lane = expf(gj);  // lane j: a_j
@@ -1306,7 +1316,7 @@ struct PersistentVerify {
     const float* UA = floats(U, Layout::kGateRing);
     const float* A = floats(U, Layout::kPair);
     const float* RB = floats(U, Layout::kRecBeta);
-    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kTile.offset);  // the committed v rows
+    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kVRing.offset);
 #pragma unroll
     for (int s = 0; s < Tile::kPasses; ++s) {
       const int r = Tile::row(warp, lane, s);
