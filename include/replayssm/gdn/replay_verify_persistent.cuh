@@ -69,11 +69,11 @@ constexpr bool kDeltaPersistentVerifyFormat =
 // streams the fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from
 // them (per row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and
 // re-encodes the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores.
-// Off: on, it passed the GPU tests but its rounds were slower than the two launches (H100, B = 256,
-// fp8, T = 4: GDN 498 against 444 µs, KDA 1,032 against 794; reading S_hp from global memory
-// instead of the stage was slower still; perf/README.md, "The exact flush inside the persistent
-// verify, measured"). Off, the launcher runs the tile verify after this kernel for the flushing
-// rows (DraftArgs::serve). Turn it on with RC::kTwoCopy.
+// Kept off. Turned on (b45f0e3), it passed the GPU tests but its rounds were slower than the two
+// launches (H100, B = 256, fp8, T = 4: GDN 498 against 444 µs, KDA 1,032 against 794; reading
+// S_hp from global memory instead of the stage, 621eac5, was slower still; perf/README.md, "The
+// exact flush inside the persistent verify, measured"). While off, the launcher runs the tile
+// verify after this kernel for the flushing rows (DraftArgs::serve). Turn it on with RC::kTwoCopy.
 template <class RC, bool PerChannelDecay>
 constexpr bool kDeltaPersistentExactFlush = false;
 
