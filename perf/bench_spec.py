@@ -5,14 +5,15 @@ do today).
     python perf/bench_spec.py [--families mamba2 gdn kda] [--batches 1 64 256 512] [--drafts 2 4 8 16]
                               [--trees tree4 binary7 binary15] [--acceptance 0.7]
                               [--phases lockstep staggered] [--verify-kernels auto|tile|persistent ...]
-                              [--out DIR]
+                              [--no-conventional] [--out DIR]
 
 Every time is a CUDA-graph replay timed with CUDA events (median over trials):
 - standard: a graph of L consecutive replay decode steps (a whole window, flush included) / L;
 - replay verify: a graph of R rounds, each a T-draft verify (a chain, or a tree of T nodes) plus
   the device commit; per round = replay / R, so flushes are amortised as in a real run;
 - conventional: the same chain rounds with our conventional verify (one state read, T state
-  writes to per-draft snapshot slots; its "commit" is the engine picking the slot, free).
+  writes to per-draft snapshot slots; its "commit" is the engine picking the slot, free);
+  --no-conventional leaves it out (replay rows only, e.g. two trees' replay verify side by side).
 Acceptance: every draft accepted with probability --acceptance, the round commits up to the first
 rejection (perf/spec_drafts.py); draws are fixed before capture and reported as mean_accepted.
 Phases: lockstep starts every slot at the start of its window; staggered at a random point of it
@@ -199,11 +200,11 @@ def prewarm(args):
         for T in sorted(chains | trees):
             if family == "mamba2":
                 specs.append(mamba2_decode_spec("replay_verify", s["P"], s["N"], st, io, L, T, read_dtype=rd))
-                if T in chains:
+                if T in chains and args.conventional:
                     specs.append(mamba2_decode_spec("conventional_verify", s["P"], s["N"], st, io, T=T))
             else:
                 specs.append(gdn_decode_spec("replay_verify", s["K"], s["V"], st, io, L, family, T, read_dtype=rd))
-                if T in chains:
+                if T in chains and args.conventional:
                     specs.append(gdn_decode_spec("conventional_verify", s["K"], s["V"], st, io, None, family, T))
         specs.append(
             mamba2_decode_spec("replay_decode", s["P"], s["N"], st, io, L, read_dtype=rd)
@@ -282,7 +283,7 @@ def bench_batch(fam, family, batch, args) -> list[dict]:
     out = []
     std = {ph: bench_standard(fam, batch, args.reps, ph) for ph in args.phases}
     conv = {}
-    for T in args.drafts:
+    for T in args.drafts if args.conventional else []:
         conv[T] = bench_conventional_verify(fam, batch, T, args.rounds, args.reps)
         c = spec_row(fam, family, batch, args, mode="spec", kernel="conventional", T=T, phases=None, tree=None)
         draws = acceptance_draws(args.seed, batch, T, args.rounds, args.acceptance)
@@ -324,7 +325,7 @@ def bench_batch(fam, family, batch, args) -> list[dict]:
                 )
                 if per_kernel is not None:
                     r["kernel_us_per_round"] = per_kernel
-                if mode == "spec":  # the snapshot baseline at the same T, from this run
+                if mode == "spec" and T in conv:  # the snapshot baseline at the same T, from this run
                     r["us_conventional_verify"] = conv[T]
                     r["conventional_over_replay"] = conv[T] / us
                 out.append(add_rates(r, std[ph]))
@@ -361,6 +362,12 @@ def parse_args(argv=None) -> argparse.Namespace:
         action="store_true",
         help="also replay each replay verify's timed graph once under the PyTorch profiler and report "
         "every kernel's device µs per round (kernel_us_per_round; a diagnostic)",
+    )
+    ap.add_argument(
+        "--no-conventional",
+        dest="conventional",
+        action="store_false",
+        help="replay rows only: skip the conventional verify (e.g. for an A/B of two trees' replay verify)",
     )
     ap.add_argument("--window", type=int, default=16)
     ap.add_argument("--state-dtype", default="float32")

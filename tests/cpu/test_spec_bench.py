@@ -76,6 +76,7 @@ def test_arguments():
     assert (a.trees, a.phases, a.acceptance) == (["tree4", "binary7", "binary15"], ["lockstep", "staggered"], 0.7)
     assert bench.parse_args(["--trees"]).trees == []
     assert not a.kernel_split and bench.parse_args(["--kernel-split"]).kernel_split
+    assert a.conventional and not bench.parse_args(["--no-conventional"]).conventional
     for bad in (["--drafts", "17"], ["--drafts", "1"], ["--acceptance", "2"], ["--window", "8"], ["--batches", "0"]):
         with pytest.raises((SystemExit, ValueError)):
             bench.parse_args(bad)

@@ -191,11 +191,14 @@ struct PersistentVerifyLayout {
                     kHpTileBytes % 16 == 0,
                 "copies move whole 16-byte blocks");
 
-  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
-  // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long),
-  // else two with the default rule.
-  static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
+  // With a read copy, three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush
+  // unit's S_hp tile included), as the Mamba-2 verify (two unit buffers at two stages: a unit's
+  // start is long), else two with the default rule. Without one, two CTAs per SM that keep two
+  // unit buffers wherever two stages remain: at three, an fp32 tile's stage left room for one unit
+  // buffer, and the pipeline drained at every unit's start.
+  static constexpr bool kThreeCtas = RC::kEnabled && TMAX <= 4 && kLargestTileBytes <= 16 * 1024;
+  static constexpr int kCtasPerSm = kThreeCtas ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kThreeCtas || !RC::kEnabled ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
