@@ -267,16 +267,15 @@ class TestDeltaPlan:
         assert auto.persistent == (batch * HV >= 1024)
         s = plan(modules[module], batch, HV, HK, persistent=True, drafts=4)
         assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
-        ctas = 2 if module == "gdn_verify" else 3
-        assert s.heads_per_unit == 2 and s.main.ctas_per_sm == ctas
-        assert s.grid == min(batch * HV // 2, 132 * ctas)
+        assert s.heads_per_unit == 2 and s.main.ctas_per_sm == 3
+        assert s.grid == min(batch * HV // 2, 132 * 3)
         assert s.tile.kernel == "verify" and s.tile.grid == batch * HV * 128 // s.tile.rows_per_cta
         if module == "gdn_verify":  # the fp32 tiles: the tile verify's rows and 8 value heads per key head
             assert s.tile.rows_per_cta == delta_tile_rows(128, 128, batch, HV)
             t = plan(modules[module], batch, HV, HK, persistent=False, drafts=4)
             assert t.kernel == "verify" and t.grid == batch * HV * 128 // t.rows_per_cta
             eight = plan(modules[module], batch, 32, 4, persistent=True, drafts=4)
-            assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * ctas)
+            assert eight.heads_per_unit == 4 and eight.grid == min(batch * 32 // 4, 132 * 3)
 
     @pytest.mark.parametrize("module", ["gdn_verify_fp8", "kda_verify_fp8"])
     def test_read_copy_verify_tilings(self, modules, module):

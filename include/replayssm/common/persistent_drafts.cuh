@@ -77,27 +77,6 @@ struct VerifyUnit {
   }
 };
 
-// A tile's ring part runs over the records j = jj * kStride + first (jj in [0, kCount), first in
-// [0, kStride)) that are below `live` (the committed records the drafts replay, at most the
-// window): f(j) for each. The loop is unrolled, so that a block's loads issue together, and its
-// records are taken kBlock at a time behind one branch on the block's first record, the same for
-// every lane of the warp: a block wholly past `live` issues nothing, where a predicated loop would
-// issue every record's instructions with their predicates off. The order of f's calls is the
-// unrolled loop's, so the sums are those of that loop.
-template <int kCount, int kStride, int kBlock = 4, class F>
-__device__ __forceinline__ void for_live_records(int first, int live, F&& f) {
-#pragma unroll
-  for (int b = 0; b < kCount; b += kBlock) {
-    if (b * kStride < live) {
-#pragma unroll
-      for (int jj = b; jj < b + kBlock && jj < kCount; ++jj) {
-        const int j = jj * kStride + first;
-        if (j < live) f(j);
-      }
-    }
-  }
-}
-
 // Sums of TMAX values over an aligned group of kLanes lanes, scattered over the group
 // (reduce-scatter): each halving step exchanges half of a lane's values with the lane kLanes / 2,
 // kLanes / 4, ... away, so the group ends with kHeld = TMAX / splits values per lane (the values

@@ -192,14 +192,10 @@ struct PersistentVerifyLayout {
                 "copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
-  // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long);
-  // without a read copy only where two unit buffers fit there. Else two CTAs, which without a read
-  // copy keep two unit buffers wherever two stages remain: an fp32 checkpoint's 32-row tiles left
-  // room for one unit buffer at three CTAs, and the pipeline drained at every unit's start.
-  static constexpr bool kThreeCtas = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 &&
-                                     (RC::kEnabled || PersistentBudget<kUnitBytes, kStageBytes, 3, 2>::kUnits == 2);
-  static constexpr int kCtasPerSm = kThreeCtas ? 3 : 2;
-  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kThreeCtas || !RC::kEnabled ? 2 : 3>;
+  // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long),
+  // else two with the default rule.
+  static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
+  using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
 
@@ -1027,7 +1023,11 @@ struct PersistentVerify {
       const int r = DT::row(warp, lane, s);
       const float* ci = coef + (part * TMAX + bi * kBatch + first + k) * kW;
       float acc = 0.f;
-      for_live_records<(L + kDup - 1) / kDup, kDup>(sub, me, [&](int j) { acc = fmaf(ci[j], Su[j * ROWS + r], acc); });
+#pragma unroll
+      for (int jj = 0; jj < (L + kDup - 1) / kDup; ++jj) {
+        const int j = jj * kDup + sub;
+        if (j < me) acc = fmaf(ci[j], Su[j * ROWS + r], acc);
+      }
 #pragma unroll
       for (int off = 1; off < kDup; off *= 2) acc += __shfl_xor_sync(0xffffffffu, acc, off);
       return acc;
@@ -1163,11 +1163,14 @@ struct PersistentVerify {
         if (v < Layout::kVecs) {
           const float* cv = coef + v * kW;
           float a0 = 0.f, a1 = 0.f;
-          for_live_records<L, 1>(0, me, [&](int j) {
-            const float2 uj = *reinterpret_cast<const float2*>(Su + j * ROWS + r0);
-            a0 = fmaf(cv[j], uj.x, a0);
-            a1 = fmaf(cv[j], uj.y, a1);
-          });
+#pragma unroll
+          for (int j = 0; j < L; ++j) {
+            if (j < me) {
+              const float2 uj = *reinterpret_cast<const float2*>(Su + j * ROWS + r0);
+              a0 = fmaf(cv[j], uj.x, a0);
+              a1 = fmaf(cv[j], uj.y, a1);
+            }
+          }
           vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], a0);
           vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], a1);
         }

@@ -562,8 +562,11 @@ struct PersistentVerify : GroupUnits {
         const int i = first + k;
         const float* ci = tv.coef + i * kW;
         float acc = 0.f;
-        for_live_records<L / kDup, kDup>(sub, me,
-                                         [&](int j) { acc = fmaf(ci[j], to_float(tv.Sx[j * ROWS + r]), acc); });
+#pragma unroll
+        for (int jj = 0; jj < L / kDup; ++jj) {
+          const int j = jj * kDup + sub;
+          if (j < me) acc = fmaf(ci[j], to_float(tv.Sx[j * ROWS + r]), acc);
+        }
 #pragma unroll
         for (int dd = 0; dd < (TMAX + kDup - 1) / kDup; ++dd) {
           const int d = dd * kDup + sub;
@@ -736,12 +739,16 @@ struct PersistentVerify : GroupUnits {
       float a0 = 0.f, a1 = 0.f;
       if (ir < n) {
         const float* ci = tv.coef + ir * kW;
-        for_live_records<L / kStride, kStride>(half, me, [&](int j) {
-          const float w = ci[j];
-          const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sx + j * ROWS + r0));
-          a0 = fmaf(w, x.x, a0);
-          a1 = fmaf(w, x.y, a1);
-        });
+#pragma unroll
+        for (int jj = 0; jj < L / kStride; ++jj) {
+          const int j = jj * kStride + half;
+          if (j < me) {
+            const float w = ci[j];
+            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sx + j * ROWS + r0));
+            a0 = fmaf(w, x.x, a0);
+            a1 = fmaf(w, x.y, a1);
+          }
+        }
 #pragma unroll
         for (int dd = 0; dd < (TMAX + kStride - 1) / kStride; ++dd) {
           const int d = dd * kStride + half;
