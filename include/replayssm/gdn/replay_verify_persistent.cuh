@@ -192,8 +192,10 @@ struct PersistentVerifyLayout {
                 "copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
-  // included), as the Mamba-2 verify (two unit buffers at two stages: a unit's start is long),
-  // else two with the default rule.
+  // included), as the Mamba-2 verify (two unit buffers at two stages where they fit: a unit's
+  // start is long), else two with the default rule. An fp32 checkpoint's 32-row tiles leave room
+  // for one unit buffer at three CTAs; two CTAs with two unit buffers measured slower (4d747d3,
+  // perf/README.md).
   static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
