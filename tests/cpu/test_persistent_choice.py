@@ -280,9 +280,7 @@ class TestDeltaPlan:
     @pytest.mark.parametrize("module", ["gdn_verify_fp8", "kda_verify_fp8"])
     def test_read_copy_verify_tilings(self, modules, module):
         """With a read copy the persistent verify streams the copy's codes and row scales: 16, 32
-        and 64 rows all run persistent at three CTAs per SM at four drafts. (With its exact flush
-        on, kDeltaPersistentExactFlush, a flush unit's stage holds S_hp's fp32 tile, and 64 rows,
-        a 32 KB tile, take two CTAs per SM.)"""
+        and 64 rows all run persistent at three CTAs per SM at four drafts."""
         HV, HK = (32, 16) if module.startswith("gdn") else (32, 32)
         for rows in (16, 32, 64):
             s = plan(modules[module], 256, HV, HK, persistent=True, rows=rows, drafts=4)

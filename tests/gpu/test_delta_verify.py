@@ -255,8 +255,7 @@ class TestDeltaPersistentVerifyReadCopy(TestDeltaVerifyReadCopy):  # cfg, read_d
     driver checks that every verify plan runs it). Its non-flush units stream the copy's codes
     and row scales (GDN's fp8 and bf16 codes into tensor-core dots; else dequantised by
     ReadCopyTile into CUDA-core dots). The flushing rows go to the tile verify, launched right
-    after it (DraftArgs::serve), while the persistent verify's own exact flush
-    (kDeltaPersistentExactFlush) is off.
+    after it (DraftArgs::serve).
     The driver's batches mix both kinds, with pad rows, per-row counts and trees. Its default
     32-row tiles, and 16 and 64 rows."""
 

@@ -30,9 +30,9 @@ struct DraftArgs {
 };
 
 // Which rows of a verify one launch serves (DraftArgs::serve). Callers pass kServeAll. A
-// launcher whose persistent verify does not flush (GDN/KDA with a read copy while
-// kDeltaPersistentExactFlush is off: a flush recomputes the committed corrections from S_hp) runs
-// it with kServeNonFlush, then the tile verify with kServeRest on the same stream. A row with bad
+// launcher whose persistent verify does not flush (GDN/KDA with a read copy: a flush recomputes
+// the committed corrections from S_hp, which the tile verify does) runs it with kServeNonFlush,
+// then the tile verify with kServeRest on the same stream. A row with bad
 // inputs may be served by both: each writes the same zeros and error bits.
 enum VerifyServe : int32_t {
   kServeAll = 0,

@@ -210,8 +210,7 @@ struct ConventionalDecode {
 // Verify of up to TMAX drafts per row (entry kEntryStep of a replay_verify module; kEntryCommit is
 // Commit), for state format RC: the tile verify, and the persistent verify once there are enough
 // value heads (or when asked). With a read copy the persistent verify serves the rows that do not
-// flush and the tile verify, launched right after it, the rest (DraftArgs::serve), unless the
-// persistent verify's own exact flush is on (kDeltaPersistentExactFlush: then one launch).
+// flush and the tile verify, launched right after it, the rest (DraftArgs::serve).
 template <typename TS, typename TI, int K, int V, int L, bool PerChannelDecay, int TMAX, class RC = NoReadCopy>
 struct ReplayVerify {
   using Params = VerifyParams;
@@ -295,7 +294,7 @@ struct ReplayVerify {
       return cudaErrorInvalidValue;
     // A read copy whose flushing rows the persistent verify does not serve takes a second launch,
     // the tile verify for those rows (DraftArgs::serve).
-    constexpr bool kTwoLaunches = RC::kEnabled && !kDeltaPersistentExactFlush<RC, PerChannelDecay>;
+    constexpr bool kTwoLaunches = RC::kEnabled;
     Params pp = p;
     if constexpr (kTwoLaunches) pp.drafts.serve = kServeNonFlush;
     const cudaError_t e = dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {

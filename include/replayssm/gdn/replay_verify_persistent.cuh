@@ -30,10 +30,11 @@
 // state), or a read copy beside an fp32 checkpoint (fp8, NVFP4 or bf16). With a copy the tiles of
 // a row that does not flush are the copy's codes and row scales (one bulk copy each), dequantised
 // by the shared loader (ReadCopyTile) into the columns the dot products take. A row that flushes
-// must recompute its committed corrections from S_hp (gdn/wy.cuh). While this kernel's own exact
-// flush is off (kDeltaPersistentExactFlush, below) it serves only the rows that do not flush
-// (DraftArgs::serve = kServeNonFlush) and the launcher leaves the rest to the tile verify, run
-// right after it on the same stream (kServeRest).
+// must recompute its committed corrections from S_hp (gdn/wy.cuh), which the tile verify does:
+// this kernel serves only the rows that do not flush (DraftArgs::serve = kServeNonFlush) and the
+// launcher leaves the rest to the tile verify, run right after it on the same stream
+// (kServeRest). An exact flush inside this kernel measured slower than the two launches (b45f0e3
+// and 621eac5 hold it; perf/README.md, "The exact flush inside the persistent verify, measured").
 #pragma once
 
 #include "../common/align.cuh"
@@ -46,7 +47,6 @@
 #include "../common/read_copy.cuh"
 #include "../common/state_tile.cuh"
 #include "cta.cuh"
-#include "wy.cuh"
 
 namespace replayssm {
 namespace gdn {
@@ -65,23 +65,10 @@ template <class RC, typename TS>
 constexpr bool kDeltaPersistentVerifyFormat =
     !RC::kStochastic && (!RC::kEnabled || (RC::kTwoCopy && std::is_same_v<TS, float>));
 
-// With a read copy, a unit whose row flushes (m + n > L) can be served here too (kExactFlush). It
-// streams the fp32 checkpoint's tiles, recomputes the committed records' corrections exactly from
-// them (per row, in registers: gdn/wy.cuh, as the decode's flush does), folds, writes S_hp and
-// re-encodes the copy, and evaluates its drafts against what S_hp now holds, on CUDA cores.
-// Kept off. Turned on (b45f0e3), it passed the GPU tests but its rounds were slower than the two
-// launches (H100, B = 256, fp8, T = 4: GDN 498 against 444 µs, KDA 1,032 against 794; reading
-// S_hp from global memory instead of the stage, 621eac5, was slower still; perf/README.md, "The
-// exact flush inside the persistent verify, measured"). While off, the launcher runs the tile
-// verify after this kernel for the flushing rows (DraftArgs::serve). Turn it on with RC::kTwoCopy.
-template <class RC, bool PerChannelDecay>
-constexpr bool kDeltaPersistentExactFlush = false;
-
 template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
           class RC = NoReadCopy>
 struct PersistentVerifyLayout {
   static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
-  static constexpr bool kExactFlush = kDeltaPersistentExactFlush<RC, PerChannelDecay>;
   static constexpr int kUnitHeads = PerChannelDecay ? 1 : kDeltaVerifyUnitHeads;
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
@@ -133,8 +120,7 @@ struct PersistentVerifyLayout {
   // KDA's path sums overwrite the gate ring when TMAX <= L: a key channel's thread reads its column
   // of the ring, then writes its column of the sums, and nothing reads the ring after
   // (channel_decays). At 16 drafts that lets 32-row tiles, and so the tensor-core dots, fit.
-  // A KDA flush that recomputes its corrections (kExactFlush) reads the gate ring in its tiles.
-  static constexpr bool kPathOnGateRing = PerChannelDecay && TMAX <= L && !kExactFlush;
+  static constexpr bool kPathOnGateRing = PerChannelDecay && TMAX <= L;
   static constexpr SmemRegion kPathOwn = kBiasWords.then(PerChannelDecay && !kPathOnGateRing ? TMAX * K * 4 : 0, 16);
   static constexpr SmemRegion kPath =
       kPathOnGateRing ? SmemRegion{kGateRing.offset, static_cast<size_t>(TMAX) * K * 4, 16} : kPathOwn;
@@ -154,11 +140,7 @@ struct PersistentVerifyLayout {
       kSolve.then(kMmaDots ? kDotSets * kDotSetBytes : 0, 16);  // the vectors' A fragments
   static constexpr SmemRegion kVecScale = kFrag.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
   static constexpr SmemRegion kCodeFrag = kVecScale.then(kCodeMma ? CodeDots::kFragmentBytes : 0, 16);
-  // kExactFlush: the committed keys' Gram matrix k_i . k_j [L][L] (a flush unit's, formed once per
-  // unit; each value head applies its decays as it solves) and per head the records' betas [L].
-  static constexpr SmemRegion kPair = kCodeFrag.then(kExactFlush ? static_cast<size_t>(L) * L * 4 : 0, 16);
-  static constexpr SmemRegion kRecBeta = kPair.then(kExactFlush ? static_cast<size_t>(kUnitHeads) * L * 4 : 0, 16);
-  static constexpr size_t kUnitBytes = buffer_bytes(kRecBeta, 128);
+  static constexpr size_t kUnitBytes = buffer_bytes(kCodeFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
@@ -170,33 +152,26 @@ struct PersistentVerifyLayout {
   static constexpr uint32_t kScaleBytes = RC::kScaled ? ROWS * 4u : 0u;
   static constexpr uint32_t kTileBytes =
       RC::kEnabled ? kCodeBytes + kScaleBytes : ROWS * K * static_cast<uint32_t>(sizeof(TS));  // what the copies bring
-  // kExactFlush: a flush unit's stage takes the checkpoint's tile [ROWS][K] (TS, one bulk copy) in
-  // place of the copy's, and the committed records' v rows [L][ROWS] (io dtype, one bulk copy per
-  // record) in place of their u rows, whose region then receives the recomputed corrections.
-  static constexpr uint32_t kHpTileBytes = kExactFlush ? ROWS * K * static_cast<uint32_t>(sizeof(TS)) : 0u;
-  static constexpr uint32_t kLargestTileBytes = kHpTileBytes > kTileBytes ? kHpTileBytes : kTileBytes;
   static constexpr size_t kTileRegionBytes =
-      RC::kEnabled ? kLargestTileBytes : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
+      RC::kEnabled ? kTileBytes : static_cast<size_t>(ROWS) * kRowStride * sizeof(TS);
   static constexpr SmemRegion kTile = first_region(kTileRegionBytes, 128);
   static constexpr SmemRegion kURing = kTile.then(static_cast<size_t>(L) * ROWS * 4, 128);
   static constexpr SmemRegion kVd = kURing.then(TMAX * ROWS * sizeof(TI), 16);
-  static constexpr SmemRegion kVRing = kVd.then(kExactFlush ? static_cast<size_t>(L) * ROWS * sizeof(TI) : 0, 16);
-  static constexpr size_t kStageBytes = buffer_bytes(kVRing, 128);
+  static constexpr size_t kStageBytes = buffer_bytes(kVd, 128);
 
   static_assert(kQ.aligned() && kK.aligned() && kVec.aligned() && kKeyRing.aligned() && kGateRing.aligned() &&
                     kBiasWords.aligned() && kDraftGates.aligned() && kHeadWords.aligned() && kHeadGRing.aligned() &&
-                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned() && kVRing.aligned() && kRecBeta.aligned(),
+                    kBetaWords.aligned() && kURing.aligned() && kVd.aligned(),
                 "cp.async and bulk-copy destinations are 16-byte aligned");
-  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0 &&
-                    kHpTileBytes % 16 == 0,
+  static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
                 "copies move whole 16-byte blocks");
 
   // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
-  // included), as the Mamba-2 verify (two unit buffers at two stages where they fit: a unit's
+  // as the Mamba-2 verify (two unit buffers at two stages where they fit: a unit's
   // start is long), else two with the default rule. An fp32 checkpoint's 32-row tiles leave room
   // for one unit buffer at three CTAs; two CTAs with two unit buffers measured slower (4d747d3,
   // perf/README.md).
-  static constexpr int kCtasPerSm = TMAX <= 4 && kLargestTileBytes <= 16 * 1024 ? 3 : 2;
+  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
@@ -294,9 +269,7 @@ struct PersistentVerify {
         cur.status = kUnitBadDrafts;
         return 0;
       }
-      const bool flush = cur.m + n > L;
-      const bool exact = Layout::kExactFlush && flush;  // a read copy's flush, served here
-      if (RC::kEnabled && !Layout::kExactFlush && flush) {  // the tile verify after this launch serves it
+      if (RC::kEnabled && cur.m + n > L) {  // a read copy's flush: the tile verify after this launch serves it
         if (lane == 0) header->status = kUnitServedElsewhere;
         cur.status = kUnitServedElsewhere;
         return 0;
@@ -366,17 +339,7 @@ struct PersistentVerify {
         const int i = k / n, d = k % n;
         cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
       }
-      if (exact) {  // the committed records' betas, per head
-        float* RB = floats(U, Layout::kRecBeta);
-        for (int k = lane; k < heads * m; k += 32) {
-          const int i = k / m, j = k % m;
-          cp_async4(&RB[i * L + j], p.ring.beta + slot * p.ring.beta_stride_slot +
-                                        (c.h0 + i) * p.ring.beta_stride_head + cur.phys(j, R));
-        }
-      }
-      if (exact) {  // a read copy's flush recomputes the corrections from S_hp: it reads every tile
-        if (p.skip_below < 0.f && lane == 0) count_skips(p.skip_stats, 0u, heads);
-      } else if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
+      if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
         cp_async_wait_all();
         __syncwarp();
         skip = decayed_heads(U, c, static_cast<int>(m), n, lane);
@@ -391,21 +354,6 @@ struct PersistentVerify {
       const int64_t slot = cur.slot;
       const TS* src = static_cast<const TS*>(p.pool.state) + slot * p.pool.stride_slot + h * p.pool.stride_head +
                       static_cast<int64_t>(v0) * K;
-      if (Layout::kExactFlush && m + n > L) {  // S_hp's tile and the committed records' v rows
-        if (lane == 0) {
-          mbar_arrive_expect_tx(bar, Layout::kHpTileBytes + static_cast<uint32_t>(m) * ROWS * sizeof(TI));
-          bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kHpTileBytes, bar);
-        }
-        __syncwarp();  // the bytes are announced before any lane's copy can land
-        if (lane < m) {
-          const TI* vr = static_cast<const TI*>(p.ring.v) + slot * p.ring.v_stride_slot + h * p.ring.v_stride_head +
-                         static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
-          bulk_copy_g2s(S + Layout::kVRing.offset + static_cast<uint32_t>(lane) * ROWS * sizeof(TI), vr,
-                        ROWS * static_cast<uint32_t>(sizeof(TI)), bar);
-        }
-        draft_values(c, h, v0, n, S, lane);
-        return;
-      }
       const bool skipped = (skip >> (t / kChunks)) & 1u;  // a decayed head: zeros, no bytes (common/decay_skip.cuh)
       if (skipped) zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
       if (lane == 0) {
@@ -490,16 +438,11 @@ struct PersistentVerify {
       if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
-        if (Layout::kExactFlush && vu.flush) committed_channel_pairs(U, vu, warp, tid);
         channel_decays(U, dh, vu, c, tid);
         Layout::Pipeline::consumer_sync();
         channel_pairs(U, dh, vu, tid);
       } else {
         key_products(U, dh, vu, tid);
-        if (Layout::kExactFlush && vu.flush)  // the committed keys' Gram matrix (undecayed)
-          window_pairs<L, kPersistentConsumerWarps, K>(
-              vu.m, [&](int j) { return floats(U, Layout::kKeyRing) + j * K; }, [](int, int) { return 1.f; },
-              floats(U, Layout::kPair), warp, lane);
         Layout::Pipeline::consumer_sync();
         for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
       }
@@ -522,10 +465,8 @@ struct PersistentVerify {
 
     auto tile_fn = [&](int64_t u, int t, const unsigned char* S, auto&& release) {
       const UnitCoords c = unit_of(u);
-      if constexpr (RC::kEnabled) {  // a flush (kExactFlush): S_hp's tile on CUDA cores
-        if (Layout::kExactFlush && vu.flush) {
-          if constexpr (Layout::kExactFlush) tile<true, Tile>(vu, c, t, S, release, warp, lane, R);
-        } else if constexpr (Layout::kCodeMma) {
+      if constexpr (RC::kEnabled) {  // (only rows that do not flush)
+        if constexpr (Layout::kCodeMma) {
           tile_mma<false>(vu, c, t, S, release, warp, lane, R);
         } else {
           tile<false, DotTile>(vu, c, t, S, release, warp, lane, R);
@@ -733,8 +674,7 @@ struct PersistentVerify {
       if (lane == k) {  // tensor-core dots are of the raw keys and queries: their norms join the factors
         const float f = ek * (vu.flush ? 1.f : tot);
         const float* nrm = floats(U, Layout::kNorm);
-        if (Layout::kCodeMma &&
-            !(Layout::kExactFlush && vu.flush)) {  // and the code dots' vector scales (a flush: CUDA cores)
+        if (Layout::kCodeMma) {  // and the code dots' vector scales
           const float* vs = floats(U, Layout::kVecScale);
           fac[k] = f * nrm[k] * vs[k];
           fac[TMAX + k] = f * nrm[TMAX + k] * vs[TMAX + k];
@@ -749,8 +689,7 @@ struct PersistentVerify {
 
   // KDA (one value head), one thread per key channel: the drafts' log decays (in place of their
   // gate words), path sums P_i, the committed keys decayed in place kd_j = E(sum_{j<k<m} g_k) . k_j,
-  // E(Gc), and the betas (warp 0). A flush that recomputes its corrections (kExactFlush) keeps
-  // the keys and decays as they are: its tiles read them (exact_fold_channels).
+  // E(Gc), and the betas (warp 0).
   __device__ __forceinline__ void channel_decays(const unsigned char* U, const DraftHeader<TMAX>* dh,
                                                  const VerifyUnit& vu, const UnitCoords& c, int tid) const {
     const int m = vu.m, n = vu.n;
@@ -764,7 +703,6 @@ struct PersistentVerify {
     float* col = floats(U, Layout::kCol);
     const bool derived = p.in.g.ptr == nullptr;
     const float negA = derived ? -expf(scalar_from_word(p.in.A_log, c.h0 * p.in.A_log.stride0, HW[0])) : 0.f;
-    const int mc = Layout::kExactFlush && vu.flush ? 0 : m;  // committed records decayed here
     for (int e = tid; e < K; e += kPersistentConsumers) {
       float g[TMAX];
 #pragma unroll
@@ -776,7 +714,7 @@ struct PersistentVerify {
         }
       }
       float sum = 0.f;  // sum_{j<k<m} g_k[e]: this column of the gate ring is read here only
-      for (int j = mc - 1; j >= 0; --j) {
+      for (int j = m - 1; j >= 0; --j) {
         UR[j * K + e] *= expf(sum);
         sum += UG[j * K + e];
       }
@@ -798,21 +736,6 @@ struct PersistentVerify {
       float* fac = floats(U, Layout::kFac);
       fac[tid] = fac[TMAX + tid] = 1.f;  // the decays are in the vectors
     }
-  }
-
-  // KDA, a flush that recomputes its corrections (kExactFlush): the committed records' decays
-  // a_j = exp(g_j) in place of their logs in the gate ring, then the window's triangular system,
-  // the Gram matrix of the keys with their decays between records (gdn/wy.cuh window_pairs), which
-  // the tiles solve. Every consumer thread calls it (a barrier inside).
-  __device__ __forceinline__ void committed_channel_pairs(const unsigned char* U, const VerifyUnit& vu, int warp,
-                                                          int tid) const {
-    const float* UR = floats(U, Layout::kKeyRing);
-    float* UA = floats(U, Layout::kGateRing);
-    for (int i = tid; i < vu.m * K; i += kPersistentConsumers) UA[i] = expf(UA[i]);
-    Layout::Pipeline::consumer_sync();
-    window_pairs<L, kPersistentConsumerWarps, K>(
-        vu.m, [&](int j) { return UR + j * K; }, [&](int j, int e) { return UA[j * K + e]; }, floats(U, Layout::kPair),
-        warp, tid % 32);
   }
 
   // KDA: the coefficients of every (draft, record) pair, then the tiles' vectors.
@@ -997,7 +920,7 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;  // the row whose drafts this lane solves
     const int rl = warp * kRowsPerWarp + l;
 
-    static_assert(!kFlush || !RC::kEnabled || Layout::kExactFlush, "this read copy's flush rows are the tile verify's");
+    static_assert(!kFlush || !RC::kEnabled, "a read copy's flush rows are the tile verify's");
     float sv[DT::kPasses][DT::kVpl][kV];
     if constexpr (RC::kEnabled && !kFlush) {  // the copy's codes times their scales
       Read rd;
@@ -1006,17 +929,7 @@ struct PersistentVerify {
     } else {
       stage_rows(sv, ST, warp, lane);  // a flush: the checkpoint's rows (with a read copy, S_hp's)
     }
-    if constexpr (kFlush && RC::kEnabled && PerChannelDecay) {
-      exact_fold_channels(sv, U, S, m, warp, lane);
-    } else if constexpr (kFlush && RC::kEnabled) {
-      exact_corrections(sv, U, hi, S, m, warp, lane);
-      fold_rows<true>(sv, U, hi, Su, m, warp, lane);
-      // The corrections went to the stage through the generic proxy; the next bulk copy into it
-      // (async proxy) must come after them.
-      asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
-    } else if constexpr (kFlush) {
-      fold_rows<false>(sv, U, hi, Su, m, warp, lane);
-    }
+    if constexpr (kFlush) fold_rows(sv, U, hi, Su, m, warp, lane);
 
     // The ring part of sum (part, batch bi, pass s, held k) of the lane's rows (keys, then queries,
     // kBatch drafts at a time; drafts first .. first + kHeld - 1 of the batch; the kDup lanes that
@@ -1131,7 +1044,7 @@ struct PersistentVerify {
     if constexpr (kFlush) {
       float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
       stage_rows(sv, ST, warp, lane);
-      fold_rows<false>(sv, U, hi, Su, m, warp, lane);
+      fold_rows(sv, U, hi, Su, m, warp, lane);
       store_rows(sv, vu.slot, h, v0, warp, lane, ST);
       __syncwarp();
     }
@@ -1257,120 +1170,8 @@ struct PersistentVerify {
             sv[s][v]);
   }
 
-  // kExactFlush, a flush tile: the m committed records' corrections recomputed from this warp's
-  // rows of S_hp (sv) in registers, per row (gdn/wy.cuh, as the decode's flush): with the Gram
-  // matrix A of the committed keys, a_j = exp(g_j) and E_j = exp(g_0 + .. + g_j),
-  //   u_j = beta_j (v_j - E_j (S_hp . k_j) - sum_{i<j} A_ji (prod_{i<l<=j} a_l) u_i),
-  // written times their fold weights (prod_{j<l<m} a_l) into the stage's u rows, which a flush
-  // unit's producer leaves empty; fold_rows<true> reads them there (this warp's rows only).
-  __device__ __forceinline__ void exact_corrections(const float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec],
-                                                    const unsigned char* U, int hi, const unsigned char* S, int m,
-                                                    int warp, int lane) const {
-    constexpr int kV = Tile::kVec;
-    const float* UR = floats(U, Layout::kKeyRing);
-    const float* A = floats(U, Layout::kPair);
-    const float* RB = floats(U, Layout::kRecBeta) + hi * L;
-    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kVRing.offset);
-    float* Su = reinterpret_cast<float*>(const_cast<unsigned char*>(S) + Layout::kURing.offset);
-    const float gj = lane < m ? floats(U, Layout::kHeadGRing)[hi * L + lane] : 0.f;
-    const float a_lane = expf(gj);  // lane j: a_j
-    const float e_lane = expf(warp_prefix_sum(gj, lane));  // lane j: E_j
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
-      float uw[L];
-      forward_substitute_regs<L, true>(
-          m, uw,
-          [&](int j) {
-            float kx[kCols];
-            Tile::load_columns(kx, UR + j * K, lane);
-            float y = 0.f;
-#pragma unroll
-            for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-              for (int e = 0; e < kV; ++e) y = fmaf(sv[s][v][e], kx[v * kV + e], y);
-            return group_sum<Tile::kLanes>(y) * __shfl_sync(0xffffffffu, e_lane, j);
-          },
-          [&](int j) { return __shfl_sync(0xffffffffu, a_lane, j); }, [&](int j, int i) { return A[j * L + i]; },
-          [&](int j) { return to_float(Svr[j * ROWS + r]); }, [&](int j) { return RB[j]; });
-      if (Tile::row_leader(lane)) {
-#pragma unroll
-        for (int j = 0; j < L; ++j)
-          if (j < m) Su[j * ROWS + r] = uw[j];
-      }
-    }
-    __syncwarp();
-  }
-
-  // KDA (kExactFlush), a flush tile: this warp's rows of S_hp (sv) folded with the m committed
-  // records' corrections recomputed from them, per row in registers. With the records' decays
-  // a_j = exp(g_j) per key channel (the gate ring, committed_channel_pairs), their undecayed keys
-  // k_j and the system A (the keys' decayed Gram matrix):
-  //   y_j = S_hp (E_j . k_j), E_j = a_0 ... a_j: the rows scaled by a_0, a_1, ... in turn (which
-  //       leaves sv = S_hp Diag(E_{m-1}), the fold's first part), y_j their product with k_j;
-  //   u_j = beta_j (v_j - y_j - sum_{i<j} A_ji u_i);
-  //   sv += sum_j u_j (D_j . k_j), D_j = a_{j+1} ... a_{m-1}, newest record first.
-  __device__ __forceinline__ void exact_fold_channels(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec],
-                                                      const unsigned char* U, const unsigned char* S, int m, int warp,
-                                                      int lane) const {
-    constexpr int kV = Tile::kVec;
-    const float* UR = floats(U, Layout::kKeyRing);
-    const float* UA = floats(U, Layout::kGateRing);
-    const float* A = floats(U, Layout::kPair);
-    const float* RB = floats(U, Layout::kRecBeta);
-    const TI* Svr = reinterpret_cast<const TI*>(S + Layout::kVRing.offset);
-#pragma unroll
-    for (int s = 0; s < Tile::kPasses; ++s) {
-      const int r = Tile::row(warp, lane, s);
-      float y[L];
-#pragma unroll
-      for (int j = 0; j < L; ++j) {
-        y[j] = 0.f;
-        if (j < m) {
-          float a[kCols], k[kCols];
-          Tile::load_columns(a, UA + j * K, lane);
-          Tile::load_columns(k, UR + j * K, lane);
-          float d = 0.f;
-#pragma unroll
-          for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-            for (int e = 0; e < kV; ++e) {
-              sv[s][v][e] *= a[v * kV + e];
-              d = fmaf(sv[s][v][e], k[v * kV + e], d);
-            }
-          y[j] = group_sum<Tile::kLanes>(d);
-        }
-      }
-      float uw[L];
-      forward_substitute_regs<L, false>(
-          m, uw, [&](int j) { return y[j]; }, [](int) { return 1.f; }, [&](int j, int i) { return A[j * L + i]; },
-          [&](int j) { return to_float(Svr[j * ROWS + r]); }, [&](int j) { return RB[j]; });
-      float D[kCols];
-#pragma unroll
-      for (int i = 0; i < kCols; ++i) D[i] = 1.f;
-#pragma unroll
-      for (int j = L - 1; j >= 0; --j) {
-        if (j < m) {
-          float a[kCols], k[kCols];
-          Tile::load_columns(a, UA + j * K, lane);
-          Tile::load_columns(k, UR + j * K, lane);
-#pragma unroll
-          for (int v = 0; v < Tile::kVpl; ++v)
-#pragma unroll
-            for (int e = 0; e < kV; ++e) {
-              const int i = v * kV + e;
-              sv[s][v][e] = fmaf(uw[j], D[i] * k[i], sv[s][v][e]);
-              D[i] *= a[i];
-            }
-        }
-      }
-    }
-  }
-
   // A flush: this warp's rows of the stage tile with the m committed records folded in,
-  // S' = S_c Diag(E(Gc)) + sum_j u_j kd_j^T (GDN: kd_j = w_j k_j with the head's fold weights;
-  // kWeighted: the u rows already carry them).
-  template <bool kWeighted>
+  // S' = S_c Diag(E(Gc)) + sum_j u_j kd_j^T (GDN: kd_j = w_j k_j with the head's fold weights).
   __device__ __forceinline__ void fold_rows(float (&sv)[Tile::kPasses][Tile::kVpl][Tile::kVec], const unsigned char* U,
                                             int hi, const float* Su, int m, int warp, int lane) const {
     constexpr int kV = Tile::kVec;
@@ -1395,7 +1196,7 @@ struct PersistentVerify {
       float kj[Tile::kVpl][kV];
 #pragma unroll
       for (int v = 0; v < Tile::kVpl; ++v) load_floats<float, kV>(UR + j * K + Tile::col(lane, v), kj[v]);
-      const float w = PerChannelDecay || kWeighted ? 1.f : floats(U, Layout::kFold)[hi * L + j];
+      const float w = PerChannelDecay ? 1.f : floats(U, Layout::kFold)[hi * L + j];
 #pragma unroll
       for (int s = 0; s < Tile::kPasses; ++s) {
         const float uj = w * Su[j * ROWS + Tile::row(warp, lane, s)];
