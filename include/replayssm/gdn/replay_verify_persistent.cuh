@@ -135,10 +135,21 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kBeta = kFac.then(kUnitHeads * TMAX * 4, 16);
   static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
-  static constexpr SmemRegion kSolve = kTot.then(static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4, 16);
-  static constexpr SmemRegion kFrag =
-      kSolve.then(kMmaDots ? kDotSets * kDotSetBytes : 0, 16);  // the vectors' A fragments
-  static constexpr SmemRegion kVecScale = kFrag.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
+  // GDN's products are read only by head_values, and the solve matrices written after it (a
+  // barrier between): they share bytes where the matrices fit.
+  static constexpr size_t kSolveBytes = static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4;
+  static constexpr bool kSolveOnDots = !PerChannelDecay && kSolveBytes <= kDots.bytes;
+  static constexpr SmemRegion kSolveOwn = kTot.then(kSolveOnDots ? 0 : kSolveBytes, 16);
+  static constexpr SmemRegion kSolve = kSolveOnDots ? SmemRegion{kDots.offset, kSolveBytes, 16} : kSolveOwn;
+  // The vectors' A fragments. GDN's come from the raw keys and queries, and are written after the
+  // key products, the only readers of the fp32 vectors: they take the vectors' bytes (at three
+  // CTAs per SM and four drafts that leaves room for two unit buffers). KDA's come from the
+  // decayed vectors themselves.
+  static constexpr size_t kFragBytes = kMmaDots ? kDotSets * kDotSetBytes : 0;
+  static constexpr bool kFragOnVec = kMmaDots && !kSplitVectors && kFragBytes <= kVec.bytes;
+  static constexpr SmemRegion kFragOwn = kSolveOwn.then(kFragOnVec ? 0 : kFragBytes, 16);
+  static constexpr SmemRegion kFrag = kFragOnVec ? SmemRegion{kVec.offset, kFragBytes, 16} : kFragOwn;
+  static constexpr SmemRegion kVecScale = kFragOwn.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
   static constexpr SmemRegion kCodeFrag = kVecScale.then(kCodeMma ? CodeDots::kFragmentBytes : 0, 16);
   static constexpr size_t kUnitBytes = buffer_bytes(kCodeFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
@@ -166,11 +177,11 @@ struct PersistentVerifyLayout {
   static_assert(kTileBytes % 16 == 0 && kCodeBytes % 16 == 0 && (ROWS * 4) % 16 == 0 && (ROWS * sizeof(TI)) % 16 == 0,
                 "copies move whole 16-byte blocks");
 
-  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile
-  // as the Mamba-2 verify (two unit buffers at two stages where they fit: a unit's
-  // start is long), else two with the default rule. An fp32 checkpoint's 32-row tiles leave room
-  // for one unit buffer at three CTAs; two CTAs with two unit buffers measured slower (4d747d3,
-  // perf/README.md).
+  // Three CTAs per SM at up to four drafts and tiles of up to 16 KB (a flush unit's S_hp tile),
+  // as the Mamba-2 verify (two unit buffers at two stages where they fit: a unit's start is long),
+  // else two with the default rule. With an fp32 checkpoint's 32-row tiles at four drafts, GDN's
+  // unit (18,560 bytes) fits two unit buffers at three CTAs, KDA's (34,816) one; two CTAs with two
+  // unit buffers measured slower than three with one (4d747d3, perf/README.md).
   static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
@@ -425,16 +436,7 @@ struct PersistentVerify {
       vu.from_headers(U, hd, *dh, L);
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
       draft_vectors(U, vu.n, warp, lane);
-      if constexpr (Layout::kMmaDots && !Layout::kSplitVectors) {
-        const int n = vu.n;
-#pragma unroll
-        for (int s = 0; s < Layout::kDotSets; ++s)
-          Layout::Dots::set_vectors(
-              const_cast<unsigned char*>(U) + Layout::kFrag.offset + s * Layout::kDotSetBytes,
-              reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset) + 16 * s * K,
-              [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
-              kPersistentConsumers);
-      }
+      if constexpr (Layout::kMmaDots && !Layout::kSplitVectors && !Layout::kFragOnVec) raw_fragments(U, vu.n, tid);
       if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {
@@ -458,6 +460,7 @@ struct PersistentVerify {
               kPersistentConsumers);
         }
       }
+      if constexpr (Layout::kFragOnVec) raw_fragments(U, vu.n, tid);  // the key products have read the vectors
       for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
       Layout::Pipeline::consumer_sync();
       return tiles_per_unit();
@@ -525,6 +528,17 @@ struct PersistentVerify {
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
   }
 
+  // GDN's tensor-core dots (Layout::kMmaDots): the drafts' raw keys and queries into the A
+  // fragments (vectors of drafts n .. TMAX - 1 zero). Every consumer thread calls it.
+  __device__ __forceinline__ void raw_fragments(const unsigned char* U, int n, int tid) const {
+#pragma unroll
+    for (int s = 0; s < Layout::kDotSets; ++s)
+      Layout::Dots::set_vectors(
+          const_cast<unsigned char*>(U) + Layout::kFrag.offset + s * Layout::kDotSetBytes,
+          reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset) + 16 * s * K,
+          [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid, kPersistentConsumers);
+  }
+
   // One warp per draft: the normalised keys and queries into the tiles' vectors (zeros for drafts
   // n .. TMAX - 1, whose dot products the tiles form too) and the key norm factors.
   __device__ __forceinline__ void draft_vectors(const unsigned char* U, int n, int warp, int lane) const {
@@ -575,19 +589,20 @@ struct PersistentVerify {
     }
   }
 
-  // The pairs (draft i, column j) a draft replays, one 8-lane group per pair (the loop bound is
-  // uniform per warp: the group sums shuffle across the whole warp): committed j < me at column
-  // j, draft d in anc(i) at column L + d. f(i, j, d, gl) returns the group lane's parts of the
-  // key and query products; store(i, col, d, key_part, query_part) keeps the group's sums.
+  // The pairs (draft i, column j) a draft replays with j in [j0, j1) of the me + n columns, one
+  // 8-lane group per pair (the loop bound is uniform per warp: the group sums shuffle across the
+  // whole warp): committed j < me at column j, draft d = j - me in anc(i) at column L + d.
+  // f(i, j, d, gl) returns the group lane's parts of the key and query products; store(i, col, d,
+  // key_part, query_part) keeps the group's sums (zeros for a draft outside anc(i)).
   template <class Parts, class Store>
-  __device__ __forceinline__ void for_each_pair(const DraftHeader<TMAX>* dh, const VerifyUnit& vu, int tid,
-                                                Parts&& parts, Store&& store) const {
+  __device__ __forceinline__ void for_each_pair(const DraftHeader<TMAX>* dh, const VerifyUnit& vu, int tid, int j0,
+                                                int j1, Parts&& parts, Store&& store) const {
     const int lane = tid % 32, warp = tid / 32, gl = lane % 8;
     const int n = vu.n, me = vu.me;
-    const int cols = me + n, pairs = n * cols;
+    const int cols = j1 - j0, pairs = n * cols;
     for (int base = warp * 4; base < pairs; base += kPersistentConsumers / 8) {
       const int pair = base + lane / 8;
-      const int i = pair / cols, j = pair % cols, d = j - me;
+      const int i = pair / cols, j = j0 + pair % cols, d = j - me;
       const bool seen = pair < pairs && (d < 0 || ((dh->anc[i] >> d) & 1u));
       float ak = 0.f, aq = 0.f;
       if (seen) parts(i, j, d, gl, &ak, &aq);
@@ -605,7 +620,7 @@ struct PersistentVerify {
     const float* UR = floats(U, Layout::kKeyRing);
     float* D = floats(U, Layout::kDots);
     for_each_pair(
-        dh, vu, tid,
+        dh, vu, tid, 0, vu.me + vu.n,
         [&](int i, int j, int d, int gl, float* ak, float* aq) {
           const float* key = d < 0 ? UR + j * K : vec + d * K;
           *ak = group8_dot_part<float, K>(key, vec + i * K, gl);
@@ -756,9 +771,8 @@ struct PersistentVerify {
     };
     // Draft columns from the undecayed vectors.
     for_each_pair(
-        dh, vu, tid,
+        dh, vu, tid, vu.me, vu.me + vu.n,
         [&](int i, int j, int d, int gl, float* ak, float* aq) {
-          if (d < 0) return;
 #pragma unroll
           for (int k = gl * 8; k < K; k += 64) {
 #pragma unroll
@@ -769,9 +783,7 @@ struct PersistentVerify {
             }
           }
         },
-        [&](int i, int cl, int d, float ak, float aq) {
-          if (d >= 0) store(i, cl, d, ak, aq);
-        });
+        store);
     Layout::Pipeline::consumer_sync();
     for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
       const float x = expf(path[k]);
@@ -781,15 +793,12 @@ struct PersistentVerify {
     Layout::Pipeline::consumer_sync();
     // Committed columns from the decayed keys and vectors.
     for_each_pair(
-        dh, vu, tid,
-        [&](int i, int j, int d, int gl, float* ak, float* aq) {
-          if (d >= 0) return;
+        dh, vu, tid, 0, vu.me,
+        [&](int i, int j, int, int gl, float* ak, float* aq) {
           *ak = group8_dot_part<float, K>(UR + j * K, vec + i * K, gl);
           *aq = group8_dot_part<float, K>(UR + j * K, vec + (TMAX + i) * K, gl);
         },
-        [&](int i, int cl, int d, float ak, float aq) {
-          if (d < 0) store(i, cl, d, ak, aq);
-        });
+        store);
     if (!vu.flush) {
       Layout::Pipeline::consumer_sync();
       for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
