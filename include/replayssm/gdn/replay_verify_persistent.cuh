@@ -40,6 +40,7 @@
 #include "../common/align.cuh"
 #include "../common/decay_skip.cuh"
 #include "../common/mma_code_dots.cuh"
+#include "../common/mma_ring_sums.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
@@ -1074,31 +1075,24 @@ struct PersistentVerify {
                                                             U + Layout::kFrag.offset, lane, dot);
     }
 
-    // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1: one u pair
-    // per record); val[v / 8] holds vector v's.
+    // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1), the
+    // committed records as the K dimension of split-TF32 MMAs; val[v / 8] holds vector v's.
     float val[kSets * kHeldM][2];
 #pragma unroll
-    for (int s = 0; s < kSets; ++s)
+    for (int s = 0; s < kSets; ++s) {
+      float ring[kHeldM][2];
+      mma_ring_sums<kHeldM, L>(coef + 16 * s * kW, kW, Layout::kVecs - 16 * s, Su + warp * 8, ROWS, me, lane, ring);
 #pragma unroll
       for (int k = 0; k < kHeldM; ++k) {
         const int v = 16 * s + g + 8 * k;
         float (&vk)[2] = val[s * kHeldM + k];
         vk[0] = vk[1] = 0.f;
         if (v < Layout::kVecs) {
-          const float* cv = coef + v * kW;
-          float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-          for (int j = 0; j < L; ++j) {
-            if (j < me) {
-              const float2 uj = *reinterpret_cast<const float2*>(Su + j * ROWS + r0);
-              a0 = fmaf(cv[j], uj.x, a0);
-              a1 = fmaf(cv[j], uj.y, a1);
-            }
-          }
-          vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], a0);
-          vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], a1);
+          vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], ring[k][0]);
+          vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], ring[k][1]);
         }
       }
+    }
     float vrow[TMAX];
 #pragma unroll
     for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;

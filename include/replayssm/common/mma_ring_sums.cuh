@@ -1,0 +1,70 @@
+// The ring parts of a verify tile's dot products on tensor cores: for a warp's 8 state rows and
+// a set of up to 16 vectors v, sum_{j < m} W[v][j] X[j][row], where W holds each vector's
+// coefficient on committed record j (per unit, fp32) and X the records' corrections u_j of the
+// rows (fp32, as the stage holds them). On CUDA cores that is one multiply-add per (vector, row,
+// record) and a load per record; here the records are the K dimension of mma.sync m16n8k8 (TF32),
+// eight per step, so a tile pays per step what it paid per record.
+//
+// Both operands are fp32 and split x = hi + lo by truncation to TF32 (hi keeps the top 10 mantissa
+// bits, lo the next 10): three MMAs (lo_A hi_B, hi_A lo_B, hi_A hi_B) give each product to about
+// 2^-19 of its size, the same order as the tiles' bf16-split dot products (2^-17). Records j >= m,
+// and vectors past the count, enter as exact zeros: their stage rows and coefficients may hold
+// anything, including another row's NaN.
+//
+// Layout (g = lane / 4, c = lane % 4, as MmaSplitDots): the lane's results are vector g's (and
+// g + 8's) sums for rows 2c and 2c + 1, out[k][e] for vector g + 8 k and row 2c + e.
+#pragma once
+
+#include <cstdint>
+
+#include "mma_tf32.cuh"
+
+namespace replayssm {
+
+// x = hi + lo, both TF32 by truncation (one LOP3 and one FADD, exact, then one LOP3).
+__device__ __forceinline__ void split_tf32_trunc(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+}
+
+// kHeld: 1 (vectors 0..7 of the set) or 2 (0..15); kRecords: the ring's capacity L (a multiple of
+// 8 or not: the last step masks). W: [vectors][w_stride] fp32, nvec vectors valid; X: record j's
+// value for the warp's row r at X[j * x_stride + r] (X points at the warp's first row).
+template <int kHeld, int kRecords>
+__device__ __forceinline__ void mma_ring_sums(const float* W, int w_stride, int nvec, const float* X, int x_stride,
+                                              int m, int lane, float (&out)[kHeld][2]) {
+  static_assert(kHeld == 1 || kHeld == 2, "vectors g and g + 8 of a 16-vector set");
+  const int g = lane / 4, c = lane % 4;
+  float acc[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int q = 0; q < (kRecords + 7) / 8; ++q) {
+    if (8 * q >= m) break;  // the same for the whole warp
+    const int j0 = 8 * q + c, j1 = j0 + 4;
+    auto w = [&](int v, int j) {
+      return v < nvec && j < m ? W[v * w_stride + j] : 0.f;
+    };
+    const float x0 = j0 < m ? X[j0 * x_stride + g] : 0.f;
+    const float x1 = j1 < m ? X[j1 * x_stride + g] : 0.f;
+    SplitFragment<4> a;
+    SplitFragment<2> b;
+    split_tf32_trunc(w(g, j0), a.hi[0], a.lo[0]);
+    split_tf32_trunc(w(g, j1), a.hi[2], a.lo[2]);
+    if constexpr (kHeld == 2) {
+      split_tf32_trunc(w(g + 8, j0), a.hi[1], a.lo[1]);
+      split_tf32_trunc(w(g + 8, j1), a.hi[3], a.lo[3]);
+    } else {
+      a.hi[1] = a.lo[1] = a.hi[3] = a.lo[3] = 0u;
+    }
+    split_tf32_trunc(x0, b.hi[0], b.lo[0]);
+    split_tf32_trunc(x1, b.hi[1], b.lo[1]);
+    mma_split_tf32(acc, a, b);
+  }
+  out[0][0] = acc[0];
+  out[0][1] = acc[1];
+  if constexpr (kHeld == 2) {
+    out[kHeld - 1][0] = acc[2];
+    out[kHeld - 1][1] = acc[3];
+  }
+}
+
+}  // namespace replayssm
