@@ -23,6 +23,7 @@
 #include "../common/align.cuh"
 #include "../common/decay_skip.cuh"
 #include "../common/mma_code_dots.cuh"
+#include "../common/mma_ring_sums.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
 #include "../common/persistent_drafts.cuh"
@@ -724,46 +725,29 @@ struct PersistentVerify : GroupUnits {
       Dots::dots(tv.ST + warp * 8 * Layout::kRowStride, U + Layout::kCFrag.offset, lane, dot);
     }
 
-    // Ring parts of the lane's outputs: drafts g + 8k, rows r0 and r0 + 1 (one x pair per record).
-    // At up to four drafts the lanes of drafts g + 4 (whose dot products are zeros) take every
-    // other record of draft g's ring part, and the two halves are summed across the lane pair.
-    constexpr bool kPairs = TMAX <= 4;
-    constexpr int kStride = kPairs ? 2 : 1;
-    static_assert(L % kStride == 0, "records split evenly over a lane pair");
+    // Ring parts of the lane's outputs (drafts g + 8k, rows r0 and r0 + 1): the committed records'
+    // x rows, then the drafts' own, times the coefficient table.
+    float ring[kHeld][2];
+    if constexpr (TMAX <= 4) {
+      ring_parts_paired(tv, n, me, lane, r0, ring);
+    } else {  // split-TF32 MMAs over the records (a bf16 x is exact in TF32: two MMAs per step)
+      static_assert(std::is_same_v<TI, __nv_bfloat16>, "the tensor-core tiles take bf16 io");
+      const int g = lane / 4;
+      const float* coef = tv.coef;
+      const TI* Sx = tv.Sx + warp * 8;
+      const TI* Sxd = tv.Sxd + warp * 8;
+      float acc[4] = {0.f, 0.f, 0.f, 0.f};
+      mma_weighted_sums<kHeld, L, true>([&](int i, int j) { return i < n ? coef[i * kW + j] : 0.f; },
+                                        [&](int j) { return to_float(Sx[j * ROWS + g]); }, me, lane, acc);
+      mma_weighted_sums<kHeld, TMAX, true>([&](int i, int d) { return i < n ? coef[i * kW + L + d] : 0.f; },
+                                           [&](int d) { return to_float(Sxd[d * ROWS + g]); }, n, lane, acc);
+      held_sums(acc, ring);
+    }
     float y[kHeld][2];
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int i = lane / 4 + 8 * k;
-      const int ir = kPairs ? i % 4 : i;  // the draft whose ring part this lane sums
-      const int half = kPairs ? i / 4 : 0;
-      float a0 = 0.f, a1 = 0.f;
-      if (ir < n) {
-        const float* ci = tv.coef + ir * kW;
-#pragma unroll
-        for (int jj = 0; jj < L / kStride; ++jj) {
-          const int j = jj * kStride + half;
-          if (j < me) {
-            const float w = ci[j];
-            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sx + j * ROWS + r0));
-            a0 = fmaf(w, x.x, a0);
-            a1 = fmaf(w, x.y, a1);
-          }
-        }
-#pragma unroll
-        for (int dd = 0; dd < (TMAX + kStride - 1) / kStride; ++dd) {
-          const int d = dd * kStride + half;
-          if (d < n) {
-            const float w = ci[L + d];
-            const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + d * ROWS + r0));
-            a0 = fmaf(w, x.x, a0);
-            a1 = fmaf(w, x.y, a1);
-          }
-        }
-      }
-      if constexpr (kPairs) {
-        a0 += __shfl_xor_sync(0xffffffffu, a0, 16);  // lane 4 (g ^ 4) + c: the pair's other half
-        a1 += __shfl_xor_sync(0xffffffffu, a1, 16);
-      }
+      const float a0 = ring[k][0], a1 = ring[k][1];
       if (i < n) {
         float x0, x1, z0 = 0.f, z1 = 0.f;
         const float2 xi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + i * ROWS + r0));
@@ -796,6 +780,41 @@ struct PersistentVerify : GroupUnits {
         o[r0 + 1] = from_float<TI>(i < n ? y[k][1] : 0.f);
       }
     }
+  }
+
+  // Ring parts at up to four drafts on CUDA cores (one x pair per record): lane (g, c) sums draft
+  // g % 4's records of parity g / 4 for rows r0 and r0 + 1 (the lanes of drafts 4 .. 7 have no
+  // outputs), and the lane pair's halves are summed; out[0] then holds draft g's (g < 4).
+  __device__ __forceinline__ void ring_parts_paired(const TileView& tv, int n, int me, int lane, int r0,
+                                                    float (&out)[1][2]) const {
+    static_assert(TMAX <= 4 && L % 2 == 0, "records split evenly over a lane pair");
+    const int i = lane / 4, ir = i % 4, half = i / 4;
+    float a0 = 0.f, a1 = 0.f;
+    if (ir < n) {
+      const float* ci = tv.coef + ir * kW;
+#pragma unroll
+      for (int jj = 0; jj < L / 2; ++jj) {
+        const int j = 2 * jj + half;
+        if (j < me) {
+          const float w = ci[j];
+          const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sx + j * ROWS + r0));
+          a0 = fmaf(w, x.x, a0);
+          a1 = fmaf(w, x.y, a1);
+        }
+      }
+#pragma unroll
+      for (int dd = 0; dd < (TMAX + 1) / 2; ++dd) {
+        const int d = 2 * dd + half;
+        if (d < n) {
+          const float w = ci[L + d];
+          const float2 x = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + d * ROWS + r0));
+          a0 = fmaf(w, x.x, a0);
+          a1 = fmaf(w, x.y, a1);
+        }
+      }
+    }
+    out[0][0] = a0 + __shfl_xor_sync(0xffffffffu, a0, 16);  // lane 4 (g ^ 4) + c: the pair's other half
+    out[0][1] = a1 + __shfl_xor_sync(0xffffffffu, a1, 16);
   }
 
   // The drafts' x records of this warp's rows (ring position start + m + d), from the stage.
