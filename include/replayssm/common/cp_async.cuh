@@ -22,4 +22,23 @@ __device__ __forceinline__ void cp_async4(void* smem, const void* gmem) {
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// `rows` rows of kRowBytes (a multiple of 16) from src (rows src_stride bytes apart) to dst (rows
+// dst_stride bytes apart: e.g. padded against bank conflicts), as 16-byte cp.async spread over the
+// 32 lanes of a warp (every lane calls it; consecutive lanes take consecutive chunks, so each
+// warp-wide copy reads whole 16-byte runs of a row). A bulk copy per row would be issued by one
+// lane at a time (its operands are warp-uniform), about nine instructions in a serial loop per
+// row. Completion: cp.async groups, or mbar_arrive_cp_async on an mbarrier.
+template <int kRowBytes>
+__device__ __forceinline__ void warp_copy_rows_async(void* dst, uint32_t dst_stride, const void* src,
+                                                     int64_t src_stride, int rows, int lane) {
+  static_assert(kRowBytes % 16 == 0, "whole 16-byte chunks");
+  constexpr int kChunks = kRowBytes / 16;
+  unsigned char* d = static_cast<unsigned char*>(dst);
+  const unsigned char* s = static_cast<const unsigned char*>(src);
+  for (int i = lane; i < rows * kChunks; i += 32) {
+    const int r = i / kChunks, q = i % kChunks;
+    cp_async16(d + r * dst_stride + q * 16, s + r * src_stride + q * 16);
+  }
+}
+
 }  // namespace replayssm

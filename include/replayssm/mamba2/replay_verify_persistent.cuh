@@ -255,12 +255,10 @@ struct PersistentVerify : GroupUnits {
       } else if constexpr (Layout::kRowStride == N) {
         if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);  // the "+ 1" arrival of the stage's full barrier
         if (lane == 0) bulk_copy_g2s(S + Layout::kTile.offset, src, Layout::kTileBytes, bar);
-      } else {  // padded rows: one copy per row
-        if (lane == 0) mbar_arrive_expect_tx(bar, Layout::kTileBytes);
-        __syncwarp();
-        TS* dst = reinterpret_cast<TS*>(S + Layout::kTile.offset);
-        for (int r = lane; r < ROWS; r += 32)
-          bulk_copy_g2s(dst + r * Layout::kRowStride, src + r * N, N * sizeof(TS), bar);
+      } else {  // padded rows: cp.async over the lanes (completion: the pipeline's per-lane arrivals)
+        if (lane == 0) mbar_arrive(bar);  // the "+ 1" arrival
+        warp_copy_rows_async<N * sizeof(TS)>(S + Layout::kTile.offset, Layout::kRowStride * sizeof(TS), src,
+                                             N * sizeof(TS), ROWS, lane);
       }
       const TI* xr = static_cast<const TI*>(p.ring.x) + slot * p.ring.x_stride_slot + h * p.ring.x_stride_head + p0;
       TI* Sx = reinterpret_cast<TI*>(S + Layout::kXRing.offset);
