@@ -369,10 +369,9 @@ struct PersistentVerify {
       const bool skipped = (skip >> (t / kChunks)) & 1u;  // a decayed head: zeros, no bytes (common/decay_skip.cuh)
       if (skipped) zero_stage_bytes(S + Layout::kTile.offset, Layout::kTile.bytes, lane);
       if (lane == 0) {
-        // Bytes of bulk copies: the tile's (unless its rows are padded: cp.async, below, or
-        // skipped) and the live u ring rows'.
+        // Bytes of bulk copies: the tile's, unless its rows are padded (cp.async, below) or skipped.
         const uint32_t tile_bytes = skipped || Layout::kRowStride != K ? 0u : Layout::kTileBytes;
-        mbar_arrive_expect_tx(bar, tile_bytes + static_cast<uint32_t>(m) * ROWS * 4u);  // the "+ 1" arrival
+        mbar_arrive_expect_tx(bar, tile_bytes);  // the "+ 1" arrival
         if constexpr (RC::kEnabled) {  // the copy's codes, then its rows' scales (zero codes and scales if skipped)
           if (!skipped) {
             const typename RC::T* codes = static_cast<const typename RC::T*>(p.pool.read) +
@@ -389,17 +388,19 @@ struct PersistentVerify {
         }
       }
       __syncwarp();  // the bytes are announced before any lane's copy can land
-      // Padded rows by cp.async over the lanes (their completion: the pipeline's per-lane arrivals
-      // after fill_stage); the live u ring rows by one bulk copy each.
+      // Padded rows and the live u ring rows by cp.async over the lanes (their completion: the
+      // pipeline's per-lane arrivals after fill_stage).
       if constexpr (Layout::kRowStride != K) {
         if (!skipped)
           warp_copy_rows_async<K * sizeof(TS)>(S + Layout::kTile.offset, Layout::kRowStride * sizeof(TS), src,
                                                K * sizeof(TS), ROWS, lane);
       }
-      if (lane < m) {
-        const float* ur = p.ring.u + slot * p.ring.u_stride_slot + h * p.ring.u_stride_head +
-                          static_cast<int64_t>(cur.phys(lane, R)) * V + v0;
-        bulk_copy_g2s(S + Layout::kURing.offset + static_cast<uint32_t>(lane) * ROWS * 4u, ur, ROWS * 4u, bar);
+      const float* ur = p.ring.u + slot * p.ring.u_stride_slot + h * p.ring.u_stride_head + v0;
+      float* Su = reinterpret_cast<float*>(S + Layout::kURing.offset);
+      constexpr int kUV = ROWS / 4;  // 16-byte vectors per u row chunk
+      for (int i = lane; i < m * kUV; i += 32) {
+        const int j = i / kUV, q = i % kUV;
+        cp_async16(Su + j * ROWS + q * 4, ur + static_cast<int64_t>(cur.phys(j, R)) * V + q * 4);
       }
       draft_values(c, h, v0, n, S, lane);
     };
