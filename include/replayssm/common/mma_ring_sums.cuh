@@ -5,11 +5,11 @@
 // record) and a load per record; here the records are the K dimension of mma.sync m16n8k8 (TF32),
 // eight per step, so a tile pays per step what it paid per record.
 //
-// Both operands are fp32 and split x = hi + lo by truncation to TF32 (hi keeps the top 10 mantissa
-// bits, lo the next 10): three MMAs (lo_A hi_B, hi_A lo_B, hi_A hi_B) give each product to about
-// 2^-19 of its size, the same order as the tiles' bf16-split dot products (2^-17). Records j >= m,
-// and vectors past the count, enter as exact zeros: their stage rows and coefficients may hold
-// anything, including another row's NaN.
+// Both operands are fp32 and split x = hi + lo by truncation to TF32 (split_tf32_trunc: hi keeps
+// the top 10 mantissa bits, lo the next 10): three MMAs (lo_A hi_B, hi_A lo_B, hi_A hi_B) give
+// each product to about 2^-19 of its size, the same order as the tiles' bf16-split dot products
+// (2^-17). Records j >= m, and vectors past the count, enter as exact zeros: their stage rows and
+// coefficients may hold anything, including another row's NaN.
 //
 // Layout (g = lane / 4, c = lane % 4, as MmaSplitDots): the lane's results are vector g's (and
 // g + 8's) sums for rows 2c and 2c + 1, out[k][e] for vector g + 8 k and row 2c + e.
@@ -20,12 +20,6 @@
 #include "mma_tf32.cuh"
 
 namespace replayssm {
-
-// x = hi + lo, both TF32 by truncation (one LOP3 and one FADD, exact, then one LOP3).
-__device__ __forceinline__ void split_tf32_trunc(float x, uint32_t& hi, uint32_t& lo) {
-  hi = __float_as_uint(x) & 0xffffe000u;
-  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
-}
 
 // acc (the m16n8k8 accumulator: vector g's rows 2c, 2c + 1, then vector g + 8's) +=
 // sum_{j < cols} w(v, j) x(j) for the lane's vectors and rows, kCols the most columns. w(v, j):

@@ -25,6 +25,14 @@ __device__ __forceinline__ void split_tf32(float x, uint32_t& hi, uint32_t& lo) 
   lo = to_tf32(x - __uint_as_float(hi));
 }
 
+// x = hi + lo, both TF32 by truncation: three instructions (mask, exact subtraction, mask) where
+// split_tf32's rounding is emulated. Each part keeps 10 mantissa bits, so hi + lo holds x to
+// about 2^-20 of its size.
+__device__ __forceinline__ void split_tf32_trunc(float x, uint32_t& hi, uint32_t& lo) {
+  hi = __float_as_uint(x) & 0xffffe000u;
+  lo = __float_as_uint(x - __uint_as_float(hi)) & 0xffffe000u;
+}
+
 // An operand fragment split in two: hi[i] + lo[i] is the fp32 value of register i.
 template <int N>
 struct SplitFragment {

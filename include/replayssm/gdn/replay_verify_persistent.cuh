@@ -147,7 +147,8 @@ struct PersistentVerifyLayout {
   // CTAs per SM and four drafts that leaves room for two unit buffers). KDA's come from the
   // decayed vectors themselves.
   static constexpr size_t kFragBytes = kMmaDots ? kDotSets * kDotSetBytes : 0;
-  static constexpr bool kFragOnVec = kMmaDots && !kSplitVectors && kFragBytes <= kVec.bytes;
+  static constexpr bool kFragOnVec = kMmaDots && !kSplitVectors;
+  static_assert(!kFragOnVec || kFragBytes <= kVec.bytes, "bf16 fragments of 2 TMAX >= 8 vectors fit their fp32 bytes");
   static constexpr SmemRegion kFragOwn = kSolveOwn.then(kFragOnVec ? 0 : kFragBytes, 16);
   static constexpr SmemRegion kFrag = kFragOnVec ? SmemRegion{kVec.offset, kFragBytes, 16} : kFragOwn;
   static constexpr SmemRegion kVecScale = kFragOwn.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales
@@ -442,7 +443,6 @@ struct PersistentVerify {
       vu.from_headers(U, hd, *dh, L);
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
       draft_vectors(U, vu.n, warp, lane);
-      if constexpr (Layout::kMmaDots && !Layout::kSplitVectors && !Layout::kFragOnVec) raw_fragments(U, vu.n, tid);
       if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
       Layout::Pipeline::consumer_sync();
       if constexpr (PerChannelDecay) {

@@ -745,7 +745,6 @@ struct PersistentVerify : GroupUnits {
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int i = lane / 4 + 8 * k;
-      const float a0 = ring[k][0], a1 = ring[k][1];
       if (i < n) {
         float x0, x1, z0 = 0.f, z1 = 0.f;
         const float2 xi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + i * ROWS + r0));
@@ -757,8 +756,8 @@ struct PersistentVerify : GroupUnits {
           z1 = zi.y;
         }
         const float ck = tv.dv[i].ck;
-        y[k][0] = fmaf(tv.hv.D, x0, fmaf(ck, dot[k][0], a0));
-        y[k][1] = fmaf(tv.hv.D, x1, fmaf(ck, dot[k][1], a1));
+        y[k][0] = fmaf(tv.hv.D, x0, fmaf(ck, dot[k][0], ring[k][0]));
+        y[k][1] = fmaf(tv.hv.D, x1, fmaf(ck, dot[k][1], ring[k][1]));
         if (p.in.z != nullptr) {
           y[k][0] *= silu_gate(z0);
           y[k][1] *= silu_gate(z1);
