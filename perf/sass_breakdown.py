@@ -84,7 +84,7 @@ def blocks(instrs: list[Instruction]) -> list[tuple[int, int, int, int]]:
 def parse_range(text: str) -> tuple[int, int]:
     a, sep, b = text.partition(":")
     if not sep or not a.isdigit() or not b.isdigit() or int(a) > int(b):
-        raise argparse.ArgumentTypeError(f"a range is FIRST:LAST (instruction indices, FIRST <= LAST), got {text!r}")
+        raise argparse.ArgumentTypeError(f"a range is FIRST:LAST (whole numbers, FIRST <= LAST), got {text!r}")
     return int(a), int(b)
 
 

@@ -23,6 +23,8 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+from sass_breakdown import parse_range
+
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/")
 _LOC = re.compile(r'File "([^"]+)", line (\d+)')
 _FUNC = re.compile(r"^\s+(?:template <.*>\s*)?(?:__device__|__global__)\b.*?(\w+)\s*\(")
@@ -94,9 +96,10 @@ def kernel_instructions(listing: str, kernel: str) -> list[list[tuple[str, int]]
 
 
 def source_line(chain: list[tuple[str, int]], source: str) -> int | None:
-    """The deepest line of the chain in the file named `source` (compared by its last parts)."""
+    """The deepest line of the chain in a file whose name is `source` (the listing holds the build
+    machine's absolute paths)."""
     for f, n in chain:
-        if f.endswith(source):
+        if Path(f).name == source:
             return n
     return None
 
@@ -113,7 +116,7 @@ def per_line(chains: list[list[tuple[str, int]]], source: str, first: int, last:
     out: Counter[tuple[int, str]] = Counter()
     for chain in chains:
         n = source_line(chain, source)
-        if n is not None and first <= n <= last and chain:
+        if n is not None and first <= n <= last:
             f, m = chain[0]
             out[(n, f"{Path(f).name}:{m}")] += 1
     return out
@@ -135,7 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("input", type=Path, help="a -lineinfo cubin, or an nvdisasm -gi listing")
     ap.add_argument("--kernel", required=True, help="a substring of the kernel's mangled name")
     ap.add_argument("--source", type=Path, required=True, help="the source file to charge lines to")
-    ap.add_argument("--lines", help="FIRST:LAST, per-line counts of --source in that range")
+    ap.add_argument("--lines", type=parse_range, help="FIRST:LAST, per-line counts of --source in that range")
     a = ap.parse_args(argv)
     chains = kernel_instructions(read_listing(a.input), a.kernel)
     src = a.source.name
@@ -143,10 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     for name, v in per_function(chains, src, functions(a.source.read_text())).most_common():
         print(f"  {v:6d}  {name}")
     if a.lines:
-        first, _, last = a.lines.partition(":")
-        if not first.isdigit() or not last.isdigit():
-            raise SystemExit(f"sass_static: --lines is FIRST:LAST, got {a.lines!r}")
-        for (n, inner), v in sorted(per_line(chains, src, int(first), int(last)).items()):
+        for (n, inner), v in sorted(per_line(chains, src, *a.lines).items()):
             print(f"  line {n:5d}  {v:5d}  {inner}")
 
 
