@@ -24,11 +24,11 @@ namespace replayssm {
 // acc (the m16n8k8 accumulator: vector g's rows 2c, 2c + 1, then vector g + 8's) +=
 // sum_{j < cols} w(v, j) x(j) for the lane's vectors and rows, kCols the most columns. w(v, j):
 // the weight of vector v on column j (read only for j < cols; v may be past the vectors: return 0
-// there); x_step(q, j0, j1, x0, x1) sets x0, x1 to columns j0 = 8 q + c and j1 = j0 + 4 of the
-// lane's B row g (the warp's row g), zero where the column is >= cols. kExactX: every x is exact
-// in TF32 (e.g. a bf16 value), so it is not split and each step takes two MMAs instead of three.
-template <int kHeld, int kCols, bool kExactX, class W, class XStep>
-__device__ __forceinline__ void mma_weighted_steps(W&& w, XStep&& x_step, int cols, int lane, float (&acc)[4]) {
+// there); x(j): column j's value for the lane's B row g (the warp's row g), read only for j < cols.
+// kExactX: every x is exact in TF32 (e.g. a bf16 value), so it is not split and each step takes
+// two MMAs instead of three.
+template <int kHeld, int kCols, bool kExactX, class W, class X>
+__device__ __forceinline__ void mma_weighted_sums(W&& w, X&& x, int cols, int lane, float (&acc)[4]) {
   static_assert(kHeld == 1 || kHeld == 2, "vectors g and g + 8 of a 16-vector set");
   const int g = lane / 4, c = lane % 4;
 #pragma unroll
@@ -45,8 +45,8 @@ __device__ __forceinline__ void mma_weighted_steps(W&& w, XStep&& x_step, int co
     } else {
       a.hi[1] = a.lo[1] = a.hi[3] = a.lo[3] = 0u;
     }
-    float x0, x1;
-    x_step(q, j0, j1, x0, x1);
+    const float x0 = j0 < cols ? x(j0) : 0.f;
+    const float x1 = j1 < cols ? x(j1) : 0.f;
     if constexpr (kExactX) {
       b.hi[0] = __float_as_uint(x0);
       b.hi[1] = __float_as_uint(x1);
@@ -58,18 +58,6 @@ __device__ __forceinline__ void mma_weighted_steps(W&& w, XStep&& x_step, int co
       mma_split_tf32(acc, a, b);
     }
   }
-}
-
-// mma_weighted_steps with x(j) giving column j's value (read only for j < cols).
-template <int kHeld, int kCols, bool kExactX, class W, class X>
-__device__ __forceinline__ void mma_weighted_sums(W&& w, X&& x, int cols, int lane, float (&acc)[4]) {
-  mma_weighted_steps<kHeld, kCols, kExactX>(
-      w,
-      [&](int, int j0, int j1, float& x0, float& x1) {
-        x0 = j0 < cols ? x(j0) : 0.f;
-        x1 = j1 < cols ? x(j1) : 0.f;
-      },
-      cols, lane, acc);
 }
 
 // The accumulator's values as out[k][e]: vector g + 8 k, row 2c + e.
@@ -93,37 +81,6 @@ __device__ __forceinline__ void mma_ring_sums(const float* W, int w_stride, int 
   float acc[4] = {0.f, 0.f, 0.f, 0.f};
   mma_weighted_sums<kHeld, kRecords, false>([&](int v, int j) { return v < nvec ? W[v * w_stride + j] : 0.f; },
                                             [&](int j) { return X[j * x_stride + g]; }, m, lane, acc);
-  held_sums(acc, out);
-}
-
-// The lane's X values of an fp32 ring in registers (records 8 q + c and 8 q + c + 4 of the warp's
-// row lane / 4, zeros from m on), so a tile can hand its stage back before the MMAs.
-template <int kRecords>
-struct RingColumn {
-  float x[(kRecords + 7) / 8][2];
-
-  __device__ __forceinline__ void load(const float* X, int x_stride, int m, int lane) {
-    const int g = lane / 4, c = lane % 4;
-#pragma unroll
-    for (int q = 0; q < (kRecords + 7) / 8; ++q) {
-      const int j0 = 8 * q + c, j1 = j0 + 4;
-      x[q][0] = j0 < m ? X[j0 * x_stride + g] : 0.f;
-      x[q][1] = j1 < m ? X[j1 * x_stride + g] : 0.f;
-    }
-  }
-};
-
-// mma_ring_sums from a RingColumn loaded with the same m.
-template <int kHeld, int kRecords>
-__device__ __forceinline__ void mma_ring_sums(const float* W, int w_stride, int nvec, const RingColumn<kRecords>& X,
-                                              int m, int lane, float (&out)[kHeld][2]) {
-  float acc[4] = {0.f, 0.f, 0.f, 0.f};
-  mma_weighted_steps<kHeld, kRecords, false>([&](int v, int j) { return v < nvec ? W[v * w_stride + j] : 0.f; },
-                                             [&](int q, int, int, float& x0, float& x1) {
-                                               x0 = X.x[q][0];
-                                               x1 = X.x[q][1];
-                                             },
-                                             m, lane, acc);
   held_sums(acc, out);
 }
 

@@ -73,29 +73,9 @@ struct MmaSplitDots {
     }
   }
 
-  // The warp's B operand as this lane reads it, held in registers: row lane / 4, columns 2c, 2c + 1
-  // and 2c + 8, 2c + 9 of each 16-column step (c = lane % 4), unsplit. A tile that loads its rows
-  // first can hand its stage back before the MMAs (the producer refills it meanwhile).
-  struct Rows {
-    float2 x[kSteps][2];
-  };
-
-  // This lane's part of the 8 rows at `rows` (shared memory, row stride kRowStride floats, 8-byte
-  // aligned).
-  __device__ __forceinline__ static void load_rows(const float* rows, int lane, Rows& out) {
-    const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
-#pragma unroll
-    for (int q = 0; q < kSteps; ++q) {
-      out.x[q][0] = *reinterpret_cast<const float2*>(r + 16 * q);
-      out.x[q][1] = *reinterpret_cast<const float2*>(r + 16 * q + 8);
-    }
-  }
-
   // out[k][e] = vector (lane / 4 + 8 k) . row (2 (lane % 4) + e) of the 8 rows at `rows` (shared
-  // memory, row stride kRowStride floats, 8-byte aligned; or a Rows this lane loaded). Every lane
-  // of the warp calls it.
-  template <class RowSource>
-  __device__ __forceinline__ static void dots(const RowSource& rows, const unsigned char* frag, int lane,
+  // memory, row stride kRowStride floats, 8-byte aligned). Every lane of the warp calls it.
+  __device__ __forceinline__ static void dots(const float* rows, const unsigned char* frag, int lane,
                                               float (&out)[kHeld][2]) {
     float o[1][kHeld][2];
     dot_sets<1, false>(rows, frag, lane, o);
@@ -115,23 +95,17 @@ struct MmaSplitDots {
   template <int kSets, bool kSplitVectors>
   __device__ __forceinline__ static void dot_sets(const float* rows, const unsigned char* frag, int lane,
                                                   float (&out)[kSets][kHeld][2]) {
-    Rows r;
-    load_rows(rows, lane, r);
-    dot_sets<kSets, kSplitVectors>(r, frag, lane, out);
-  }
-
-  // The same from rows already in registers (load_rows).
-  template <int kSets, bool kSplitVectors>
-  __device__ __forceinline__ static void dot_sets(const Rows& r, const unsigned char* frag, int lane,
-                                                  float (&out)[kSets][kHeld][2]) {
+    const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
     float acc[kSets][4];
 #pragma unroll
     for (int s = 0; s < kSets; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
 #pragma unroll
     for (int q = 0; q < kSteps; ++q) {
+      const float2 x0 = *reinterpret_cast<const float2*>(r + 16 * q);
+      const float2 x1 = *reinterpret_cast<const float2*>(r + 16 * q + 8);
       uint32_t hi[2], lo[2];
-      split(r.x[q][0], &hi[0], &lo[0]);
-      split(r.x[q][1], &hi[1], &lo[1]);
+      split(x0, &hi[0], &lo[0]);
+      split(x1, &hi[1], &lo[1]);
 #pragma unroll
       for (int s = 0; s < kSets; ++s) {
         const uint4* ah = reinterpret_cast<const uint4*>(frag + s * kSetBytes<kSplitVectors>);

@@ -1067,31 +1067,6 @@ struct PersistentVerify {
     constexpr int kSets = Layout::kCodeMma ? 1 : Layout::kDotSets;
     float dot[kSets][kHeldM][2];
     float rs[2] = {1.f, 1.f};  // the rows' scales (a scaled copy's code dots)
-    float vrow[TMAX];
-    auto load_vrow = [&] {
-#pragma unroll
-      for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
-    };
-    // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1), the
-    // committed records as the K dimension of split-TF32 MMAs; val[v / 8] holds vector v's.
-    float val[kSets * kHeldM][2];
-    auto add_ring_parts = [&](auto&& ring_sums) {
-#pragma unroll
-      for (int s = 0; s < kSets; ++s) {
-        float ring[kHeldM][2];
-        ring_sums(s, ring);
-#pragma unroll
-        for (int k = 0; k < kHeldM; ++k) {
-          const int v = 16 * s + g + 8 * k;
-          float (&vk)[2] = val[s * kHeldM + k];
-          vk[0] = vk[1] = 0.f;
-          if (v < Layout::kVecs) {
-            vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], ring[k][0]);
-            vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], ring[k][1]);
-          }
-        }
-      }
-    };
     if constexpr (Layout::kCodeMma) {
       const unsigned char* codes = S + Layout::kTile.offset;
       CodeDots::dots(codes + warp * 8 * CodeDots::kRowBytes, U + Layout::kCodeFrag.offset, lane, dot[0]);
@@ -1100,27 +1075,33 @@ struct PersistentVerify {
         rs[0] = sc[r0];
         rs[1] = sc[r0 + 1];
       }
-      add_ring_parts([&](int s, float (&ring)[kHeldM][2]) {
-        mma_ring_sums<kHeldM, L>(coef + 16 * s * kW, kW, Layout::kVecs - 16 * s, Su + warp * 8, ROWS, me, lane, ring);
-      });
-      load_vrow();
-      release();
     } else {
-      // Everything the tile reads from the stage into registers first (the rows as the MMAs take
-      // them, the ring's u values, the drafts' v), then the stage goes back to the producer, which
-      // refills it while this warp's MMAs run: with two stages per CTA, a stage held through the
-      // MMAs left the consumers waiting on the next tile.
-      typename Dots::Rows rows;
-      Dots::load_rows(ST + warp * 8 * Layout::kRowStride, lane, rows);
-      RingColumn<L> ucol;
-      ucol.load(Su + warp * 8, ROWS, me, lane);
-      load_vrow();
-      release();
-      Dots::template dot_sets<kSets, Layout::kSplitVectors>(rows, U + Layout::kFrag.offset, lane, dot);
-      add_ring_parts([&](int s, float (&ring)[kHeldM][2]) {
-        mma_ring_sums<kHeldM, L>(coef + 16 * s * kW, kW, Layout::kVecs - 16 * s, ucol, me, lane, ring);
-      });
+      Dots::template dot_sets<kSets, Layout::kSplitVectors>(ST + warp * 8 * Layout::kRowStride,
+                                                            U + Layout::kFrag.offset, lane, dot);
     }
+
+    // Ring parts of the lane's products (vectors 16 s + g + 8 k, rows r0 and r0 + 1), the
+    // committed records as the K dimension of split-TF32 MMAs; val[v / 8] holds vector v's.
+    float val[kSets * kHeldM][2];
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) {
+      float ring[kHeldM][2];
+      mma_ring_sums<kHeldM, L>(coef + 16 * s * kW, kW, Layout::kVecs - 16 * s, Su + warp * 8, ROWS, me, lane, ring);
+#pragma unroll
+      for (int k = 0; k < kHeldM; ++k) {
+        const int v = 16 * s + g + 8 * k;
+        float (&vk)[2] = val[s * kHeldM + k];
+        vk[0] = vk[1] = 0.f;
+        if (v < Layout::kVecs) {
+          vk[0] = fmaf(fac[v] * rs[0], dot[s][k][0], ring[k][0]);
+          vk[1] = fmaf(fac[v] * rs[1], dot[s][k][1], ring[k][1]);
+        }
+      }
+    }
+    float vrow[TMAX];
+#pragma unroll
+    for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
+    release();
 
     // Row l's sums: vector v at lane (v % 8, l / 2), element l % 2.
     float sums[2][TMAX];

@@ -703,7 +703,6 @@ struct PersistentVerify : GroupUnits {
 
     const int r0 = warp * 8 + 2 * (lane % 4);
     float dot[kHeld][2];
-    typename Dots::Rows rows;  // the fp32 tile's rows, read before the stage goes back (the MMAs run after)
     if constexpr (Layout::kCodeMma) {  // a non-flush tile of the read copy: codes, then both scales
       static_assert(!kFlush, "a flush folds the checkpoint on CUDA cores");
       const unsigned char* codes = S + Layout::kTile.offset;
@@ -721,7 +720,7 @@ struct PersistentVerify : GroupUnits {
         store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, tv.ST);
         __syncwarp();
       }
-      Dots::load_rows(tv.ST + warp * 8 * Layout::kRowStride, lane, rows);
+      Dots::dots(tv.ST + warp * 8 * Layout::kRowStride, U + Layout::kCFrag.offset, lane, dot);
     }
 
     // Ring parts of the lane's outputs (drafts g + 8k, rows r0 and r0 + 1): the committed records'
@@ -742,40 +741,31 @@ struct PersistentVerify : GroupUnits {
                                            [&](int d) { return to_float(Sxd[d * ROWS + g]); }, n, lane, acc);
       held_sums(acc, ring);
     }
-    // The drafts' x and z of the lane's rows.
-    float xz[kHeld][4] = {};
-#pragma unroll
-    for (int k = 0; k < kHeld; ++k) {
-      const int i = lane / 4 + 8 * k;
-      if (i < n) {
-        const float2 xi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + i * ROWS + r0));
-        xz[k][0] = xi.x;
-        xz[k][1] = xi.y;
-        if (p.in.z != nullptr) {
-          const float2 zi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Szd + i * ROWS + r0));
-          xz[k][2] = zi.x;
-          xz[k][3] = zi.y;
-        }
-      }
-    }
-    append_x_records(vu, tv.h, tv.p0, tv.Sxd, warp, lane, R);
-    release();
-    if constexpr (!Layout::kCodeMma) Dots::dots(rows, U + Layout::kCFrag.offset, lane, dot);
-
     float y[kHeld][2];
 #pragma unroll
     for (int k = 0; k < kHeld; ++k) {
       const int i = lane / 4 + 8 * k;
       if (i < n) {
-        const float ck = tv.dv[i].ck;
-        y[k][0] = fmaf(tv.hv.D, xz[k][0], fmaf(ck, dot[k][0], ring[k][0]));
-        y[k][1] = fmaf(tv.hv.D, xz[k][1], fmaf(ck, dot[k][1], ring[k][1]));
+        float x0, x1, z0 = 0.f, z1 = 0.f;
+        const float2 xi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Sxd + i * ROWS + r0));
+        x0 = xi.x;
+        x1 = xi.y;
         if (p.in.z != nullptr) {
-          y[k][0] *= silu_gate(xz[k][2]);
-          y[k][1] *= silu_gate(xz[k][3]);
+          const float2 zi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(tv.Szd + i * ROWS + r0));
+          z0 = zi.x;
+          z1 = zi.y;
+        }
+        const float ck = tv.dv[i].ck;
+        y[k][0] = fmaf(tv.hv.D, x0, fmaf(ck, dot[k][0], ring[k][0]));
+        y[k][1] = fmaf(tv.hv.D, x1, fmaf(ck, dot[k][1], ring[k][1]));
+        if (p.in.z != nullptr) {
+          y[k][0] *= silu_gate(z0);
+          y[k][1] *= silu_gate(z1);
         }
       }
     }
+    append_x_records(vu, tv.h, tv.p0, tv.Sxd, warp, lane, R);
+    release();
 
     // Outputs (zeros for drafts n .. T - 1).
 #pragma unroll
