@@ -50,8 +50,44 @@ struct CommitParams {
   int32_t batch;
 };
 
+// Record src[k] -> record dst[k] (k < n, ascending) of one ring array's heads for one slot, with
+// `Word`-sized loads and stores; record_words, stride_head and the base in Words. Each thread owns
+// fixed word positions, the same for every k, and reads a batch of its steps' sources before it
+// writes their destinations. That needs no barrier: a source path[k'] > path[k] >= k is never an
+// earlier step's destination, so no read can see this commit's writes, and a destination read
+// as an earlier source was read by the same thread first.
+template <class Word>
+__device__ __forceinline__ void copy_path_records(Word* base, int64_t stride_head, int heads, int record_words,
+                                                  const int* src, const int* dst, int n) {
+  constexpr int kPositions = 4, kSteps = 2;  // up to 8 loads in flight per thread
+  const int total = heads * record_words, step = blockDim.x;
+  for (int i0 = threadIdx.x; i0 < total; i0 += kPositions * step) {
+    Word* at[kPositions];
+#pragma unroll
+    for (int q = 0; q < kPositions; ++q) {
+      const int i = i0 + q * step, h = i / record_words;
+      at[q] = base + h * stride_head + (i - h * record_words);
+    }
+    for (int k0 = 0; k0 < n; k0 += kSteps) {
+      Word v[kPositions][kSteps];
+#pragma unroll
+      for (int q = 0; q < kPositions; ++q)
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j)
+          if (i0 + q * step < total && k0 + j < n) v[q][j] = at[q][static_cast<int64_t>(src[k0 + j]) * record_words];
+#pragma unroll
+      for (int q = 0; q < kPositions; ++q)
+#pragma unroll
+        for (int j = 0; j < kSteps; ++j)
+          if (i0 + q * step < total && k0 + j < n) at[q][static_cast<int64_t>(dst[k0 + j]) * record_words] = v[q][j];
+    }
+  }
+}
+
+constexpr int kCommitThreads = 256;
+
 // One CTA per batch row.
-__global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
+__global__ void __launch_bounds__(kCommitThreads, 2) commit_kernel(const CommitParams p) {
   const int64_t b = blockIdx.x;
   int64_t slot;
   const SlotKind kind = decode_slot(p.slots, b, &slot);
@@ -59,8 +95,8 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
     if (kind == SlotKind::kOutOfRange && threadIdx.x == 0) raise_error(p.error_flag, kErrSlotOutOfRange);
     return;
   }
-  __shared__ int n_s, m_s, start_s, copy_s, pending_s;
-  __shared__ int path_s[kMaxDrafts];
+  __shared__ int n_s, m_s, start_s, copy_s, pending_s, moves_s;
+  __shared__ int path_s[kMaxDrafts], src_s[kMaxDrafts], dst_s[kMaxDrafts];
   if (threadIdx.x == 0) {
     const int pending = p.draft[slot];
     const int m = p.len[slot];
@@ -106,27 +142,34 @@ __global__ void __launch_bounds__(128) commit_kernel(const CommitParams p) {
   const int n = n_s;
   if (n == 0) return;
   if (copy_s) {
-    // Record path[k] -> record k (k ascending): path[k] >= k, and a later source path[k'] > path[k]
-    // >= k is never an earlier destination; the barrier orders the reads of step k before the
-    // writes of later steps.
-    const int R = p.capacity;
-    for (int k = 0; k < n; ++k) {
-      const int src = (start_s + m_s + path_s[k]) % R, dst = (start_s + m_s + k) % R;
-      if (src != dst) {
-        for (int a = 0; a < p.num_arrays; ++a) {
-          const RingArray& ra = p.arrays[a];
-          uint32_t* base = static_cast<uint32_t*>(ra.ptr) + slot * ra.stride_slot;
-          const int words = ra.heads * ra.record_words;
-          for (int i = threadIdx.x; i < words; i += blockDim.x) {
-            const int h = i / ra.record_words, w = i % ra.record_words;
-            uint32_t* head = base + h * ra.stride_head;
-            head[static_cast<int64_t>(dst) * ra.record_words + w] =
-                head[static_cast<int64_t>(src) * ra.record_words + w];
-          }
+    if (threadIdx.x == 0) {  // the steps that move a record (path[k] != k), in order
+      const int R = p.capacity;
+      int moves = 0;
+      for (int k = 0; k < n; ++k) {
+        const int src = (start_s + m_s + path_s[k]) % R, dst = (start_s + m_s + k) % R;
+        if (src != dst) {
+          src_s[moves] = src;
+          dst_s[moves] = dst;
+          ++moves;
         }
       }
-      __syncthreads();
+      moves_s = moves;
     }
+    __syncthreads();
+    const int moves = moves_s;
+    for (int a = 0; a < p.num_arrays; ++a) {
+      const RingArray& ra = p.arrays[a];
+      uint32_t* base = static_cast<uint32_t*>(ra.ptr) + slot * ra.stride_slot;
+      const bool vec =
+          ra.record_words % 4 == 0 && ra.stride_head % 4 == 0 && (reinterpret_cast<uintptr_t>(base) & 15) == 0;
+      if (vec) {
+        copy_path_records(reinterpret_cast<uint4*>(base), ra.stride_head / 4, ra.heads, ra.record_words / 4, src_s,
+                          dst_s, moves);
+      } else {
+        copy_path_records(base, ra.stride_head, ra.heads, ra.record_words, src_s, dst_s, moves);
+      }
+    }
+    __syncthreads();  // every copy is issued before the cursors move (the next launch sees both)
   }
   if (threadIdx.x == 0) {
     if (atomicCAS(&p.draft[slot], pending_s, -n) == pending_s) p.len[slot] = m_s + n;
@@ -139,7 +182,7 @@ struct Commit {
   static cudaError_t launch(const Params& p, cudaStream_t stream) {
     if (p.num_arrays < 0 || p.num_arrays > kMaxRingArrays || p.T < 1 || p.T > kMaxDrafts) return cudaErrorInvalidValue;
     if (p.batch == 0) return cudaSuccess;
-    commit_kernel<<<p.batch, 128, 0, stream>>>(p);
+    commit_kernel<<<p.batch, kCommitThreads, 0, stream>>>(p);
     return cudaGetLastError();
   }
   static cudaError_t prepare() {
