@@ -124,6 +124,7 @@ class _DecodeWrapper:
         self._modules: dict = {}
         self._module: Any = None  # the loaded module serving the plan (replayssm.jit.loader.Module)
         self._schedule: Schedule | None = None  # fixed by plan()
+        self._workspace: torch.Tensor | None = None  # uint8, the plan's schedule.workspace_bytes or more
         self._device_limits: dict | None = None  # None: the module queries the device (tests inject H200_LIMITS)
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
@@ -230,7 +231,9 @@ class _DecodeWrapper:
         key = (self._op_for(drafts.T), self._capacity_for(drafts.T))
         module = self._modules[key] if key in self._modules else self._load_module(*key)
         schedule = Schedule.from_struct(module.plan(self._plan_query(batch, drafts.T), ScheduleStruct()))
+        workspace = self._workspace_for(schedule.workspace_bytes)
         # Nothing below raises: the new plan replaces the old one as a whole.
+        self._workspace = workspace
         self._modules[key] = module
         self._drafts.apply(drafts)
         self._slots[:batch].copy_(slot_indices, non_blocking=True)
@@ -239,6 +242,12 @@ class _DecodeWrapper:
         self._verified = False
         d = self._drafts  # compiled code guards on this key (replayssm.torch_ops): a change retraces
         self._plan_key = f"batch={batch} T={d.T} tree={d.is_tree} counts={d.has_counts} state_slots={d.has_state_slots}"
+
+    def _workspace_for(self, nbytes: int) -> torch.Tensor | None:
+        """The device workspace a plan needs (grown, never shrunk: a plan for fewer rows keeps it)."""
+        if nbytes <= 0 or (self._workspace is not None and self._workspace.numel() >= nbytes):
+            return self._workspace
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
     def _check_plan_slots(self, slot_indices) -> int:
         """Type, shape, dtype and device of slot_indices; returns the batch."""
@@ -380,6 +389,8 @@ class _DecodeWrapper:
         p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); the tile kernels ignore it
         p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
+        if self.schedule.workspace_bytes:  # the persistent GDN/KDA verify's unit terms
+            params.unit_terms = self._workspace.data_ptr()
         self._module.check_params(ENTRY_STEP, type(params))
         self._module.launch_step(params, self.schedule.struct, current_stream(self.device))
         self._verified = bool(self._drafts.T)

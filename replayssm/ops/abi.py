@@ -194,7 +194,13 @@ class KernelLaunch(ctypes.Structure):
 
 
 class ScheduleStruct(ctypes.Structure):
-    _fields_ = [("main", KernelLaunch), ("tile", KernelLaunch), ("fallback", i32), ("pdl", i32)]
+    _fields_ = [
+        ("main", KernelLaunch),
+        ("tile", KernelLaunch),
+        ("fallback", i32),
+        ("pdl", i32),
+        ("unit_terms_bytes", i32),
+    ]
 
 
 def load_checked(spec, decode_params: type, verify_params: type, *, prepare: bool):
@@ -351,6 +357,12 @@ class Schedule:
         """Whether ``main`` launches as a programmatic dependent launch (the wrapper's ``pdl=True``,
         on sm_90+, for kernels that support it: Mamba-2's replay decode tile kernel so far)."""
         return bool(self.struct.pdl)
+
+    @property
+    def workspace_bytes(self) -> int:
+        """Device workspace a run of this plan needs: the persistent GDN/KDA verify computes its work
+        units' terms ahead, in a launch of their own, into ``units x unit_terms_bytes`` bytes."""
+        return self.struct.unit_terms_bytes * self.struct.main.units if self.persistent else 0
 
     @classmethod
     def from_struct(cls, s: ScheduleStruct) -> Schedule:

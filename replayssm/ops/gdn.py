@@ -117,7 +117,7 @@ class DecodeParams(ctypes.Structure):
 
 
 class VerifyParams(ctypes.Structure):
-    _fields_ = [("d", DecodeParams), ("drafts", DraftArgs)]
+    _fields_ = [("d", DecodeParams), ("drafts", DraftArgs), ("unit_terms", c_ptr)]
 
 
 @dataclass(frozen=True)

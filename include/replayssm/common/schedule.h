@@ -62,6 +62,8 @@ struct Schedule {
   KernelLaunch tile;  // persistent main: the tile kernel a launch with misaligned inputs runs; else = main
   int32_t fallback;   // kFallback*: why a persistent request runs the tile kernel (0: it does not)
   int32_t pdl;        // 1: main is launched as a programmatic dependent launch (common/pdl.cuh)
+  int32_t unit_terms_bytes;  // persistent GDN/KDA verify: workspace bytes per work unit of the launch that
+                             //   computes the units' terms ahead (main.units records; 0: none)
 };
 
 // What the plan needs to know of one candidate kernel.
@@ -352,6 +354,7 @@ REPLAYSSM_FIELD(main)
 REPLAYSSM_FIELD(tile)
 REPLAYSSM_FIELD(fallback)
 REPLAYSSM_FIELD(pdl)
+REPLAYSSM_FIELD(unit_terms_bytes)
 REPLAYSSM_DESCRIBE_END
 
 }  // namespace replayssm

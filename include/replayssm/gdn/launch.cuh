@@ -217,7 +217,9 @@ struct ReplayVerify {
   template <int ROWS>
   using Smem = VerifySmem<TI, K, ROWS, L, PerChannelDecay, RC>;
   template <int ROWS>
-  using Persistent = typename PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>::Budget;
+  using Layout = PersistentVerifyLayout<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC>;
+  template <int ROWS>
+  using Persistent = typename Layout<ROWS>::Budget;
   // The persistent verify exists for the checkpoint alone or a read copy beside an fp32 one
   // (kDeltaPersistentVerifyFormat) at a tiling whose buffers fit two CTAs per SM.
   template <int ROWS>
@@ -270,8 +272,16 @@ struct ReplayVerify {
       return cudaSuccess;
     });
     if (e) return e;
-    return plan_persistent_launch(q, rows, delta_verify_unit_heads(q.heads / q.groups, PerChannelDecay),
-                                  units(q.batch, q.heads, q.groups), f, s);
+    e = plan_persistent_launch(q, rows, delta_verify_unit_heads(q.heads / q.groups, PerChannelDecay),
+                               units(q.batch, q.heads, q.groups), f, s);
+    if (e || s->main.kernel != kKernelPersistent) return e;
+    // The units' terms are computed ahead by a launch of their own where the layout allows it
+    // (verify_unit_terms_kernel): the wrapper allocates units x unit_terms_bytes of workspace.
+    return dispatch_rows<V>(s->main.rows_per_cta, [&](auto r) -> cudaError_t {
+      if constexpr (kPersistentOk<decltype(r)::value>)
+        s->unit_terms_bytes = static_cast<int32_t>(Layout<decltype(r)::value>::kTermBytes);
+      return cudaSuccess;
+    });
   }
   static cudaError_t launch(const Params& p, const Schedule& s, cudaStream_t stream) {
     const int R = p.d.ring.capacity;
@@ -297,9 +307,25 @@ struct ReplayVerify {
     constexpr bool kTwoLaunches = RC::kEnabled;
     Params pp = p;
     if constexpr (kTwoLaunches) pp.drafts.serve = kServeNonFlush;
+    // The units' terms ahead, in a launch of their own, when the plan has them and the caller gave
+    // the workspace (not with decay skipping: it decides on the inputs in the verify's unit buffer).
+    const bool ahead = s.unit_terms_bytes > 0 && p.unit_terms != nullptr && !(p.d.skip_below < 0.f);
+    if (!ahead) pp.unit_terms = nullptr;
     const cudaError_t e = dispatch_rows<V>(k.rows_per_cta, [&](auto rows) -> cudaError_t {
       constexpr int kRows = decltype(rows)::value;
       if constexpr (kPersistentOk<kRows>) {
+        if constexpr (Layout<kRows>::kTermsAhead) {
+          if (ahead) {
+            if (s.unit_terms_bytes != static_cast<int32_t>(Layout<kRows>::kTermBytes)) return cudaErrorInvalidValue;
+            KernelLaunch t{};
+            t.grid = k.units;
+            t.threads = kPersistentConsumers;
+            const cudaError_t te =
+                launch_planned(verify_unit_terms_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, pp, t,
+                               Layout<kRows>::kUnitBytes, stream);
+            if (te != cudaSuccess) return te;
+          }
+        }
         return launch_planned(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>, pp, k,
                               Persistent<kRows>::kBytes, stream);
       }
@@ -328,6 +354,12 @@ struct ReplayVerify {
           err = cudaFuncSetAttribute(replay_verify_persistent_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>,
                                      cudaFuncAttributeMaxDynamicSharedMemorySize,
                                      static_cast<int>(Persistent<kRows>::kBytes));
+        if constexpr (Layout<kRows>::kTermsAhead) {
+          if (err == cudaSuccess && has_code)
+            err = cudaFuncSetAttribute(verify_unit_terms_kernel<TS, TI, K, V, L, kRows, PerChannelDecay, TMAX, RC>,
+                                       cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                       static_cast<int>(Layout<kRows>::kUnitBytes));
+        }
       }
       return err;
     });

@@ -95,6 +95,10 @@ struct DecodeParams {
 struct VerifyParams {
   DecodeParams d;
   DraftArgs drafts;
+  // The persistent verify's workspace: [units][Schedule::unit_terms_bytes] bytes, where a launch of
+  // their own puts the terms of the units that do not flush (gdn/replay_verify_persistent.cuh,
+  // verify_unit_terms_kernel); nullptr: every unit forms its terms in the verify.
+  unsigned char* unit_terms;
 };
 
 }  // namespace gdn
@@ -161,6 +165,7 @@ REPLAYSSM_DESCRIBE_END
 REPLAYSSM_DESCRIBE_BEGIN(gdn::VerifyParams)
 REPLAYSSM_FIELD(d)
 REPLAYSSM_FIELD(drafts)
+REPLAYSSM_FIELD(unit_terms)
 REPLAYSSM_DESCRIBE_END
 
 }  // namespace replayssm

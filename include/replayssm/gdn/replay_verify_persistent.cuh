@@ -156,6 +156,19 @@ struct PersistentVerifyLayout {
   static constexpr size_t kUnitBytes = buffer_bytes(kCodeFrag, 128);
   static_assert(kQ.offset == kK.offset + TMAX * K * sizeof(TI), "keys and queries form one [2 TMAX][K] matrix");
 
+  // The unit terms a launch of their own may compute ahead (verify_unit_terms_kernel): what the
+  // tiles of a unit that does not flush read from its buffer (the dot vectors or their fragments,
+  // the coefficients, the factors and the solve matrices), one after the other in a unit's record
+  // of the workspace. Not with a read copy (its code dots take other vectors).
+  static constexpr bool kTermsAhead = !RC::kEnabled;
+  static constexpr SmemRegion kTermDots = kMmaDots ? kFrag : kVec;
+  static constexpr size_t kTermCoefAt = kTermDots.bytes;
+  static constexpr size_t kTermFacAt = kTermCoefAt + kCoef.bytes;
+  static constexpr size_t kTermSolveAt = kTermFacAt + kFac.bytes;
+  static constexpr size_t kTermBytes = kTermsAhead ? align128(kTermSolveAt + kSolve.bytes) : 0;
+  static_assert(kTermDots.bytes % 16 == 0 && kCoef.bytes % 16 == 0 && kFac.bytes % 16 == 0 && kSolve.bytes % 16 == 0,
+                "the terms move as 16-byte words");
+
   // Stage buffer: the checkpoint tile [ROWS][kRowStride] TS (one bulk copy, or one per row when
   // padded; with a read copy its codes [ROWS][row_elems(K)] and row scales [ROWS] fp32 instead,
   // one bulk copy each), u ring rows [L][ROWS] fp32 (one bulk copy per live record) and the
@@ -287,75 +300,15 @@ struct PersistentVerify {
         cur.status = kUnitServedElsewhere;
         return 0;
       }
-      const int64_t bt0 = c.b * T;
-      const int64_t slot = cur.slot, m = cur.m;
-      const TI* qp = static_cast<const TI*>(p.in.q) + bt0 * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
-      const TI* kp = static_cast<const TI*>(p.in.k) + bt0 * p.in.k_stride_batch + c.hk * p.in.k_stride_head;
-      TI* UQ = reinterpret_cast<TI*>(U + Layout::kQ.offset);
-      TI* UK = reinterpret_cast<TI*>(U + Layout::kK.offset);
-      for (int i = lane; i < n * kKV; i += 32) {
-        const int d = i / kKV, q = i % kKV;
-        cp_async16(UQ + d * K + q * kIV, qp + d * p.in.q_stride_batch + q * kIV);
-        cp_async16(UK + d * K + q * kIV, kp + d * p.in.k_stride_batch + q * kIV);
+      if (terms_ahead() && cur.m + n <= L) {  // its terms were computed ahead (verify_unit_terms_kernel)
+        load_terms_async(U, u, lane);
+        return tiles_per_unit();
       }
-      const float* kring = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
-      float* UR = floats(U, Layout::kKeyRing);
-      for (int i = lane; i < m * (K / 4); i += 32) {
-        const int j = i / (K / 4), q = i % (K / 4);
-        cp_async16(UR + j * K + q * 4, kring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
-      }
-      const ScalarArg& gate = p.in.g.ptr != nullptr ? p.in.g : p.in.a;
-      const bool derived = p.in.g.ptr == nullptr;  // g = -exp(A_log) softplus(a + dt_bias)
-      uint32_t* DG = words(U, Layout::kDraftGates);
-      uint32_t* HW = words(U, Layout::kHeadWords);
-      if constexpr (PerChannelDecay) {
-        const float* gring = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
-        float* UG = floats(U, Layout::kGateRing);
-        for (int i = lane; i < m * (K / 4); i += 32) {
-          const int j = i / (K / 4), q = i % (K / 4);
-          cp_async16(UG + j * K + q * 4, gring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
-        }
-        for (int i = lane; i < n * K; i += 32) {
-          const int d = i / K, e = i % K;
-          cp_async_scalar(&DG[i], gate, (bt0 + d) * gate.stride0 + c.h0 * gate.stride1 + e);
-        }
-        if (derived) {
-          uint32_t* BW = words(U, Layout::kBiasWords);
-          for (int e = lane; e < K; e += 32) cp_async_scalar(&BW[e], p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e);
-          if (lane == 0) cp_async_scalar(&HW[0], p.in.A_log, c.h0 * p.in.A_log.stride0);
-        }
-      } else {
-        for (int k = lane; k < heads * n; k += 32) {
-          const int i = k / n, d = k % n;
-          cp_async_scalar(&DG[i * TMAX + d], gate, (bt0 + d) * gate.stride0 + (c.h0 + i) * gate.stride1);
-        }
-        if (derived) {
-          for (int k = lane; k < heads * 2; k += 32) {
-            const int h = c.h0 + k / 2;
-            if (k % 2 == 0) {
-              cp_async_scalar(&HW[(k / 2) * 4], p.in.A_log, h * p.in.A_log.stride0);
-            } else {
-              cp_async_scalar(&HW[(k / 2) * 4 + 1], p.in.dt_bias, h * p.in.dt_bias.stride0);
-            }
-          }
-        }
-        float* HG = floats(U, Layout::kHeadGRing);
-        for (int k = lane; k < heads * m; k += 32) {
-          const int i = k / m, j = k % m;
-          cp_async4(&HG[i * L + j],
-                    p.ring.g + slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + cur.phys(j, R));
-        }
-      }
-      const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
-      uint32_t* BWd = words(U, Layout::kBetaWords);
-      for (int k = lane; k < heads * n; k += 32) {
-        const int i = k / n, d = k % n;
-        cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
-      }
+      load_unit_inputs(c, cur, n, U, lane);
       if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
         cp_async_wait_all();
         __syncwarp();
-        skip = decayed_heads(U, c, static_cast<int>(m), n, lane);
+        skip = decayed_heads(U, c, cur.m, n, lane);
         if (lane == 0) count_skips(p.skip_stats, skip, heads);
       }
       return tiles_per_unit();
@@ -410,6 +363,79 @@ struct PersistentVerify {
     pipe.produce(units, WorkCounter{p.ring.work, units}, [](RowOrder&) {}, fill_unit, fill_stage);
   }
 
+  // Producer warp (or the terms launch's warp 0), every lane: the inputs of unit c's terms into
+  // unit buffer U: the drafts' q and k, the live key ring (KDA: and gate ring), the gate and beta
+  // words of the drafts and the heads' decay words (cp.async; the caller waits for them).
+  __device__ __forceinline__ void load_unit_inputs(const UnitCoords& c, const UnitCursors& cur, int n, unsigned char* U,
+                                                   int lane) const {
+    const int R = p.ring.capacity;
+    const int64_t bt0 = c.b * T;
+    const int64_t slot = cur.slot, m = cur.m;
+    const TI* qp = static_cast<const TI*>(p.in.q) + bt0 * p.in.q_stride_batch + c.hk * p.in.q_stride_head;
+    const TI* kp = static_cast<const TI*>(p.in.k) + bt0 * p.in.k_stride_batch + c.hk * p.in.k_stride_head;
+    TI* UQ = reinterpret_cast<TI*>(U + Layout::kQ.offset);
+    TI* UK = reinterpret_cast<TI*>(U + Layout::kK.offset);
+    for (int i = lane; i < n * kKV; i += 32) {
+      const int d = i / kKV, q = i % kKV;
+      cp_async16(UQ + d * K + q * kIV, qp + d * p.in.q_stride_batch + q * kIV);
+      cp_async16(UK + d * K + q * kIV, kp + d * p.in.k_stride_batch + q * kIV);
+    }
+    const float* kring = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
+    float* UR = floats(U, Layout::kKeyRing);
+    for (int i = lane; i < m * (K / 4); i += 32) {
+      const int j = i / (K / 4), q = i % (K / 4);
+      cp_async16(UR + j * K + q * 4, kring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
+    }
+    const ScalarArg& gate = p.in.g.ptr != nullptr ? p.in.g : p.in.a;
+    const bool derived = p.in.g.ptr == nullptr;  // g = -exp(A_log) softplus(a + dt_bias)
+    uint32_t* DG = words(U, Layout::kDraftGates);
+    uint32_t* HW = words(U, Layout::kHeadWords);
+    if constexpr (PerChannelDecay) {
+      const float* gring = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
+      float* UG = floats(U, Layout::kGateRing);
+      for (int i = lane; i < m * (K / 4); i += 32) {
+        const int j = i / (K / 4), q = i % (K / 4);
+        cp_async16(UG + j * K + q * 4, gring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
+      }
+      for (int i = lane; i < n * K; i += 32) {
+        const int d = i / K, e = i % K;
+        cp_async_scalar(&DG[i], gate, (bt0 + d) * gate.stride0 + c.h0 * gate.stride1 + e);
+      }
+      if (derived) {
+        uint32_t* BW = words(U, Layout::kBiasWords);
+        for (int e = lane; e < K; e += 32) cp_async_scalar(&BW[e], p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e);
+        if (lane == 0) cp_async_scalar(&HW[0], p.in.A_log, c.h0 * p.in.A_log.stride0);
+      }
+    } else {
+      for (int k = lane; k < heads * n; k += 32) {
+        const int i = k / n, d = k % n;
+        cp_async_scalar(&DG[i * TMAX + d], gate, (bt0 + d) * gate.stride0 + (c.h0 + i) * gate.stride1);
+      }
+      if (derived) {
+        for (int k = lane; k < heads * 2; k += 32) {
+          const int h = c.h0 + k / 2;
+          if (k % 2 == 0) {
+            cp_async_scalar(&HW[(k / 2) * 4], p.in.A_log, h * p.in.A_log.stride0);
+          } else {
+            cp_async_scalar(&HW[(k / 2) * 4 + 1], p.in.dt_bias, h * p.in.dt_bias.stride0);
+          }
+        }
+      }
+      float* HG = floats(U, Layout::kHeadGRing);
+      for (int k = lane; k < heads * m; k += 32) {
+        const int i = k / m, j = k % m;
+        cp_async4(&HG[i * L + j],
+                  p.ring.g + slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + cur.phys(j, R));
+      }
+    }
+    const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
+    uint32_t* BWd = words(U, Layout::kBetaWords);
+    for (int k = lane; k < heads * n; k += 32) {
+      const int i = k / n, d = k % n;
+      cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
+    }
+  }
+
   // The v rows of the row's n drafts for tile (h, v0) into stage S (producer warp).
   __device__ __forceinline__ void draft_values(const UnitCoords& c, int h, int v0, int n, unsigned char* S,
                                                int lane) const {
@@ -442,33 +468,7 @@ struct PersistentVerify {
       const DraftHeader<TMAX>* dh = reinterpret_cast<const DraftHeader<TMAX>*>(U + Layout::kDrafts.offset);
       vu.from_headers(U, hd, *dh, L);
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
-      draft_vectors(U, vu.n, warp, lane);
-      if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
-      Layout::Pipeline::consumer_sync();
-      if constexpr (PerChannelDecay) {
-        channel_decays(U, dh, vu, c, tid);
-        Layout::Pipeline::consumer_sync();
-        channel_pairs(U, dh, vu, tid);
-      } else {
-        key_products(U, dh, vu, tid);
-        Layout::Pipeline::consumer_sync();
-        for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
-      }
-      Layout::Pipeline::consumer_sync();
-      if constexpr (Layout::kMmaDots && Layout::kSplitVectors) {  // KDA: the vectors carry the decays now
-        const int n = vu.n;
-#pragma unroll
-        for (int s = 0; s < Layout::kDotSets; ++s) {
-          unsigned char* F = const_cast<unsigned char*>(U) + Layout::kFrag.offset + s * Layout::kDotSetBytes;
-          Layout::Dots::set_vectors_split(
-              F, F + Layout::Dots::kFragmentBytes, floats(U, Layout::kVec) + 16 * s * K,
-              [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
-              kPersistentConsumers);
-        }
-      }
-      if constexpr (Layout::kFragOnVec) raw_fragments(U, vu.n, tid);  // the key products have read the vectors
-      for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
-      Layout::Pipeline::consumer_sync();
+      if (!(terms_ahead() && !vu.flush)) unit_terms(U, dh, vu, c, tid);  // else computed ahead
       return tiles_per_unit();
     };
 
@@ -495,36 +495,7 @@ struct PersistentVerify {
 
     // The drafts' key records (the key head's first unit) and their log decays.
     auto end_unit = [&](int64_t u, const unsigned char* U) {
-      const UnitCoords c = unit_of(u);
-      const int n = vu.n;
-      const float* DG = floats(U, Layout::kDraftGates);
-      if constexpr (PerChannelDecay) {
-        float* gout = p.ring.g + vu.slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
-        for (int k = tid; k < n * K; k += kPersistentConsumers)
-          gout[static_cast<int64_t>(vu.phys(vu.m + k / K, R)) * K + k % K] = DG[k];
-      } else {
-        for (int k = tid; k < heads * n; k += kPersistentConsumers) {
-          const int i = k / n, d = k % n;
-          p.ring.g[vu.slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + vu.phys(vu.m + d, R)] =
-              DG[i * TMAX + d];
-        }
-      }
-      if constexpr (RC::kTwoCopy) {  // and its betas (the values: draft_outputs)
-        const float* BT = floats(U, Layout::kBeta);
-        for (int k = tid; k < heads * n; k += kPersistentConsumers) {
-          const int i = k / n, d = k % n;
-          p.ring.beta[vu.slot * p.ring.beta_stride_slot + (c.h0 + i) * p.ring.beta_stride_head + vu.phys(vu.m + d, R)] =
-              BT[i * TMAX + d];
-        }
-      }
-      if (c.h0 % ratio != 0) return;
-      const TI* UK = reinterpret_cast<const TI*>(U + Layout::kK.offset);
-      const float* ks = floats(U, Layout::kNorm);
-      float* kout = p.ring.k + vu.slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
-      for (int k = tid; k < n * K; k += kPersistentConsumers) {
-        const int d = k / K;
-        kout[static_cast<int64_t>(vu.phys(vu.m + d, R)) * K + k % K] = to_float(UK[k]) * ks[d];
-      }
+      if (!(terms_ahead() && !vu.flush)) append_drafts(U, vu, unit_of(u), tid);  // else the terms launch did
     };
 
     auto counted_in = [&](int64_t) {
@@ -532,6 +503,137 @@ struct PersistentVerify {
     };
 
     pipe.consume(begin_unit, tile_fn, end_unit, counted_in);
+  }
+
+  // What every consumer thread computes at a unit's start (barriers inside, one at the end): the
+  // drafts' vectors, the decays, the coefficients of every (draft, record) pair, the tiles'
+  // vectors or their fragments and the solve matrices, in unit buffer U.
+  __device__ __forceinline__ void unit_terms(const unsigned char* U, const DraftHeader<TMAX>* dh, const VerifyUnit& vu,
+                                             const UnitCoords& c, int tid) const {
+    const int warp = tid / 32, lane = tid % 32;
+    draft_vectors(U, vu.n, warp, lane);
+    if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
+    Layout::Pipeline::consumer_sync();
+    if constexpr (PerChannelDecay) {
+      channel_decays(U, dh, vu, c, tid);
+      Layout::Pipeline::consumer_sync();
+      channel_pairs(U, dh, vu, tid);
+    } else {
+      key_products(U, dh, vu, tid);
+      Layout::Pipeline::consumer_sync();
+      for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
+    }
+    Layout::Pipeline::consumer_sync();
+    if constexpr (Layout::kMmaDots && Layout::kSplitVectors) {  // KDA: the vectors carry the decays now
+      const int n = vu.n;
+#pragma unroll
+      for (int s = 0; s < Layout::kDotSets; ++s) {
+        unsigned char* F = const_cast<unsigned char*>(U) + Layout::kFrag.offset + s * Layout::kDotSetBytes;
+        Layout::Dots::set_vectors_split(
+            F, F + Layout::Dots::kFragmentBytes, floats(U, Layout::kVec) + 16 * s * K,
+            [n, s](int row) { return 16 * s + row < 2 * TMAX && (16 * s + row) % TMAX < n; }, tid,
+            kPersistentConsumers);
+      }
+    }
+    if constexpr (Layout::kFragOnVec) raw_fragments(U, vu.n, tid);  // the key products have read the vectors
+    for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
+    Layout::Pipeline::consumer_sync();
+  }
+
+  // The drafts' key records (the key head's first unit) and their log decays (every consumer
+  // thread, after the unit's terms).
+  __device__ __forceinline__ void append_drafts(const unsigned char* U, const VerifyUnit& vu, const UnitCoords& c,
+                                                int tid) const {
+    const int R = p.ring.capacity;
+    const int n = vu.n;
+    const float* DG = floats(U, Layout::kDraftGates);
+    if constexpr (PerChannelDecay) {
+      float* gout = p.ring.g + vu.slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
+      for (int k = tid; k < n * K; k += kPersistentConsumers)
+        gout[static_cast<int64_t>(vu.phys(vu.m + k / K, R)) * K + k % K] = DG[k];
+    } else {
+      for (int k = tid; k < heads * n; k += kPersistentConsumers) {
+        const int i = k / n, d = k % n;
+        p.ring.g[vu.slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + vu.phys(vu.m + d, R)] =
+            DG[i * TMAX + d];
+      }
+    }
+    if constexpr (RC::kTwoCopy) {  // and its betas (the values: draft_outputs)
+      const float* BT = floats(U, Layout::kBeta);
+      for (int k = tid; k < heads * n; k += kPersistentConsumers) {
+        const int i = k / n, d = k % n;
+        p.ring.beta[vu.slot * p.ring.beta_stride_slot + (c.h0 + i) * p.ring.beta_stride_head + vu.phys(vu.m + d, R)] =
+            BT[i * TMAX + d];
+      }
+    }
+    if (c.h0 % ratio != 0) return;
+    const TI* UK = reinterpret_cast<const TI*>(U + Layout::kK.offset);
+    const float* ks = floats(U, Layout::kNorm);
+    float* kout = p.ring.k + vu.slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
+    for (int k = tid; k < n * K; k += kPersistentConsumers) {
+      const int d = k / K;
+      kout[static_cast<int64_t>(vu.phys(vu.m + d, R)) * K + k % K] = to_float(UK[k]) * ks[d];
+    }
+  }
+
+  // ---- unit terms computed ahead (Layout::kTermsAhead) ----
+  // Whether this launch's units that do not flush find their terms in the workspace (the
+  // launcher passes none with decay skipping, which decides on the unit buffer's inputs).
+  __device__ __forceinline__ bool terms_ahead() const {
+    return Layout::kTermsAhead && vp.unit_terms != nullptr && !(p.skip_below < 0.f);
+  }
+  // Calls f(region of the unit buffer, its offset in a unit's record) for each term.
+  template <class F>
+  __device__ __forceinline__ static void for_each_term(F&& f) {
+    f(Layout::kTermDots, size_t{0});
+    f(Layout::kCoef, Layout::kTermCoefAt);
+    f(Layout::kFac, Layout::kTermFacAt);
+    f(Layout::kSolve, Layout::kTermSolveAt);
+  }
+  // The terms launch, every thread: unit u's terms from U into its record.
+  __device__ __forceinline__ void store_terms(const unsigned char* U, int64_t u, int tid) const {
+    unsigned char* rec = vp.unit_terms + u * static_cast<int64_t>(Layout::kTermBytes);
+    for_each_term([&](SmemRegion r, size_t at) {
+      for (size_t i = tid * 16; i < r.bytes; i += kPersistentConsumers * 16)
+        *reinterpret_cast<uint4*>(rec + at + i) = *reinterpret_cast<const uint4*>(U + r.offset + i);
+    });
+  }
+  // Producer warp, every lane: unit u's terms from its record into U (cp.async).
+  __device__ __forceinline__ void load_terms_async(unsigned char* U, int64_t u, int lane) const {
+    const unsigned char* rec = vp.unit_terms + u * static_cast<int64_t>(Layout::kTermBytes);
+    for_each_term([&](SmemRegion r, size_t at) {
+      for (size_t i = lane * 16; i < r.bytes; i += 32 * 16) cp_async16(U + r.offset + i, rec + at + i);
+    });
+  }
+
+  // verify_unit_terms_kernel, every thread of its kPersistentConsumers: unit u's terms if its row
+  // does not flush (the verify computes the others itself), formed in U (the block's shared
+  // memory, Layout::kUnitBytes) as the verify's consumers would and stored in the unit's record,
+  // and the row's draft records appended. Nothing else is written: a row the verify finds bad or
+  // flushing is the verify's, as are the outputs and the cursors.
+  __device__ void terms_ahead_of(int64_t u, unsigned char* U, int tid) const {
+    const int warp = tid / 32, lane = tid % 32;
+    const UnitCoords c = unit_of(u);
+    UnitHeader* header = reinterpret_cast<UnitHeader*>(U + Layout::kHeader.offset);
+    DraftHeader<TMAX>* dh = reinterpret_cast<DraftHeader<TMAX>*>(U + Layout::kDrafts.offset);
+    if (warp == 0) {
+      UnitCursors cur;
+      read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
+      int n = 0;
+      if (cur.status == kUnitActive) n = read_draft_header<TMAX>(vp.drafts, c.b, p.ring.capacity, L, dh, lane);
+      const bool ahead = cur.status == kUnitActive && n > 0 && cur.m + n <= L;  // as the verify's producer decides
+      if (lane == 0 && !ahead) header->status = kUnitServedElsewhere;
+      if (ahead) load_unit_inputs(c, cur, n, U, lane);
+      cp_async_wait_all();
+    }
+    __syncthreads();
+    const UnitHeader hd = *header;
+    if (hd.status != kUnitActive) return;
+    VerifyUnit vu;
+    vu.from_headers(U, hd, *dh, L);
+    unit_terms(U, dh, vu, c, tid);
+    store_terms(U, u, tid);
+    append_drafts(U, vu, c, tid);
   }
 
   // GDN's tensor-core dots (Layout::kMmaDots): the drafts' raw keys and queries into the A
@@ -1251,6 +1353,21 @@ __global__ void __launch_bounds__(
   run_persistent<false>(k, [&] { return vp.d.ring.work; }, [] { return -1; });  // no flush hints
 #else
   __trap();  // no mbarrier/bulk-copy pipeline before sm_90: the plan never launches this kernel here
+#endif
+}
+
+// The unit terms of the persistent verify's units that do not flush, computed ahead into
+// VerifyParams::unit_terms (Layout::kTermsAhead): one CTA of kPersistentConsumers threads per unit,
+// Layout::kUnitBytes of dynamic shared memory. Launched right before the verify, on its stream.
+template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChannelDecay, int TMAX,
+          class RC = NoReadCopy>
+__global__ void __launch_bounds__(kPersistentConsumers) verify_unit_terms_kernel(const VerifyParams vp) {
+#if REPLAYSSM_HAS_BULK_PIPELINE
+  extern __shared__ __align__(128) unsigned char persistent_smem[];
+  const PersistentVerify<TS, TI, K, V, L, ROWS, PerChannelDecay, TMAX, RC> k(vp, persistent_smem);
+  k.terms_ahead_of(blockIdx.x, persistent_smem, threadIdx.x);
+#else
+  __trap();  // as the verify it serves
 #endif
 }
 
