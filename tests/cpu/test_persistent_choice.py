@@ -294,6 +294,32 @@ class TestDeltaPlan:
         wide = plan(modules["kda_verify_T8"], 64, 32, 32, rows=64, drafts=8)  # 32 KB tiles (path sums on the gate ring)
         assert wide.kernel == "persistent" and wide.rows_per_cta == 64 and wide.main.ctas_per_sm == 2
 
+    @pytest.mark.parametrize("module, T", [("kda_verify_T8", 8), ("kda_verify_T16", 16)])
+    def test_unit_terms_workspace(self, modules, module, T):
+        """KDA's persistent verify from 8 drafts computes its units' terms ahead (a launch of their
+        own): the plan asks for a workspace record per unit holding at least the coefficients
+        (2T x (L + T) fp32), the tiles' 2T vectors of K channels and the solve matrices, 128-byte
+        multiples; the wrapper allocates units x that. The tile verify needs none."""
+        L, K, HV = 16, 128, 32
+        s = plan(modules[module], 256, HV, HV, persistent=True, drafts=T)
+        least = 2 * T * (L + T) * 4 + 2 * T * T * 4 + 2 * T * 4 + 2 * T * K * 2
+        assert s.kernel == "persistent" and s.heads_per_unit == 1 and s.struct.unit_terms_bytes >= least
+        assert s.struct.unit_terms_bytes % 128 == 0
+        assert (
+            s.workspace_bytes == s.struct.main.units * s.struct.unit_terms_bytes == 256 * HV * s.struct.unit_terms_bytes
+        )
+        tile = plan(modules[module], 256, HV, HV, persistent=False, drafts=T)
+        assert tile.kernel == "verify" and tile.workspace_bytes == 0
+
+    @pytest.mark.parametrize(
+        "module, HK, T", [("gdn_verify", 16, 4), ("gdn_verify_T16", 16, 16), ("kda_verify_fp8", 32, 4)]
+    )
+    def test_verify_forming_its_own_unit_terms(self, modules, module, HK, T):
+        """GDN's verify (whose unit start is shorter than the launch would take) and a read copy's
+        (its code dots take other vectors) form their units' terms themselves: no workspace."""
+        s = plan(modules[module], 256, 32, HK, persistent=True, drafts=T)
+        assert s.kernel == "persistent" and s.struct.unit_terms_bytes == 0 and s.workspace_bytes == 0
+
     def test_sixteen_drafts(self, modules):
         s = plan(modules["gdn_verify_T16"], 256, 32, 16, persistent=True, drafts=16)
         assert s.kernel == "persistent" and s.main.ctas_per_sm == 2 and s.rows_per_cta == 32

@@ -159,8 +159,11 @@ struct PersistentVerifyLayout {
   // The unit terms a launch of their own may compute ahead (verify_unit_terms_kernel): what the
   // tiles of a unit that does not flush read from its buffer (the dot vectors or their fragments,
   // the coefficients, the factors and the solve matrices), one after the other in a unit's record
-  // of the workspace. Not with a read copy (its code dots take other vectors).
-  static constexpr bool kTermsAhead = !RC::kEnabled;
+  // of the workspace. Not with a read copy (its code dots take other vectors). KDA from 8 drafts
+  // only: on an H100 at B = 256 the launch took 45 us (GDN, T = 4) to 188 us (KDA, T = 8) a round,
+  // more than the verify saved (9 and 63 us for GDN at T = 4 and 8, 80 us for KDA at T = 4) except
+  // for KDA's 214 us at T = 8 (perf/README.md, "Unit terms ahead").
+  static constexpr bool kTermsAhead = !RC::kEnabled && PerChannelDecay && TMAX >= 8;
   static constexpr SmemRegion kTermDots = kMmaDots ? kFrag : kVec;
   static constexpr size_t kTermCoefAt = kTermDots.bytes;
   static constexpr size_t kTermFacAt = kTermCoefAt + kCoef.bytes;
@@ -304,7 +307,7 @@ struct PersistentVerify {
         load_terms_async(U, u, lane);
         return tiles_per_unit();
       }
-      load_unit_inputs(c, cur, n, U, lane);
+      load_unit_inputs(c, cur, n, U, lane, 32);
       if (p.skip_below < 0.f) {  // decay skipping: decided on the landed unit buffer, before any tile
         cp_async_wait_all();
         __syncwarp();
@@ -363,11 +366,12 @@ struct PersistentVerify {
     pipe.produce(units, WorkCounter{p.ring.work, units}, [](RowOrder&) {}, fill_unit, fill_stage);
   }
 
-  // Producer warp (or the terms launch's warp 0), every lane: the inputs of unit c's terms into
-  // unit buffer U: the drafts' q and k, the live key ring (KDA: and gate ring), the gate and beta
-  // words of the drafts and the heads' decay words (cp.async; the caller waits for them).
+  // Threads t of nt (the producer warp's lanes, or every thread of the terms launch): the inputs
+  // of unit c's terms into unit buffer U: the drafts' q and k, the live key ring (KDA: and gate
+  // ring), the gate and beta words of the drafts and the heads' decay words (cp.async; the caller
+  // waits for them).
   __device__ __forceinline__ void load_unit_inputs(const UnitCoords& c, const UnitCursors& cur, int n, unsigned char* U,
-                                                   int lane) const {
+                                                   int t, int nt) const {
     const int R = p.ring.capacity;
     const int64_t bt0 = c.b * T;
     const int64_t slot = cur.slot, m = cur.m;
@@ -375,14 +379,14 @@ struct PersistentVerify {
     const TI* kp = static_cast<const TI*>(p.in.k) + bt0 * p.in.k_stride_batch + c.hk * p.in.k_stride_head;
     TI* UQ = reinterpret_cast<TI*>(U + Layout::kQ.offset);
     TI* UK = reinterpret_cast<TI*>(U + Layout::kK.offset);
-    for (int i = lane; i < n * kKV; i += 32) {
+    for (int i = t; i < n * kKV; i += nt) {
       const int d = i / kKV, q = i % kKV;
       cp_async16(UQ + d * K + q * kIV, qp + d * p.in.q_stride_batch + q * kIV);
       cp_async16(UK + d * K + q * kIV, kp + d * p.in.k_stride_batch + q * kIV);
     }
     const float* kring = p.ring.k + slot * p.ring.k_stride_slot + c.hk * p.ring.k_stride_head;
     float* UR = floats(U, Layout::kKeyRing);
-    for (int i = lane; i < m * (K / 4); i += 32) {
+    for (int i = t; i < m * (K / 4); i += nt) {
       const int j = i / (K / 4), q = i % (K / 4);
       cp_async16(UR + j * K + q * 4, kring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
     }
@@ -393,26 +397,26 @@ struct PersistentVerify {
     if constexpr (PerChannelDecay) {
       const float* gring = p.ring.g + slot * p.ring.g_stride_slot + c.h0 * p.ring.g_stride_head;
       float* UG = floats(U, Layout::kGateRing);
-      for (int i = lane; i < m * (K / 4); i += 32) {
+      for (int i = t; i < m * (K / 4); i += nt) {
         const int j = i / (K / 4), q = i % (K / 4);
         cp_async16(UG + j * K + q * 4, gring + static_cast<int64_t>(cur.phys(j, R)) * K + q * 4);
       }
-      for (int i = lane; i < n * K; i += 32) {
+      for (int i = t; i < n * K; i += nt) {
         const int d = i / K, e = i % K;
         cp_async_scalar(&DG[i], gate, (bt0 + d) * gate.stride0 + c.h0 * gate.stride1 + e);
       }
       if (derived) {
         uint32_t* BW = words(U, Layout::kBiasWords);
-        for (int e = lane; e < K; e += 32) cp_async_scalar(&BW[e], p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e);
-        if (lane == 0) cp_async_scalar(&HW[0], p.in.A_log, c.h0 * p.in.A_log.stride0);
+        for (int e = t; e < K; e += nt) cp_async_scalar(&BW[e], p.in.dt_bias, c.h0 * p.in.dt_bias.stride0 + e);
+        if (t == 0) cp_async_scalar(&HW[0], p.in.A_log, c.h0 * p.in.A_log.stride0);
       }
     } else {
-      for (int k = lane; k < heads * n; k += 32) {
+      for (int k = t; k < heads * n; k += nt) {
         const int i = k / n, d = k % n;
         cp_async_scalar(&DG[i * TMAX + d], gate, (bt0 + d) * gate.stride0 + (c.h0 + i) * gate.stride1);
       }
       if (derived) {
-        for (int k = lane; k < heads * 2; k += 32) {
+        for (int k = t; k < heads * 2; k += nt) {
           const int h = c.h0 + k / 2;
           if (k % 2 == 0) {
             cp_async_scalar(&HW[(k / 2) * 4], p.in.A_log, h * p.in.A_log.stride0);
@@ -422,7 +426,7 @@ struct PersistentVerify {
         }
       }
       float* HG = floats(U, Layout::kHeadGRing);
-      for (int k = lane; k < heads * m; k += 32) {
+      for (int k = t; k < heads * m; k += nt) {
         const int i = k / m, j = k % m;
         cp_async4(&HG[i * L + j],
                   p.ring.g + slot * p.ring.g_stride_slot + (c.h0 + i) * p.ring.g_stride_head + cur.phys(j, R));
@@ -430,7 +434,7 @@ struct PersistentVerify {
     }
     const ScalarArg& bt = p.in.beta.ptr != nullptr ? p.in.beta : p.in.b;
     uint32_t* BWd = words(U, Layout::kBetaWords);
-    for (int k = lane; k < heads * n; k += 32) {
+    for (int k = t; k < heads * n; k += nt) {
       const int i = k / n, d = k % n;
       cp_async_scalar(&BWd[i * TMAX + d], bt, (bt0 + d) * bt.stride0 + (c.h0 + i) * bt.stride1);
     }
@@ -623,12 +627,17 @@ struct PersistentVerify {
       if (cur.status == kUnitActive) n = read_draft_header<TMAX>(vp.drafts, c.b, p.ring.capacity, L, dh, lane);
       const bool ahead = cur.status == kUnitActive && n > 0 && cur.m + n <= L;  // as the verify's producer decides
       if (lane == 0 && !ahead) header->status = kUnitServedElsewhere;
-      if (ahead) load_unit_inputs(c, cur, n, U, lane);
-      cp_async_wait_all();
     }
     __syncthreads();
     const UnitHeader hd = *header;
     if (hd.status != kUnitActive) return;
+    UnitCursors cur;
+    cur.slot = hd.slot;
+    cur.start = hd.start;
+    cur.m = hd.m;
+    load_unit_inputs(c, cur, dh->n, U, tid, kPersistentConsumers);  // the inputs, over every thread
+    cp_async_wait_all();
+    __syncthreads();
     VerifyUnit vu;
     vu.from_headers(U, hd, *dh, L);
     unit_terms(U, dh, vu, c, tid);
