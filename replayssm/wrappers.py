@@ -389,7 +389,7 @@ class _DecodeWrapper:
         p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); the tile kernels ignore it
         p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
-        if self.schedule.workspace_bytes:  # the persistent GDN/KDA verify's unit terms
+        if self.schedule.workspace_bytes and self._workspace is not None:  # KDA's verify: its unit terms
             params.unit_terms = self._workspace.data_ptr()
         self._module.check_params(ENTRY_STEP, type(params))
         self._module.launch_step(params, self.schedule.struct, current_stream(self.device))
