@@ -119,7 +119,8 @@ def supported(family: str = "mamba2", **config) -> tuple[bool, str]:
     mamba2 keys: nheads, head_dim, state_dim (required), ngroups (1), dt_softplus, pdl, skip_tolerance
     (None, 0 or a number in (0, 1); replay only: replayssm.decay_skip), count_skips; gdn and kda keys:
     num_v_heads, num_k_heads, head_k_dim, head_v_dim (required), use_l2norm, scale, skip_tolerance
-    (above 0 only beside a read copy), count_skips; all families:
+    (above 0 only beside a read copy), count_skips, workspace (None or a 1-D contiguous uint8
+    tensor: the KDA verify's unit terms; its device is checked by the wrapper); all families:
     window (16), state_dtype (float32), io_dtype (bfloat16) (dtypes as torch.dtype or name),
     read_dtype (None; torch.float8_e4m3fn, 'nvfp4' or torch.bfloat16, a read copy of a float32
     checkpoint for the replay algorithm, or fp8 or nvfp4 beside a 16-bit one; nvfp4 needs state

@@ -286,11 +286,26 @@ def _delta_rings(per_channel: bool):
     return rings
 
 
+def check_workspace(workspace) -> None:
+    """A caller's workspace: None or a 1-D contiguous torch.uint8 tensor (its device is checked
+    against the wrapper's once that is known)."""
+    if workspace is None:
+        return
+    if not isinstance(workspace, torch.Tensor):
+        raise TypeError(f"workspace: expected None or a torch.Tensor, got {type(workspace).__name__}")
+    if workspace.dtype != torch.uint8 or workspace.dim() != 1 or not workspace.is_contiguous():
+        raise ValueError(
+            f"workspace: expected a 1-D contiguous torch.uint8 tensor, got {workspace.dtype} of shape "
+            f"{tuple(workspace.shape)}{'' if workspace.is_contiguous() else ' (not contiguous)'}"
+        )
+
+
 _DELTA_OPTIONS: Mapping[str, Callable[[Any], object]] = {
     "use_l2norm": lambda v: check_bool("use_l2norm", v),
     "scale": check_scale,
     "skip_tolerance": check_skip_tolerance,
     "count_skips": lambda v: check_bool("count_skips", v),
+    "workspace": check_workspace,
 }
 
 MAMBA2 = Family(

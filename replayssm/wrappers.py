@@ -44,7 +44,7 @@ from .configs import (  # noqa: F401 (re-exported)
 )
 from .decay_skip import check_skip_tolerance, skip_below
 from .devices import cuda_device
-from .families import FAMILIES, Family
+from .families import FAMILIES, Family, check_workspace
 from .jit.constants import ENTRY_COMMIT, ENTRY_STEP
 from .ops import gdn as gdn_ops
 from .ops import mamba2 as m2
@@ -125,6 +125,7 @@ class _DecodeWrapper:
         self._module: Any = None  # the loaded module serving the plan (replayssm.jit.loader.Module)
         self._schedule: Schedule | None = None  # fixed by plan()
         self._workspace: torch.Tensor | None = None  # uint8, the plan's schedule.workspace_bytes or more
+        self._workspace_given = False  # the caller's workspace (GDN/KDA wrappers' keyword): never replaced
         self._device_limits: dict | None = None  # None: the module queries the device (tests inject H200_LIMITS)
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
@@ -244,7 +245,16 @@ class _DecodeWrapper:
         self._plan_key = f"batch={batch} T={d.T} tree={d.is_tree} counts={d.has_counts} state_slots={d.has_state_slots}"
 
     def _workspace_for(self, nbytes: int) -> torch.Tensor | None:
-        """The device workspace a plan needs (grown, never shrunk: a plan for fewer rows keeps it)."""
+        """The device workspace a plan needs: the caller's (ValueError if too small), or the wrapper's
+        own, grown, never shrunk (a plan for fewer rows keeps it)."""
+        if self._workspace_given:
+            assert self._workspace is not None
+            if nbytes > self._workspace.numel():
+                raise ValueError(
+                    f"workspace: this plan needs {nbytes} bytes (schedule.workspace_bytes), "
+                    f"the tensor given holds {self._workspace.numel()}"
+                )
+            return self._workspace
         if nbytes <= 0 or (self._workspace is not None and self._workspace.numel() >= nbytes):
             return self._workspace
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -640,6 +650,11 @@ class GDNDecodeWrapper(_DecodeWrapper):
     head (its decay: the sum of its gates g; KDA: the largest of its key channels' sums); a
     tolerance above 0 needs a read copy (two copies), whose flush recomputes the corrections the
     skipped steps appended.
+    ``workspace``: None (the wrapper allocates what a plan needs: ``w.schedule.workspace_bytes``,
+    only KDA's persistent verify from 8 drafts, whose work units' terms a launch of their own
+    computes ahead) or a 1-D contiguous torch.uint8 tensor on the wrapper's device that plans use
+    instead; wrappers whose runs are issued on one stream, one after the other (e.g. one per layer),
+    may share one. plan() raises ValueError when a plan needs more bytes than it holds.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 
@@ -672,6 +687,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
         stochastic_rounding: bool = False,
         skip_tolerance: float | None = None,
         count_skips: bool = False,
+        workspace: torch.Tensor | None = None,
     ):
         dims = dict(num_v_heads=num_v_heads, num_k_heads=num_k_heads, head_k_dim=head_k_dim, head_v_dim=head_v_dim)
         state_dtype, io_dtype = self.descriptor.check_config(dims, window, state_dtype, io_dtype)
@@ -682,6 +698,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
         scale = check_scale(scale)
         self.scale = scale if scale is not None else head_k_dim**-0.5
         self.dims = gdn_ops.GDNDims(num_v_heads, num_k_heads, head_k_dim, head_v_dim)
+        check_workspace(workspace)
         self._init_common(
             window,
             state_dtype,
@@ -698,6 +715,9 @@ class GDNDecodeWrapper(_DecodeWrapper):
             skip_tolerance,
             count_skips,
         )
+        if workspace is not None and workspace.device != self.device:
+            raise ValueError(f"workspace: expected a tensor on {self.device}, got one on {workspace.device}")
+        self._workspace, self._workspace_given = workspace, workspace is not None
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims

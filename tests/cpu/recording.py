@@ -12,7 +12,8 @@ class RecordingModule:
 
     name = "recording"
 
-    def __init__(self):
+    def __init__(self, unit_terms_bytes: int = 0):
+        self.unit_terms_bytes = unit_terms_bytes  # a persistent plan's workspace bytes per unit (KDA's verify)
         self.launches = []  # (entry, params struct type name, params)
         self.queries = []
         self.schedules = []  # the ScheduleStruct handed to each step launch
@@ -27,8 +28,14 @@ class RecordingModule:
         main = tile
         if query.persistent == C.PERSISTENT_ON:
             main = KernelLaunch(
-                kernel=C.constants()["kKernelPersistent"], rows_per_cta=rows, heads_per_unit=1, grid=1, threads=160
+                kernel=C.constants()["kKernelPersistent"],
+                rows_per_cta=rows,
+                heads_per_unit=1,
+                grid=1,
+                threads=160,
+                units=query.batch * query.heads,
             )
+            return ScheduleStruct(main=main, tile=tile, unit_terms_bytes=self.unit_terms_bytes if query.drafts else 0)
         return ScheduleStruct(main=main, tile=tile)
 
     def launch_step(self, params, schedule, stream):
