@@ -95,18 +95,9 @@ class DeltaVerifyFeatures:
         """A workspace the caller gives (poisoned: every byte 0xFF, NaN as fp32) serves every plan as
         the wrapper's own would: the terms launch writes a unit's record before the verify reads it."""
         gen = seeded_generator()
-        ws = torch.full((16 << 20,), 0xFF, dtype=torch.uint8, device=DEV)
-        run_spec_sequence(
-            DeltaSpec(cfg, gen),
-            steps=30,
-            batch=4,
-            num_slots=8,
-            T=8,
-            gen=gen,
-            tree=True,
-            varlen=True,
-            wrapper_kw={"workspace": ws},
-        )
+        kw = {"workspace": torch.full((16 << 20,), 0xFF, dtype=torch.uint8, device=DEV)}
+        fam = DeltaSpec(cfg, gen)
+        run_spec_sequence(fam, steps=30, batch=4, num_slots=8, T=8, gen=gen, tree=True, varlen=True, wrapper_kw=kw)
 
     def test_thousands_of_steps(self, cfg):
         gen = seeded_generator()
