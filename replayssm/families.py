@@ -27,6 +27,7 @@ from .decay_skip import check_skip_tolerance
 from .jit.constants import ROW_CHOICES
 from .ops import generators
 from .ops.tiling import check_rows
+from .ops.validate import check_tensor
 
 IO_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 
@@ -286,18 +287,12 @@ def _delta_rings(per_channel: bool):
     return rings
 
 
-def check_workspace(workspace) -> None:
-    """A caller's workspace: None or a 1-D contiguous torch.uint8 tensor (its device is checked
-    against the wrapper's once that is known)."""
-    if workspace is None:
-        return
-    if not isinstance(workspace, torch.Tensor):
-        raise TypeError(f"workspace: expected None or a torch.Tensor, got {type(workspace).__name__}")
-    if workspace.dtype != torch.uint8 or workspace.dim() != 1 or not workspace.is_contiguous():
-        raise ValueError(
-            f"workspace: expected a 1-D contiguous torch.uint8 tensor, got {workspace.dtype} of shape "
-            f"{tuple(workspace.shape)}{'' if workspace.is_contiguous() else ' (not contiguous)'}"
-        )
+def check_workspace(workspace, device=None) -> torch.Tensor | None:
+    """A caller's workspace: None or a 1-D contiguous torch.uint8 tensor (on ``device`` once the
+    wrapper knows it)."""
+    return check_tensor(
+        "workspace", workspace, shape=[None], dtype=torch.uint8, device=device, inner_contiguous=1, optional=True
+    )
 
 
 _DELTA_OPTIONS: Mapping[str, Callable[[Any], object]] = {

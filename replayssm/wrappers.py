@@ -81,6 +81,7 @@ class _DecodeWrapper:
     skip_tolerance: float | None = None  # decay skipping's tolerance (replayssm.decay_skip), or None
     skip_counts: torch.Tensor | None = None  # count_skips: int64 [2] on the device (skipped, decided)
     dims: Any  # the family's dims (ops.mamba2.Mamba2Dims / ops.gdn.GDNDims), set by the constructor
+    _given_workspace: torch.Tensor | None = None  # the caller's workspace (GDN/KDA keyword): plans use it as is
 
     def _init_common(
         self,
@@ -125,7 +126,6 @@ class _DecodeWrapper:
         self._module: Any = None  # the loaded module serving the plan (replayssm.jit.loader.Module)
         self._schedule: Schedule | None = None  # fixed by plan()
         self._workspace: torch.Tensor | None = None  # uint8, the plan's schedule.workspace_bytes or more
-        self._workspace_given = False  # the caller's workspace (GDN/KDA wrappers' keyword): never replaced
         self._device_limits: dict | None = None  # None: the module queries the device (tests inject H200_LIMITS)
         self._drafts = DraftPlan(max_batch, self.device)
         self._verified = False
@@ -247,14 +247,14 @@ class _DecodeWrapper:
     def _workspace_for(self, nbytes: int) -> torch.Tensor | None:
         """The device workspace a plan needs: the caller's (ValueError if too small), or the wrapper's
         own, grown, never shrunk (a plan for fewer rows keeps it)."""
-        if self._workspace_given:
-            assert self._workspace is not None
-            if nbytes > self._workspace.numel():
+        given = self._given_workspace
+        if given is not None:
+            if nbytes > given.numel():
                 raise ValueError(
                     f"workspace: this plan needs {nbytes} bytes (schedule.workspace_bytes), "
-                    f"the tensor given holds {self._workspace.numel()}"
+                    f"the tensor given holds {given.numel()}"
                 )
-            return self._workspace
+            return given
         if nbytes <= 0 or (self._workspace is not None and self._workspace.numel() >= nbytes):
             return self._workspace
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
@@ -399,7 +399,7 @@ class _DecodeWrapper:
         p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); the tile kernels ignore it
         p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
-        if self.schedule.workspace_bytes and self._workspace is not None:  # KDA's verify: its unit terms
+        if self.schedule.workspace_bytes and self._workspace is not None:  # KDA's verify: its unit terms (set by plan)
             params.unit_terms = self._workspace.data_ptr()
         self._module.check_params(ENTRY_STEP, type(params))
         self._module.launch_step(params, self.schedule.struct, current_stream(self.device))
@@ -715,9 +715,7 @@ class GDNDecodeWrapper(_DecodeWrapper):
             skip_tolerance,
             count_skips,
         )
-        if workspace is not None and workspace.device != self.device:
-            raise ValueError(f"workspace: expected a tensor on {self.device}, got one on {workspace.device}")
-        self._workspace, self._workspace_given = workspace, workspace is not None
+        self._given_workspace = check_workspace(workspace, self.device)
 
     def create_cache(self, num_slots: int, max_draft: int = 1) -> GDNCache:
         d = self.dims

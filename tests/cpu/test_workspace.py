@@ -99,14 +99,10 @@ class TestGivenWorkspace:
     @pytest.mark.parametrize(
         "bad, exc, msg",
         [
-            ([0] * 8, TypeError, "workspace: expected None or a torch.Tensor, got list"),
-            (
-                torch.empty(8, dtype=torch.float32),
-                ValueError,
-                r"workspace: expected a 1-D contiguous torch.uint8 tensor, got torch.float32",
-            ),
-            (torch.empty(2, 8, dtype=torch.uint8), ValueError, r"of shape \(2, 8\)"),
-            (torch.empty(16, dtype=torch.uint8)[::2], ValueError, r"\(not contiguous\)"),
+            ([0] * 8, TypeError, "workspace: expected a torch.Tensor, got list"),
+            (torch.empty(8, dtype=torch.float32), TypeError, "workspace: expected dtype uint8, got float32"),
+            (torch.empty(2, 8, dtype=torch.uint8), ValueError, r"workspace: expected shape \[\*\], got \[2, 8\]"),
+            (torch.empty(16, dtype=torch.uint8)[::2], ValueError, r"workspace: the last 1 dim\(s\) must be contiguous"),
             (
                 torch.empty(8, dtype=torch.uint8, device="meta"),
                 ValueError,
