@@ -125,6 +125,15 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kPathOwn = kBiasWords.then(PerChannelDecay && !kPathOnGateRing ? TMAX * K * 4 : 0, 16);
   static constexpr SmemRegion kPath =
       kPathOnGateRing ? SmemRegion{kGateRing.offset, static_cast<size_t>(TMAX) * K * 4, 16} : kPathOwn;
+  // KDA's drafts' per-channel decays E(g_d) [TMAX][K], written by channel_decays to the gate ring's
+  // rows past the path sums where both fit (2 TMAX <= L), K <= 128 and there are 8 drafts (so
+  // the terms are computed ahead): the draft columns then walk each draft's path with one multiply
+  // per step and channel instead of an exp per pair and channel (channel_pairs); else the exps.
+  // Measured on an H100 at B = 256 (perf/README): 8 drafts 1.5% and binary7 3% faster a round,
+  // 4 drafts 6% slower (its verify computes every unit start itself), so 4 drafts keep the exps.
+  static constexpr bool kDecaysOnGateRing = PerChannelDecay && 2 * TMAX <= L && K <= 128 && TMAX >= 8;
+  static constexpr SmemRegion kDraftDecays =
+      SmemRegion{kGateRing.offset + static_cast<size_t>(TMAX) * K * 4, kDecaysOnGateRing ? TMAX * K * 4 : 0, 16};
   static constexpr SmemRegion kCol = kPathOwn.then(PerChannelDecay ? K * 4 : 0, 16);
   static constexpr SmemRegion kDraftGates = kCol.then(static_cast<size_t>(kUnitHeads) * TMAX * kG * 4, 16);
   static constexpr SmemRegion kDots = kDraftGates.then(PerChannelDecay ? 0 : kVecs * kW * 4, 16);
@@ -303,7 +312,7 @@ struct PersistentVerify {
         cur.status = kUnitServedElsewhere;
         return 0;
       }
-      if (terms_ahead() && cur.m + n <= L) {  // its terms were computed ahead (verify_unit_terms_kernel)
+      if (computed_ahead(cur.m + n > L)) {  // its terms are in the workspace (verify_unit_terms_kernel)
         load_terms_async(U, u, lane);
         return tiles_per_unit();
       }
@@ -472,7 +481,7 @@ struct PersistentVerify {
       const DraftHeader<TMAX>* dh = reinterpret_cast<const DraftHeader<TMAX>*>(U + Layout::kDrafts.offset);
       vu.from_headers(U, hd, *dh, L);
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
-      if (!(terms_ahead() && !vu.flush)) unit_terms(U, dh, vu, c, tid);  // else computed ahead
+      if (!computed_ahead(vu.flush)) unit_terms(U, dh, vu, c, tid);
       return tiles_per_unit();
     };
 
@@ -499,7 +508,7 @@ struct PersistentVerify {
 
     // The drafts' key records (the key head's first unit) and their log decays.
     auto end_unit = [&](int64_t u, const unsigned char* U) {
-      if (!(terms_ahead() && !vu.flush)) append_drafts(U, vu, unit_of(u), tid);  // else the terms launch did
+      if (!computed_ahead(vu.flush)) append_drafts(U, vu, unit_of(u), tid);  // else the terms launch did
     };
 
     auto counted_in = [&](int64_t) {
@@ -581,11 +590,12 @@ struct PersistentVerify {
   }
 
   // ---- unit terms computed ahead (Layout::kTermsAhead) ----
-  // Whether this launch's units that do not flush find their terms in the workspace (the
-  // launcher passes none with decay skipping, which decides on the unit buffer's inputs).
-  __device__ __forceinline__ bool terms_ahead() const {
-    return Layout::kTermsAhead && vp.unit_terms != nullptr && !(p.skip_below < 0.f);
-  }
+  // Whether this launch has a workspace of unit terms (the launcher passes none with decay
+  // skipping, which decides on the unit buffer's inputs).
+  __device__ __forceinline__ bool terms_ahead() const { return Layout::kTermsAhead && vp.unit_terms != nullptr; }
+  // Whether a unit whose row flushes or not finds its terms (and its drafts' records) computed
+  // ahead: the one rule the producer, the consumers and the terms launch all follow.
+  __device__ __forceinline__ bool computed_ahead(bool flush) const { return terms_ahead() && !flush; }
   // Calls f(region of the unit buffer, its offset in a unit's record) for each term.
   template <class F>
   __device__ __forceinline__ static void for_each_term(F&& f) {
@@ -625,7 +635,7 @@ struct PersistentVerify {
       read_unit_header(p.slots, p.ring, c.b, L, header, lane, cur, [](int64_t) { return 0u; });
       int n = 0;
       if (cur.status == kUnitActive) n = read_draft_header<TMAX>(vp.drafts, c.b, p.ring.capacity, L, dh, lane);
-      const bool ahead = cur.status == kUnitActive && n > 0 && cur.m + n <= L;  // as the verify's producer decides
+      const bool ahead = cur.status == kUnitActive && n > 0 && computed_ahead(cur.m + n > L);
       if (lane == 0 && !ahead) header->status = kUnitServedElsewhere;
     }
     __syncthreads();
@@ -862,11 +872,85 @@ struct PersistentVerify {
         }
         path[i * K + e] = s;
       }
+      if constexpr (Layout::kDecaysOnGateRing) {  // (after this column of the ring was read)
+#pragma unroll
+        for (int d = 0; d < TMAX; ++d)
+          if (d < n) floats(U, Layout::kDraftDecays)[d * K + e] = expf(g[d]);
+      }
     }
     if (tid < n) floats(U, Layout::kBeta)[tid] = word_beta(words(U, Layout::kBetaWords)[tid], bt0 + tid, c.h0);
     if (tid < TMAX) {
       float* fac = floats(U, Layout::kFac);
       fac[tid] = fac[TMAX + tid] = 1.f;  // the decays are in the vectors
+    }
+  }
+
+  // KDA's draft columns (Layout::kDecaysOnGateRing; every consumer thread): 8-lane group i takes
+  // draft i (i < n; lane gl the channels gl * 8 + 64 j + e, as group8_dot_part) and walks its
+  // path up from itself: at ancestor-or-self d it holds E(P_i - P_d) per channel as the product of
+  // the drafts' decays E(g_c) of the nodes c below d on the path (d = i: 1), and stores
+  //   column L + d: (E(P_i - P_d) . k^_d) . k^_i (0 for d = i) and (E(P_i - P_d) . k^_d) . q^_i;
+  // the columns of drafts off its path are 0. The steps are uniform over the warp (the group sums
+  // shuffle across it).
+  __device__ __forceinline__ void draft_columns_by_path(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
+                                                        int tid) const {
+    static_assert(TMAX <= kPersistentConsumers / 8, "a group per draft");
+    constexpr int kChunks8 = K / 64;  // 8-channel chunks per lane
+    const int i = tid / 8, gl = tid % 8;
+    const bool live = i < n;
+    const float* vec = floats(U, Layout::kVec);
+    const float* eg = floats(U, Layout::kDraftDecays);
+    float* coef = floats(U, Layout::kCoef);
+    float xk[kChunks8][8], xq[kChunks8][8], E[kChunks8][8];
+#pragma unroll
+    for (int j = 0; j < kChunks8; ++j) {
+      const int k = gl * 8 + 64 * j;
+      load_floats<float, 8>(vec + (live ? i : 0) * K + k, xk[j]);
+      load_floats<float, 8>(vec + (TMAX + (live ? i : 0)) * K + k, xq[j]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) E[j][e] = 1.f;
+    }
+    if (live && gl < n) {  // columns off the path stay 0
+      coef[i * kW + L + gl] = 0.f;
+      coef[(TMAX + i) * kW + L + gl] = 0.f;
+    }
+    __syncwarp();
+    uint32_t path = live ? dh->anc[i] : 0u;  // ancestors-or-self not yet visited
+    int c = i;  // the node visited last
+#pragma unroll 1
+    for (int step = 0; step < TMAX; ++step) {
+      if (!__any_sync(0xffffffffu, path != 0u)) break;
+      const int d = path != 0u ? 31 - __clz(static_cast<int>(path)) : -1;  // the deepest left: i first
+      float ak = 0.f, aq = 0.f;
+      if (d >= 0) {
+#pragma unroll
+        for (int j = 0; j < kChunks8; ++j) {
+          const int k = gl * 8 + 64 * j;
+          float vd[8], f[8];
+          load_floats<float, 8>(vec + d * K + k, vd);
+          if (d != c) {
+            load_floats<float, 8>(eg + c * K + k, f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) E[j][e] *= f[e];
+          }
+#pragma unroll
+          for (int e = 0; e < 8; ++e) {
+            const float w = E[j][e] * vd[e];
+            ak = fmaf(w, xk[j][e], ak);
+            aq = fmaf(w, xq[j][e], aq);
+          }
+        }
+      }
+      ak = group_sum<8>(ak);
+      aq = group_sum<8>(aq);
+      if (d >= 0) {
+        if (gl == 0) {
+          coef[i * kW + L + d] = d == i ? 0.f : ak;
+          coef[(TMAX + i) * kW + L + d] = aq;
+        }
+        c = d;
+        path &= ~(1u << d);
+      }
     }
   }
 
@@ -887,20 +971,24 @@ struct PersistentVerify {
       coef[(TMAX + i) * kW + cl] = aq;
     };
     // Draft columns from the undecayed vectors.
-    for_each_pair(
-        dh, vu, tid, vu.me, vu.me + vu.n,
-        [&](int i, int j, int d, int gl, float* ak, float* aq) {
+    if constexpr (Layout::kDecaysOnGateRing) {
+      draft_columns_by_path(U, dh, vu.n, tid);
+    } else {
+      for_each_pair(
+          dh, vu, tid, vu.me, vu.me + vu.n,
+          [&](int i, int j, int d, int gl, float* ak, float* aq) {
 #pragma unroll
-          for (int k = gl * 8; k < K; k += 64) {
+            for (int k = gl * 8; k < K; k += 64) {
 #pragma unroll
-            for (int e = 0; e < 8; ++e) {
-              const float w = expf(path[i * K + k + e] - path[d * K + k + e]) * vec[d * K + k + e];
-              *ak = fmaf(w, vec[i * K + k + e], *ak);
-              *aq = fmaf(w, vec[(TMAX + i) * K + k + e], *aq);
+              for (int e = 0; e < 8; ++e) {
+                const float w = expf(path[i * K + k + e] - path[d * K + k + e]) * vec[d * K + k + e];
+                *ak = fmaf(w, vec[i * K + k + e], *ak);
+                *aq = fmaf(w, vec[(TMAX + i) * K + k + e], *aq);
+              }
             }
-          }
-        },
-        store);
+          },
+          store);
+    }
     Layout::Pipeline::consumer_sync();
     for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
       const float x = expf(path[k]);
