@@ -232,7 +232,7 @@ class _DecodeWrapper:
         key = (self._op_for(drafts.T), self._capacity_for(drafts.T))
         module = self._modules[key] if key in self._modules else self._load_module(*key)
         schedule = Schedule.from_struct(module.plan(self._plan_query(batch, drafts.T), ScheduleStruct()))
-        workspace = self._workspace_for(schedule.workspace_bytes)
+        workspace = self._workspace_for(self._workspace_needed(schedule))
         # Nothing below raises: the new plan replaces the old one as a whole.
         self._workspace = workspace
         self._modules[key] = module
@@ -243,6 +243,11 @@ class _DecodeWrapper:
         self._verified = False
         d = self._drafts  # compiled code guards on this key (replayssm.torch_ops): a change retraces
         self._plan_key = f"batch={batch} T={d.T} tree={d.is_tree} counts={d.has_counts} state_slots={d.has_state_slots}"
+
+    def _workspace_needed(self, schedule: Schedule) -> int:
+        """Bytes of workspace a run of ``schedule`` uses: its workspace_bytes, none with decay
+        skipping (the verify then forms every unit's terms itself: it decides on their inputs)."""
+        return 0 if self.skip_tolerance is not None else schedule.workspace_bytes
 
     def _workspace_for(self, nbytes: int) -> torch.Tensor | None:
         """The device workspace a plan needs: the caller's (ValueError if too small), or the wrapper's
@@ -399,8 +404,9 @@ class _DecodeWrapper:
         p.skip_below = self._skip_below  # decay skipping (replayssm.decay_skip); the tile kernels ignore it
         p.skip_stats = self.skip_counts.data_ptr() if self.skip_counts is not None else None
         params = ops.VerifyParams(p, self._drafts.draft_args()) if self._drafts.T else p
-        if self.schedule.workspace_bytes and self._workspace is not None:  # KDA's verify: its unit terms (set by plan)
-            params.unit_terms = self._workspace.data_ptr()
+        ws = self._workspace  # set by plan() wherever _workspace_needed(schedule) > 0
+        if ws is not None and self._workspace_needed(self.schedule):  # KDA's verify: its unit terms
+            params.unit_terms = ws.data_ptr()
         self._module.check_params(ENTRY_STEP, type(params))
         self._module.launch_step(params, self.schedule.struct, current_stream(self.device))
         self._verified = bool(self._drafts.T)
@@ -652,9 +658,10 @@ class GDNDecodeWrapper(_DecodeWrapper):
     skipped steps appended.
     ``workspace``: None (the wrapper allocates what a plan needs: ``w.schedule.workspace_bytes``,
     only KDA's persistent verify from 8 drafts, whose work units' terms a launch of their own
-    computes ahead) or a 1-D contiguous torch.uint8 tensor on the wrapper's device that plans use
-    instead; wrappers whose runs are issued on one stream, one after the other (e.g. one per layer),
-    may share one. plan() raises ValueError when a plan needs more bytes than it holds.
+    computes ahead; none with decay skipping) or a 1-D contiguous torch.uint8 tensor on the
+    wrapper's device that plans use instead; wrappers whose runs are issued on one stream, one
+    after the other (e.g. one per layer), may share one. plan() raises ValueError when a plan
+    needs more bytes than it holds.
     Every argument is checked here (ValueError/TypeError naming it) before the device is.
     """
 

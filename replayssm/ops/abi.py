@@ -361,7 +361,8 @@ class Schedule:
     @property
     def workspace_bytes(self) -> int:
         """Device workspace a run of this plan needs: the persistent GDN/KDA verify computes its work
-        units' terms ahead, in a launch of their own, into ``units x unit_terms_bytes`` bytes."""
+        units' terms ahead, in a launch of their own, into ``units x unit_terms_bytes`` bytes (a run
+        with decay skipping uses none: the wrappers then allocate none)."""
         return self.struct.unit_terms_bytes * self.struct.main.units if self.persistent else 0
 
     @classmethod

@@ -16,10 +16,9 @@ HV, HK, K, V, T = 4, 2, 64, 64, 8
 PER_UNIT = 384  # the recorder's workspace bytes per unit (a real plan's: Schedule.unit_terms_bytes)
 
 
-def make(workspace=None, per_unit=PER_UNIT, cls=KDADecodeWrapper):
-    w = cls(
-        HV, HK if cls is GDNDecodeWrapper else HV, K, V, max_batch=8, persistent=True, device=CPU, workspace=workspace
-    )
+def make(workspace=None, per_unit=PER_UNIT, cls=KDADecodeWrapper, **kw):
+    hk = HK if cls is GDNDecodeWrapper else HV
+    w = cls(HV, hk, K, V, max_batch=8, persistent=True, device=CPU, workspace=workspace, **kw)
     rec = RecordingModule(unit_terms_bytes=per_unit)
     for key in (("replay_decode", 1), ("replay_verify", T)):
         w._modules[key] = rec
@@ -72,6 +71,15 @@ class TestOwnWorkspace:
         w, cache, rec = make(per_unit=0, cls=GDNDecodeWrapper)
         w.plan(slots(4), draft_len=T)
         assert w.schedule.workspace_bytes == 0 and w._workspace is None
+        verify(w, cache, 4)
+        assert rec.launches[-1][2].unit_terms is None
+
+    def test_none_with_decay_skipping(self):
+        """With decay skipping the verify forms every unit's terms itself (it decides on their
+        inputs), so the plan's workspace_bytes is not allocated and none is passed."""
+        w, cache, rec = make(skip_tolerance=0)
+        w.plan(slots(4), draft_len=T)
+        assert w.schedule.workspace_bytes == 4 * HV * PER_UNIT and w._workspace is None
         verify(w, cache, 4)
         assert rec.launches[-1][2].unit_terms is None
 
