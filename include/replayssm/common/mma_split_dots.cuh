@@ -95,7 +95,14 @@ struct MmaSplitDots {
   template <int kSets, bool kSplitVectors>
   __device__ __forceinline__ static void dot_sets(const float* rows, const unsigned char* frag, int lane,
                                                   float (&out)[kSets][kHeld][2]) {
-    const float* r = rows + (lane / 4) * kRowStride + 2 * (lane % 4);
+    dot_sets_strided<kSets, kSplitVectors, kRowStride>(rows, frag, lane, out);
+  }
+
+  // dot_sets() of rows at a row stride of kStride floats (unpadded rows cost bank conflicts).
+  template <int kSets, bool kSplitVectors, int kStride>
+  __device__ __forceinline__ static void dot_sets_strided(const float* rows, const unsigned char* frag, int lane,
+                                                          float (&out)[kSets][kHeld][2]) {
+    const float* r = rows + (lane / 4) * kStride + 2 * (lane % 4);
     float acc[kSets][4];
 #pragma unroll
     for (int s = 0; s < kSets; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
@@ -115,6 +122,32 @@ struct MmaSplitDots {
         if constexpr (kSplitVectors) mma(acc[s], ah[kSteps * 32 + q * 32 + lane], hi);
       }
     }
+    results(acc, out);
+  }
+
+  // dot_sets() of bf16 rows (exact: one MMA per step and set; vectors in one part), row stride
+  // kStride elements, 4-byte aligned. out[s][k][e] as dot_sets().
+  template <int kSets, int kStride>
+  __device__ __forceinline__ static void dot_sets_bf16(const __nv_bfloat16* rows, const unsigned char* frag, int lane,
+                                                       float (&out)[kSets][kHeld][2]) {
+    const __nv_bfloat16* r = rows + (lane / 4) * kStride + 2 * (lane % 4);
+    float acc[kSets][4];
+#pragma unroll
+    for (int s = 0; s < kSets; ++s) acc[s][0] = acc[s][1] = acc[s][2] = acc[s][3] = 0.f;
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q) {
+      const uint32_t b[2] = {*reinterpret_cast<const uint32_t*>(r + 16 * q),
+                             *reinterpret_cast<const uint32_t*>(r + 16 * q + 8)};
+#pragma unroll
+      for (int s = 0; s < kSets; ++s)
+        mma(acc[s], reinterpret_cast<const uint4*>(frag + s * kSetBytes<false>)[q * 32 + lane], b);
+    }
+    results(acc, out);
+  }
+
+ private:
+  template <int kSets>
+  __device__ __forceinline__ static void results(const float (&acc)[kSets][4], float (&out)[kSets][kHeld][2]) {
 #pragma unroll
     for (int s = 0; s < kSets; ++s) {
       out[s][0][0] = acc[s][0];
@@ -126,7 +159,6 @@ struct MmaSplitDots {
     }
   }
 
- private:
   __device__ __forceinline__ static uint32_t bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
 
   // x = hi + lo + (a residual below 2^-17 |x|), both parts as packed bf16 pairs (.x in the low half).

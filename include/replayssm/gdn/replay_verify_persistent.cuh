@@ -526,13 +526,18 @@ struct PersistentVerify {
     const int warp = tid / 32, lane = tid % 32;
     draft_vectors(U, vu.n, warp, lane);
     if constexpr (Layout::kCodeMma) code_vectors(U, vu.n, warp, lane);
+    if constexpr (Layout::kFragOnVec) raw_fragments(U, vu.n, tid);  // (draft_vectors leaves the vectors' bytes)
     Layout::Pipeline::consumer_sync();
     if constexpr (PerChannelDecay) {
       channel_decays(U, dh, vu, c, tid);
       Layout::Pipeline::consumer_sync();
       channel_pairs(U, dh, vu, tid);
     } else {
-      key_products(U, dh, vu, tid);
+      if constexpr (Layout::kFragOnVec) {
+        key_products_mma(U, dh, vu, warp, lane);
+      } else {
+        key_products(U, dh, vu, tid);
+      }
       Layout::Pipeline::consumer_sync();
       for (int i = warp; i < heads; i += kPersistentConsumerWarps) head_values(U, dh, vu, c, i, lane);
     }
@@ -548,7 +553,6 @@ struct PersistentVerify {
             kPersistentConsumers);
       }
     }
-    if constexpr (Layout::kFragOnVec) raw_fragments(U, vu.n, tid);  // the key products have read the vectors
     for (int i = warp; i < heads; i += kPersistentConsumerWarps) draft_solve(U, vu.n, i, lane);
     Layout::Pipeline::consumer_sync();
   }
@@ -667,7 +671,9 @@ struct PersistentVerify {
   }
 
   // One warp per draft: the normalised keys and queries into the tiles' vectors (zeros for drafts
-  // n .. TMAX - 1, whose dot products the tiles form too) and the key norm factors.
+  // n .. TMAX - 1, whose dot products the tiles form too) and the key norm factors. With GDN's
+  // tensor-core dots (Layout::kFragOnVec) the norm factors only: every product is then of the raw
+  // keys and queries, and their fragments take the vectors' bytes.
   __device__ __forceinline__ void draft_vectors(const unsigned char* U, int n, int warp, int lane) const {
     constexpr int kCpl = K / 32;
     const TI* UQ = reinterpret_cast<const TI*>(U + Layout::kQ.offset);
@@ -675,7 +681,8 @@ struct PersistentVerify {
     float* vec = floats(U, Layout::kVec);
     for (int d = warp; d < TMAX; d += kPersistentConsumerWarps) {
       if (d >= n) {
-        for (int e = lane; e < K; e += 32) vec[d * K + e] = vec[(TMAX + d) * K + e] = 0.f;
+        if constexpr (!Layout::kFragOnVec)
+          for (int e = lane; e < K; e += 32) vec[d * K + e] = vec[(TMAX + d) * K + e] = 0.f;
         continue;
       }
       float q[kCpl], k[kCpl];
@@ -689,10 +696,12 @@ struct PersistentVerify {
       }
       float qs, ks;
       qk_scales(p, sq, sk, &qs, &ks);
+      if constexpr (!Layout::kFragOnVec) {
 #pragma unroll
-      for (int i = 0; i < kCpl; ++i) {
-        vec[d * K + lane + 32 * i] = k[i] * ks;
-        vec[(TMAX + d) * K + lane + 32 * i] = q[i] * qs;
+        for (int i = 0; i < kCpl; ++i) {
+          vec[d * K + lane + 32 * i] = k[i] * ks;
+          vec[(TMAX + d) * K + lane + 32 * i] = q[i] * qs;
+        }
       }
       if (lane == 0) {
         floats(U, Layout::kNorm)[d] = ks;
@@ -757,6 +766,52 @@ struct PersistentVerify {
           D[i * kW + col] = ak;
           D[(TMAX + i) * kW + col] = aq;
         });
+  }
+
+  // key_products on tensor cores (GDN, Layout::kFragOnVec): the tiles' A fragments (the drafts'
+  // raw keys and queries) against groups of 8 key rows, one warp per group: the committed keys
+  // 8 at a time while 8 g < me (fp32, normalised: two bf16 parts each, products exact to about
+  // 2^-17 of |k_j| |x_i|), then the drafts' raw bf16 keys (exact). The vectors' norm factors (and
+  // a draft key's own) turn the raw products into key_products' values, zeros where draft d is
+  // not in anc(i) as there.
+  __device__ __forceinline__ void key_products_mma(const unsigned char* U, const DraftHeader<TMAX>* dh,
+                                                   const VerifyUnit& vu, int warp, int lane) const {
+    using Dots = typename Layout::Dots;
+    constexpr int kSets = Layout::kDotSets;
+    const int me = vu.me, n = vu.n;
+    const int committed_groups = (me + 7) / 8, groups = committed_groups + (n + 7) / 8;
+    const unsigned char* F = U + Layout::kFrag.offset;
+    const float* nrm = floats(U, Layout::kNorm);
+    float* D = floats(U, Layout::kDots);
+    for (int g = warp; g < groups; g += kPersistentConsumerWarps) {
+      const bool committed = g < committed_groups;
+      const int r0 = 8 * (committed ? g : g - committed_groups);
+      float out[kSets][Dots::kHeld][2];
+      if (committed) {
+        Dots::template dot_sets_strided<kSets, false, K>(floats(U, Layout::kKeyRing) + r0 * K, F, lane, out);
+      } else {
+        Dots::template dot_sets_bf16<kSets, K>(reinterpret_cast<const __nv_bfloat16*>(U + Layout::kK.offset) + r0 * K,
+                                               F, lane, out);
+      }
+#pragma unroll
+      for (int s = 0; s < kSets; ++s) {
+#pragma unroll
+        for (int k = 0; k < Dots::kHeld; ++k) {
+          const int v = 16 * s + lane / 4 + 8 * k, i = v % TMAX;  // vector v: draft i's key (v < TMAX) or query
+          if (v >= Layout::kVecs || i >= n) continue;
+#pragma unroll
+          for (int e = 0; e < 2; ++e) {
+            const int r = r0 + 2 * (lane % 4) + e;
+            if (committed) {
+              if (r < me) D[v * kW + r] = out[s][k][e] * nrm[v];
+            } else if (r < n) {
+              const bool seen = (dh->anc[i] >> r) & 1u;
+              D[v * kW + L + r] = seen ? out[s][k][e] * nrm[v] * nrm[r] : 0.f;
+            }
+          }
+        }
+      }
+    }
   }
 
   // GDN, value head i of the unit (one warp): the drafts' log decays and betas (lane d = draft d),
