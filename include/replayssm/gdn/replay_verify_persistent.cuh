@@ -113,7 +113,11 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kDrafts = kHeader.then(sizeof(DraftHeader<TMAX>), 16);
   static constexpr SmemRegion kK = kDrafts.then(TMAX * K * sizeof(TI), 16);
   static constexpr SmemRegion kQ = kK.then(TMAX * K * sizeof(TI), 16);  // right after kK: [2 TMAX][K] vectors
-  static constexpr SmemRegion kVec = kQ.then(static_cast<size_t>(kVecs) * K * 4, 16);
+  // GDN's tensor-core dots form every product from the raw keys and queries (key_products_mma):
+  // no fp32 vectors, and the region holds only their fragments (kFrag below).
+  static constexpr bool kFragOnVec = kMmaDots && !kSplitVectors;
+  static constexpr size_t kFragBytes = kMmaDots ? kDotSets * kDotSetBytes : 0;
+  static constexpr SmemRegion kVec = kQ.then(kFragOnVec ? kFragBytes : static_cast<size_t>(kVecs) * K * 4, 16);
   static constexpr SmemRegion kNorm = kVec.then(kVecs * 4, 16);
   static constexpr SmemRegion kKeyRing = kNorm.then(static_cast<size_t>(L) * K * 4, 16);
   static constexpr SmemRegion kGateRing = kKeyRing.then(PerChannelDecay ? static_cast<size_t>(L) * K * 4 : 0, 16);
@@ -151,13 +155,8 @@ struct PersistentVerifyLayout {
   static constexpr bool kSolveOnDots = !PerChannelDecay && kSolveBytes <= kDots.bytes;
   static constexpr SmemRegion kSolveOwn = kTot.then(kSolveOnDots ? 0 : kSolveBytes, 16);
   static constexpr SmemRegion kSolve = kSolveOnDots ? SmemRegion{kDots.offset, kSolveBytes, 16} : kSolveOwn;
-  // The vectors' A fragments. GDN's come from the raw keys and queries, and are written after the
-  // key products, the only readers of the fp32 vectors: they take the vectors' bytes (at three
-  // CTAs per SM and four drafts that leaves room for two unit buffers). KDA's come from the
-  // decayed vectors themselves.
-  static constexpr size_t kFragBytes = kMmaDots ? kDotSets * kDotSetBytes : 0;
-  static constexpr bool kFragOnVec = kMmaDots && !kSplitVectors;
-  static_assert(!kFragOnVec || kFragBytes <= kVec.bytes, "bf16 fragments of 2 TMAX >= 8 vectors fit their fp32 bytes");
+  // The vectors' A fragments. GDN's come from the raw keys and queries and take the vectors'
+  // region (kFragOnVec); KDA's come from the decayed fp32 vectors themselves.
   static constexpr SmemRegion kFragOwn = kSolveOwn.then(kFragOnVec ? 0 : kFragBytes, 16);
   static constexpr SmemRegion kFrag = kFragOnVec ? SmemRegion{kVec.offset, kFragBytes, 16} : kFragOwn;
   static constexpr SmemRegion kVecScale = kFragOwn.then(kCodeMma ? kVecs * 4 : 0, 16);  // code dots: inverse scales

@@ -87,7 +87,9 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kC = kDrafts.then(TMAX * N * sizeof(TI), 16);
   static constexpr SmemRegion kBd = kC.then(TMAX * N * sizeof(TI), 16);
   static constexpr SmemRegion kBRing = kBd.then(static_cast<size_t>(L) * N * sizeof(TI), 16);
-  static constexpr SmemRegion kCf = kBRing.then(TMAX * N * sizeof(float), 16);
+  // The drafts' C in fp32 for the CUDA-core dots; the tensor-core tiles and products read C's
+  // fragments (kCFrag) instead.
+  static constexpr SmemRegion kCf = kBRing.then(kMmaDots ? 0 : TMAX * N * sizeof(float), 16);
   static constexpr SmemRegion kBC = kCf.then(TMAX * kW * sizeof(float), 16);
   static constexpr SmemRegion kHeadWords = kBC.then(kUnitHeads * 4 * sizeof(uint32_t), 16);
   static constexpr SmemRegion kHeadDt = kHeadWords.then(kUnitHeads * TMAX * sizeof(uint32_t), 16);
@@ -310,7 +312,8 @@ struct PersistentVerify : GroupUnits {
       const TI* UC = reinterpret_cast<const TI*>(U + Layout::kC.offset);
       float* Cf = reinterpret_cast<float*>(Uw + Layout::kCf.offset);
       // C of drafts n .. TMAX - 1 as zeros: the tiles form every draft's dot products.
-      for (int i = tid; i < TMAX * N; i += kPersistentConsumers) Cf[i] = i < vu.n * N ? to_float(UC[i]) : 0.f;
+      if constexpr (!Layout::kMmaDots)
+        for (int i = tid; i < TMAX * N; i += kPersistentConsumers) Cf[i] = i < vu.n * N ? to_float(UC[i]) : 0.f;
       if constexpr (Layout::kMmaDots)
         Layout::Dots::set_vectors(Uw + Layout::kCFrag.offset, UC, vu.n, tid, kPersistentConsumers);
       if constexpr (Layout::kCodeMma) {  // warp w lays out the fragment rows (drafts) w, w + 4, ... of 16
@@ -323,7 +326,11 @@ struct PersistentVerify : GroupUnits {
         }
       }
       Layout::Pipeline::consumer_sync();
-      bc_products(U, dh, tid);
+      if constexpr (Layout::kMmaDots) {
+        bc_products_mma(U, dh, warp, lane);
+      } else {
+        bc_products(U, dh, tid);
+      }
       Layout::Pipeline::consumer_sync();
       for (int i = warp; i < heads_per_unit; i += kPersistentConsumerWarps) head_values(U, dh, i, c, lane);
       Layout::Pipeline::consumer_sync();
@@ -434,6 +441,40 @@ struct PersistentVerify : GroupUnits {
       }
       acc = group_sum<8>(acc);
       if (gl == 0 && pair < pairs) BC[i * kW + (d < 0 ? j : L + d)] = acc;
+    }
+  }
+
+  // bc_products on tensor cores (Layout::kMmaDots): the tiles' A fragments (the drafts' C, bf16)
+  // against groups of 8 B rows (bf16), one warp per group: the committed records' 8 at a time while
+  // 8 g < me, then the drafts' own. Every product is exact, the sums fp32 as on CUDA cores.
+  __device__ __forceinline__ void bc_products_mma(const unsigned char* U, const DraftHeader<TMAX>* dh, int warp,
+                                                  int lane) const {
+    using Dots = typename Layout::Dots;
+    const int n = dh->n, m = reinterpret_cast<const UnitHeader*>(U)->m;
+    const int me = m + n > L ? 0 : m;
+    const int committed_groups = (me + 7) / 8, groups = committed_groups + (n + 7) / 8;
+    float* BC = reinterpret_cast<float*>(const_cast<unsigned char*>(U) + Layout::kBC.offset);
+    for (int g = warp; g < groups; g += kPersistentConsumerWarps) {
+      const bool committed = g < committed_groups;
+      const int r0 = 8 * (committed ? g : g - committed_groups);
+      const TI* rows =
+          reinterpret_cast<const TI*>(U + (committed ? Layout::kBRing.offset : Layout::kBd.offset)) + r0 * N;
+      float out[1][Dots::kHeld][2];
+      Dots::template dot_sets_bf16<1, N>(rows, U + Layout::kCFrag.offset, lane, out);
+#pragma unroll
+      for (int k = 0; k < Dots::kHeld; ++k) {
+        const int i = lane / 4 + 8 * k;
+        if (i >= n) continue;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int r = r0 + 2 * (lane % 4) + e;
+          if (committed) {
+            if (r < me) BC[i * kW + r] = out[0][k][e];
+          } else if (r < n) {
+            BC[i * kW + L + r] = (dh->anc[i] >> r) & 1u ? out[0][k][e] : 0.f;
+          }
+        }
+      }
     }
   }
 
