@@ -191,6 +191,14 @@ def prewarm(args):
     """Compile every module the run needs, in parallel, before timing anything."""
     from replayssm.jit import build
 
+    with cf.ThreadPoolExecutor(16) as ex:
+        list(ex.map(build, module_specs(args)))
+
+
+def module_specs(args) -> list:
+    """The specializations a run with these arguments (parse_args) builds: its verify kernels, the
+    conventional verify where asked, and each family's replay decode (perf/prebuild_modules.py
+    --bench-spec builds them here ahead of a device call)."""
     specs = []
     for family in args.families:
         s = SHAPES[family][DEFAULT_SHAPES[family]]
@@ -211,8 +219,7 @@ def prewarm(args):
             if family == "mamba2"
             else gdn_decode_spec("replay_decode", s["K"], s["V"], st, io, L, family, read_dtype=rd)
         )
-    with cf.ThreadPoolExecutor(16) as ex:
-        list(ex.map(build, specs))
+    return specs
 
 
 def spec_row(fam, family, batch, args, **fields) -> dict:

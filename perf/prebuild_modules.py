@@ -4,6 +4,8 @@ not spend its time compiling them (about a minute of a whole-suite run on an H10
     python perf/prebuild_modules.py                    # every GPU test file's modules -> .gl/aot.tar.xz
     python perf/prebuild_modules.py --files test_gdn_decode test_state_formats
     python perf/prebuild_modules.py --list             # the module names only, nothing built
+    python perf/prebuild_modules.py --bench-spec "--families kda --drafts 8 16 --trees binary15" \
+        --out .gl/aot_bench                            # the modules of that perf/bench_spec.py run
 
 Then carry ``.gl/aot.tar.xz`` in the device call: ``perf/device_check.sh`` unpacks it and points
 REPLAYSSM_AOT_DIR at it, and says so. The device serves a prebuilt module only when it matches
@@ -42,14 +44,34 @@ def suite_specs(files: list[str] | None = None) -> dict:
     return specs
 
 
+def bench_spec_specs(arguments: str) -> dict:
+    """{module name: Specialization} of the modules a perf/bench_spec.py run with these
+    arguments (one string, as on its command line) pre-warms."""
+    import shlex
+
+    sys.path.insert(0, str(ROOT))
+    sys.path.insert(0, str(ROOT / "perf"))
+    import bench_spec
+
+    return {spec.name: spec for spec in bench_spec.module_specs(bench_spec.parse_args(shlex.split(arguments)))}
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--files", nargs="+", default=None, help="test files (e.g. test_gdn_decode); default: all")
     ap.add_argument("--out", type=Path, default=ROOT / ".gl" / "aot", help="build folder (the archive goes beside it)")
     ap.add_argument("--jobs", type=int, default=None, help="parallel nvcc jobs (default: the JIT's bound)")
     ap.add_argument("--list", action="store_true", help="print the module names and build nothing")
+    ap.add_argument(
+        "--bench-spec",
+        metavar="ARGS",
+        default=None,
+        help="instead of test files: the modules of a perf/bench_spec.py run with these arguments (one string)",
+    )
     args = ap.parse_args(argv)
-    specs = suite_specs(args.files)
+    if args.bench_spec is not None and args.files is not None:
+        ap.error("--bench-spec and --files: expected one of them, got both")
+    specs = bench_spec_specs(args.bench_spec) if args.bench_spec is not None else suite_specs(args.files)
     if args.list:
         print("\n".join(sorted(specs)))
         return 0

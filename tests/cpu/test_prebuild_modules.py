@@ -33,3 +33,20 @@ def test_lists_the_pre_warmed_modules_of_the_chosen_files(capsys):
 def test_an_unknown_test_file_is_refused_by_name():
     with pytest.raises(SystemExit, match=r"--files: expected test files among .*got \['test_nope'\]"):
         pm.main(["--files", "test_nope", "--list"])
+
+
+def test_lists_the_modules_of_a_bench_spec_run(capsys):
+    args = "--families kda --batches 256 --drafts 4 16 --trees binary7"
+    assert pm.main(["--bench-spec", args, "--list"]) == 0
+    names = capsys.readouterr().out.split()
+    replay = {f"kda_replay_verify_K128_V128_L16_T{t}_f32_bf16" for t in (4, 8, 16)}  # binary7 takes capacity 8
+    conventional = {f"kda_conventional_verify_K128_V128_T{t}_f32_bf16" for t in (4, 16)}
+    assert set(names) == replay | conventional | {"kda_replay_decode_K128_V128_L16_T1_f32_bf16"}
+    assert pm.main(["--bench-spec", args + " --no-conventional", "--list"]) == 0
+    assert not any("conventional" in n for n in capsys.readouterr().out.split())
+
+
+def test_bench_spec_and_files_together_are_refused(capsys):
+    with pytest.raises(SystemExit):
+        pm.main(["--bench-spec", "--families kda", "--files", "test_gdn_decode", "--list"])
+    assert "--bench-spec and --files: expected one of them, got both" in capsys.readouterr().err
