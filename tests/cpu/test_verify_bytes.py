@@ -1,0 +1,54 @@
+"""perf/verify_bytes.py: the flush law of verify rounds and the byte floor of a round against a step."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+import pytest
+
+from .conftest import REPO
+
+sys.path.insert(0, str(REPO / "perf"))
+try:
+    vb = importlib.import_module("verify_bytes")
+    mb = importlib.import_module("mode_bytes")
+finally:
+    sys.path.pop(0)
+
+
+@pytest.mark.parametrize("T, p", [(4, 0.7), (8, 0.7), (16, 0.3), (8, 1.0), (8, 0.0)])
+def test_commit_law_is_a_law_with_the_chain_mean(T, p):
+    law = vb.commit_law(T, p)
+    assert law[0] == 0.0 and sum(law) == pytest.approx(1.0)
+    assert sum(c * q for c, q in enumerate(law)) == pytest.approx(sum(p**k for k in range(T)))
+
+
+def test_rounds_that_always_commit_everything_alternate_between_two_states():
+    # T = 8, L = 16, every draft accepted: m = 8 (no flush: 8 + 8 <= 16), then 16 (flush), then 8 ...
+    law = vb.round_law(8, 16, 1.0)
+    assert law["flush_fraction"] == pytest.approx(0.5)
+    assert law["mean_live_records"] == pytest.approx(12.0)
+
+
+def test_rounds_that_commit_one_token_flush_once_in_nine():
+    # T = 8, L = 16, one token a round: m = 1 .. 8 do not flush, m = 9 does and leaves m = 1
+    law = vb.round_law(8, 16, 0.0)
+    assert law["flush_fraction"] == pytest.approx(1 / 9)
+    assert law["mean_live_records"] == pytest.approx(5.0)
+
+
+def test_drafts_as_long_as_the_window_flush_every_round():
+    assert vb.round_law(16, 16, 0.7)["flush_fraction"] == pytest.approx(1.0)
+
+
+def test_sixteen_drafts_in_a_16_record_window_cost_at_least_twice_a_step_in_bytes():
+    for family, s in mb.SHAPES.items():
+        step = mb.step_bytes(family, s, mb.MODES["fp32"], 1, 16, 2)
+        assert vb.round_bytes(family, s, 16, 16, 0.7) / step > 2.0, family
+        assert vb.round_bytes(family, s, 16, 32, 0.7) < vb.round_bytes(family, s, 16, 16, 0.7), family
+
+
+def test_more_drafts_than_the_window_are_refused():
+    with pytest.raises(ValueError, match=r"T, L: expected 1 <= T <= L, got T = 16, L = 8"):
+        vb.round_law(16, 8, 0.7)
