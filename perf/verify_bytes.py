@@ -18,7 +18,9 @@ Not counted: cursors, headers, and any workspace an implementation adds (KDA's u
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -88,6 +90,14 @@ def table(drafts: list[int], windows: list[int], p: float, io_itemsize: int = 2)
     return rows
 
 
+def _commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short=12", "HEAD"], capture_output=True, text=True, check=True)
+        return out.stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--drafts", nargs="+", type=int, default=[4, 8, 16])
@@ -106,7 +116,10 @@ def main(argv=None) -> int:
         )
     if a.out:
         meta = dict(
-            command="verify_bytes.py " + " ".join(argv if argv is not None else sys.argv[1:]), computed="no GPU"
+            command="verify_bytes.py " + " ".join(argv if argv is not None else sys.argv[1:]),
+            computed="no GPU",
+            commit=_commit(),
+            date=datetime.date.today().isoformat(),
         )
         Path(a.out).write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
     return 0
