@@ -50,5 +50,19 @@ def test_sixteen_drafts_in_a_16_record_window_cost_at_least_twice_a_step_in_byte
 
 
 def test_more_drafts_than_the_window_are_refused():
-    with pytest.raises(ValueError, match=r"T, L: expected 1 <= T <= L, got T = 16, L = 8"):
+    with pytest.raises(ValueError, match=r"T, L: expected 1 <= T <= L \(and T tree nodes\), got T = 16, L = 8"):
         vb.round_law(16, 8, 0.7)
+
+
+def test_a_binary_tree_commits_its_depth_with_the_walk_probabilities():
+    # binary7: the walk goes down while one of the two children is accepted, q = 1 - (1 - p)^2
+    p = 0.7
+    q = 1 - (1 - p) ** 2
+    law = vb.tree_commit_law([-1, 0, 0, 1, 1, 2, 2], p)
+    assert law == pytest.approx([0.0, 1 - q, q * (1 - q), q * q, 0.0, 0.0, 0.0, 0.0])
+    assert vb.round_law(7, 16, p, [-1, 0, 0, 1, 1, 2, 2])["mean_committed"] == pytest.approx(1 + q + q * q)
+
+
+def test_a_chain_as_a_tree_has_the_chain_law():
+    chain = [-1] + list(range(7))
+    assert vb.tree_commit_law(chain, 0.6) == pytest.approx(vb.commit_law(8, 0.6))
