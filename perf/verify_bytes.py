@@ -114,7 +114,9 @@ def table(drafts: list[int], windows: list[int], p: float, trees: list[str] = ()
                 law = round_law(T, L, p, parents)
                 rb = round_bytes(family, s, T, L, p, io_itemsize, parents)
                 rows.append(
-                    dict(family=family, dims=s, L=L, T=T, tree=tree, acceptance=p, **law, bytes_per_round=rb,
+                    dict(family=family, mode="tree" if tree else "spec", kernel="replayssm", batch=1,
+                         us_per_step=None,  # not measured: the bytes per slot and their ratio only
+                         dims=s, L=L, T=T, tree=tree, parents=parents, acceptance=p, **law, bytes_per_round=rb,
                          bytes_per_step=step, floor_round_over_step=rb / step)
                 )  # fmt: skip
     return rows

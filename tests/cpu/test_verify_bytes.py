@@ -66,3 +66,11 @@ def test_a_binary_tree_commits_its_depth_with_the_walk_probabilities():
 def test_a_chain_as_a_tree_has_the_chain_law():
     chain = [-1] + list(range(7))
     assert vb.tree_commit_law(chain, 0.6) == pytest.approx(vb.commit_law(8, 0.6))
+
+
+def test_rows_carry_the_result_schema_keys():
+    rows = vb.table([8], [16], 0.7, ["binary7"])
+    assert {r["mode"] for r in rows} == {"spec", "tree"}
+    for r in rows:
+        assert {"family", "mode", "kernel", "batch", "us_per_step"} <= set(r)
+        assert r["kernel"] == "replayssm" and r["batch"] == 1 and r["us_per_step"] is None
