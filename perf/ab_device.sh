@@ -10,8 +10,12 @@
 # Each tree's modules are built in parallel first (perf/profile_step.py, a few steps at B = 8, in
 # its own JIT cache), then each family's benchmark runs for base, then for new.
 # BENCH=skip runs perf/bench_skip.py (decay skipping; families mamba2 and gdn) instead of
-# perf/bench_decode.py. A tree's .gl/aot.tar.xz (perf/prebuild_modules.py, run in that tree) is
-# served to that tree's runs only.
+# perf/bench_decode.py. BENCH=spec runs perf/bench_spec.py (the verify + commit round; FORMAT fp32,
+# fp32+bf16, fp32+fp8 or fp32+nvfp4 for its --read-dtype, bf16 for a bf16 checkpoint; the bench
+# args pass on, e.g. -- --batches 256 --drafts 8 16 --trees binary7 --no-conventional). RUNS=n
+# repeats every benchmark n times, base then new each time (rows carry `run`). A tree's
+# .gl/aot.tar.xz (perf/prebuild_modules.py, run in that tree; --bench-spec ARGS for BENCH=spec) is
+# served to that tree's runs only. GPU tests in the same call: then TESTS=... device_check.sh tests.
 set -uo pipefail
 root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cmd=${1:-}; shift || true
@@ -42,9 +46,24 @@ done
 case ${BENCH:-decode} in
   decode) bench=(perf/bench_decode.py --no-peers) ;;
   skip) bench=(perf/bench_skip.py) ;;
-  *) echo "BENCH: expected decode or skip, got ${BENCH}" >&2; exit 2 ;;
+  spec) bench=(perf/bench_spec.py) ;;  # (it builds its own modules first)
+  *) echo "BENCH: expected decode, skip or spec, got ${BENCH}" >&2; exit 2 ;;
 esac
-for v in base new; do
+# bench_spec.py takes one format a run: its read copy (--read-dtype) or the checkpoint's dtype
+spec_format() {
+  case $1 in
+    fp32) ;;
+    fp32+bf16) echo "--read-dtype bfloat16" ;;
+    fp32+fp8) echo "--read-dtype float8_e4m3fn" ;;
+    fp32+nvfp4) echo "--read-dtype nvfp4" ;;
+    bf16) echo "--state-dtype bfloat16" ;;
+    *) echo "BENCH=spec: FORMAT expected fp32, fp32+bf16, fp32+fp8, fp32+nvfp4 or bf16, got $1" >&2; exit 2 ;;
+  esac
+}
+if [[ ${BENCH:-decode} == spec ]]; then  # every format checked before anything runs
+  for spec in "${specs[@]}"; do for f in $(echo "${spec#*:}" | tr , ' '); do spec_format "$f" > /dev/null; done; done
+fi
+[[ ${BENCH:-decode} == spec ]] || for v in base new; do
   for spec in "${specs[@]}"; do
     fam=${spec%%:*}
     for f in $(echo "${spec#*:}" | tr , ' '); do
@@ -56,15 +75,25 @@ for v in base new; do
 done
 wait
 : > "$OUT/ab.log"
-for spec in "${specs[@]}"; do
-  fam=${spec%%:*}
-  formats=$(echo "${spec#*:}" | tr , ' ')
-  for v in base new; do
-    d=${dirs[$v]}
-    commit=$([[ $v == base ]] && echo "$base_commit" || echo "$new_commit")
-    (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_AOT_DIR=${aot[$v]} REPLAYSSM_COMMIT=$commit \
-      python3 "${bench[@]}" --family "$fam" --formats $formats "$@" \
-        --name "ab_${fam}_$v" --out /tmp/ab) 2>&1 | sed "s/^/$v /" | tee -a "$OUT/ab.log" | grep -E "B=|rror"
+for run in $(seq 1 "${RUNS:-1}"); do
+  for spec in "${specs[@]}"; do
+    fam=${spec%%:*}
+    formats=$(echo "${spec#*:}" | tr , ' ')
+    for v in base new; do
+      d=${dirs[$v]}
+      commit=$([[ $v == base ]] && echo "$base_commit" || echo "$new_commit")
+      if [[ ${BENCH:-decode} == spec ]]; then
+        runs=(); for f in $formats; do runs+=("--families $fam $(spec_format "$f") --name ab_${fam}_${f}_r${run}_$v"); done
+      else
+        runs=("--family $fam --formats $formats --name ab_${fam}_r${run}_$v")
+      fi
+      for a in "${runs[@]}"; do
+        # shellcheck disable=SC2086
+        (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_AOT_DIR=${aot[$v]} \
+          REPLAYSSM_COMMIT=$commit python3 "${bench[@]}" $a "$@" --out /tmp/ab) 2>&1 | sed "s/^/$v /" \
+          | tee -a "$OUT/ab.log" | grep -E "B=|rror"
+      done
+    done
   done
 done
 python3 - "$OUT/ab.json" "$base_commit" "$new_commit" "$*" "${specs[@]}" <<'EOF'
@@ -74,8 +103,9 @@ rows, metas = [], {}
 for f in sorted(pathlib.Path("/tmp/ab").glob("ab_*.json")):
     d = json.loads(f.read_text())
     variant = f.stem.rsplit("_", 1)[1]
+    run = int(f.stem.rsplit("_r", 1)[1].split("_")[0])
     for r in d["rows"]:
-        r["variant"], r["variant_commit"] = variant, base if variant == "base" else new
+        r["variant"], r["variant_commit"], r["run"] = variant, base if variant == "base" else new, run
     rows += d["rows"]
     metas[f.stem] = d["meta"]
 meta = dict(commit=new, base_commit=base, command=f"perf/ab_device.sh run {' '.join(specs)} -- {args}", runs=metas)

@@ -5,7 +5,7 @@ not spend its time compiling them (about a minute of a whole-suite run on an H10
     python perf/prebuild_modules.py --files test_gdn_decode test_state_formats
     python perf/prebuild_modules.py --list             # the module names only, nothing built
     python perf/prebuild_modules.py --bench-spec "--families kda --drafts 8 16 --trees binary15" \
-        --out .gl/aot_bench                            # the modules of that perf/bench_spec.py run
+        --out .gl/aot                                  # the modules of that perf/bench_spec.py run
 
 Then carry ``.gl/aot.tar.xz`` in the device call: ``perf/device_check.sh`` unpacks it and points
 REPLAYSSM_AOT_DIR at it, and says so. The device serves a prebuilt module only when it matches
