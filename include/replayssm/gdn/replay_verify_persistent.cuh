@@ -130,9 +130,10 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kPath =
       kPathOnGateRing ? SmemRegion{kGateRing.offset, static_cast<size_t>(TMAX) * K * 4, 16} : kPathOwn;
   // KDA's drafts' per-channel decays E(g_d) [TMAX][K], written by channel_decays to the gate ring's
-  // rows past the path sums where both fit (2 TMAX <= L), K <= 128 and there are 8 drafts (so
-  // the terms are computed ahead): the draft columns then walk each draft's path with one multiply
-  // per step and channel instead of an exp per pair and channel (channel_pairs); else the exps.
+  // rows past the path sums where both fit (2 TMAX <= L), K <= 128 and there are at least 8
+  // drafts (so the terms are computed ahead; 16 drafts only with a 32-record window): the draft
+  // columns then walk each draft's path with one multiply per step and channel instead of an exp
+  // per pair and channel (channel_pairs); else the exps.
   // Measured on an H100 at B = 256 (perf/README): 8 drafts 1.5% and binary7 3% faster a round,
   // 4 drafts 6% slower (its verify computes every unit start itself), so 4 drafts keep the exps.
   static constexpr bool kDecaysOnGateRing = PerChannelDecay && 2 * TMAX <= L && K <= 128 && TMAX >= 8;

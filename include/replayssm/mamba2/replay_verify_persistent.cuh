@@ -310,12 +310,14 @@ struct PersistentVerify : GroupUnits {
       if (tid == 0) vu.arrived = arrive(p.ring, vu.slot);  // the producer has read the cursors
       unsigned char* Uw = const_cast<unsigned char*>(U);
       const TI* UC = reinterpret_cast<const TI*>(U + Layout::kC.offset);
-      float* Cf = reinterpret_cast<float*>(Uw + Layout::kCf.offset);
-      // C of drafts n .. TMAX - 1 as zeros: the tiles form every draft's dot products.
-      if constexpr (!Layout::kMmaDots)
-        for (int i = tid; i < TMAX * N; i += kPersistentConsumers) Cf[i] = i < vu.n * N ? to_float(UC[i]) : 0.f;
-      if constexpr (Layout::kMmaDots)
+      // The drafts' C for the tiles' dot products: the MMA fragments, or C in fp32 (drafts n ..
+      // TMAX - 1 as zeros: the tiles form every draft's dot products).
+      if constexpr (Layout::kMmaDots) {
         Layout::Dots::set_vectors(Uw + Layout::kCFrag.offset, UC, vu.n, tid, kPersistentConsumers);
+      } else {
+        float* Cf = reinterpret_cast<float*>(Uw + Layout::kCf.offset);
+        for (int i = tid; i < TMAX * N; i += kPersistentConsumers) Cf[i] = i < vu.n * N ? to_float(UC[i]) : 0.f;
+      }
       if constexpr (Layout::kCodeMma) {  // warp w lays out the fragment rows (drafts) w, w + 4, ... of 16
         float* cs = reinterpret_cast<float*>(Uw + Layout::kCodeScale.offset);
         for (int i = warp; i < 16; i += kPersistentConsumerWarps) {
