@@ -735,12 +735,6 @@ struct PersistentVerify {
                                                 int j1, Parts&& parts, Store&& store) const {
     const int lane = tid % 32, warp = tid / 32, gl = lane % 8;
     const int n = vu.n, me = vu.me;
-    if constexpr (TMAX >= 8) {
-      if (j0 >= me) {  // draft columns only: the groups take the pairs d in anc(i) one after another
-        for_each_draft_pair(dh, n, me, j0 - me, j1 - me, tid, parts, store);
-        return;
-      }
-    }
     const int cols = j1 - j0, pairs = n * cols;
     for (int base = warp * 4; base < pairs; base += kPersistentConsumers / 8) {
       const int pair = base + lane / 8;
@@ -751,42 +745,6 @@ struct PersistentVerify {
       ak = group_sum<8>(ak);
       aq = group_sum<8>(aq);
       if (gl == 0 && pair < pairs) store(i, d < 0 ? j : L + d, d, seen ? ak : 0.f, seen ? aq : 0.f);
-    }
-  }
-
-  // for_each_pair over draft columns d in [d0, d1) only, enumerating the pairs with d in anc(i)
-  // (a chain of n drafts sees n (n + 1) / 2 of the n x n, a tree fewer), so no lane group idles
-  // through a warp iteration on a pair it does not see; the pairs it does not see get their zeros
-  // first, from every thread.
-  template <class Parts, class Store>
-  __device__ __forceinline__ void for_each_draft_pair(const DraftHeader<TMAX>* dh, int n, int me, int d0, int d1,
-                                                      int tid, Parts&& parts, Store&& store) const {
-    const int lane = tid % 32, warp = tid / 32, gl = lane % 8, span = d1 - d0;
-    if (span <= 0) return;
-    const uint32_t range = (span >= 32 ? ~0u : (1u << span) - 1u) << d0;
-    for (int k = tid; k < n * span; k += kPersistentConsumers) {
-      const int i = k / span, d = d0 + k % span;
-      if (!((dh->anc[i] >> d) & 1u)) store(i, L + d, d, 0.f, 0.f);
-    }
-    int total = 0;  // (uniform)
-    for (int i = 0; i < n; ++i) total += __popc(dh->anc[i] & range);
-    for (int base = warp * 4; base < total; base += kPersistentConsumers / 8) {
-      int q = base + lane / 8, i = 0, d = -1;
-      const bool live = q < total;
-      if (live) {  // the q-th seen pair: draft i, then the q-th of its columns in range
-        uint32_t seen = dh->anc[0] & range;
-        for (int c = __popc(seen); q >= c; c = __popc(seen)) {
-          q -= c;
-          seen = dh->anc[++i] & range;
-        }
-        for (; q > 0; --q) seen &= seen - 1u;
-        d = __ffs(static_cast<int>(seen)) - 1;
-      }
-      float ak = 0.f, aq = 0.f;
-      if (live) parts(i, me + d, d, gl, &ak, &aq);
-      ak = group_sum<8>(ak);
-      aq = group_sum<8>(aq);
-      if (gl == 0 && live) store(i, L + d, d, ak, aq);
     }
   }
 
