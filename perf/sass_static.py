@@ -11,6 +11,10 @@ The counts are static (each instruction once, loops not multiplied): they say wh
 code is, e.g. how much of a unit's start is dtype dispatch, and need no device time. Nsight
 Compute's executed counts (perf/sass_breakdown.py) say where its time goes.
 ``--lines A:B``: per line of --source in [A, B], the instructions and their innermost location.
+``--executed CSV``: the same charge weighted by what the kernel executed, from the SASS source page
+perf/profile_device.sh writes (its first kernel, which must be this one built from the same
+sources: the instruction counts must agree): warp instructions executed and stall samples per
+function, and per line with --lines.
 """
 
 from __future__ import annotations
@@ -23,7 +27,7 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from sass_breakdown import parse_range
+from sass_breakdown import parse_range, read_sass_csv
 
 _INSTR = re.compile(r"^\s+/\*[0-9a-f]{4,}\*/")
 _LOC = re.compile(r'File "([^"]+)", line (\d+)')
@@ -104,22 +108,42 @@ def source_line(chain: list[tuple[str, int]], source: str) -> int | None:
     return None
 
 
-def per_function(chains: list[list[tuple[str, int]]], source: str, funcs: list[tuple[int, int, str]]) -> Counter:
+def per_function(
+    chains: list[list[tuple[str, int]]],
+    source: str,
+    funcs: list[tuple[int, int, str]],
+    weights: list[int] | None = None,
+) -> Counter:
+    """Instructions per function (weights: each instruction's weight instead of 1)."""
     out: Counter[str] = Counter()
-    for chain in chains:
+    for i, chain in enumerate(chains):
         n = source_line(chain, source)
-        out["(outside the source)" if n is None else enclosing(funcs, n)] += 1
+        out["(outside the source)" if n is None else enclosing(funcs, n)] += 1 if weights is None else weights[i]
     return out
 
 
-def per_line(chains: list[list[tuple[str, int]]], source: str, first: int, last: int) -> Counter:
+def per_line(
+    chains: list[list[tuple[str, int]]], source: str, first: int, last: int, weights: list[int] | None = None
+) -> Counter:
     out: Counter[tuple[int, str]] = Counter()
-    for chain in chains:
+    for i, chain in enumerate(chains):
         n = source_line(chain, source)
         if n is not None and first <= n <= last:
             f, m = chain[0]
-            out[(n, f"{Path(f).name}:{m}")] += 1
+            out[(n, f"{Path(f).name}:{m}")] += 1 if weights is None else weights[i]
     return out
+
+
+def executed_weights(csv_path: Path, chains: list) -> tuple[list[int], list[int]]:
+    """Per instruction of the listing's kernel: warp instructions executed and stall samples, from
+    an ncu SASS source csv of the same kernel (same instruction count, or an error)."""
+    kernel, instrs = read_sass_csv(csv_path)
+    if len(instrs) != len(chains):
+        raise SystemExit(
+            f"sass_static: the csv's first kernel ({kernel[:80]}) has {len(instrs)} instructions, "
+            f"the listing's {len(chains)}: expected the same kernel built from the same sources"
+        )
+    return [i.executed for i in instrs], [i.samples for i in instrs]
 
 
 def read_listing(path: Path) -> str:
@@ -139,15 +163,29 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--kernel", required=True, help="a substring of the kernel's mangled name")
     ap.add_argument("--source", type=Path, required=True, help="the source file to charge lines to")
     ap.add_argument("--lines", type=parse_range, help="FIRST:LAST, per-line counts of --source in that range")
+    ap.add_argument("--executed", type=Path, help="an ncu SASS source csv of this kernel: executed counts instead")
     a = ap.parse_args(argv)
     chains = kernel_instructions(read_listing(a.input), a.kernel)
     src = a.source.name
+    funcs = functions(a.source.read_text())
     print(f"{len(chains)} instructions")
-    for name, v in per_function(chains, src, functions(a.source.read_text())).most_common():
-        print(f"  {v:6d}  {name}")
+    if a.executed is None:
+        for name, v in per_function(chains, src, funcs).most_common():
+            print(f"  {v:6d}  {name}")
+        if a.lines:
+            for (n, inner), v in sorted(per_line(chains, src, *a.lines).items()):
+                print(f"  line {n:5d}  {v:5d}  {inner}")
+        return
+    executed, samples = executed_weights(a.executed, chains)
+    total, total_s = max(sum(executed), 1), max(sum(samples), 1)
+    print(f"{sum(executed):,} warp instructions executed, {sum(samples):,} stall samples")
+    by_samples = per_function(chains, src, funcs, samples)
+    for name, v in per_function(chains, src, funcs, executed).most_common():
+        print(f"  {v:14,} {100 * v / total:5.1f}%  samples {100 * by_samples[name] / total_s:5.1f}%  {name}")
     if a.lines:
-        for (n, inner), v in sorted(per_line(chains, src, *a.lines).items()):
-            print(f"  line {n:5d}  {v:5d}  {inner}")
+        lines_s = per_line(chains, src, *a.lines, samples)
+        for key, v in sorted(per_line(chains, src, *a.lines, executed).items()):
+            print(f"  line {key[0]:5d}  {v:14,}  samples {lines_s[key]:7,}  {key[1]}")
 
 
 if __name__ == "__main__":

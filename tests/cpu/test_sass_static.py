@@ -72,6 +72,35 @@ def test_per_function_charges_the_deepest_frame_in_the_source():
     assert lines == {(5, "math.cuh:9"): 1}
 
 
+def write_csv(path, executed, samples):
+    import csv
+
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["Kernel Name", "the_kernel(Params)"])
+        w.writerow(["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed"])
+        for i, (e, s) in enumerate(zip(executed, samples)):
+            w.writerow([hex(16 * i), "NOP", s, e])
+
+
+def test_executed_counts_weight_the_charge(tmp_path):
+    chains = ss.kernel_instructions(LISTING, "the_kernel")
+    path = tmp_path / "k.csv"
+    write_csv(path, [1, 2, 100, 7, 1, 5], [0, 1, 30, 2, 0, 4])
+    executed, samples = ss.executed_weights(path, chains)
+    counts = ss.per_function(chains, "k.cuh", ss.functions(SOURCE), executed)
+    assert counts == {"unit_start": 10, "lambda helper": 100, "tile": 1, "(outside the source)": 5}
+    assert ss.per_function(chains, "k.cuh", ss.functions(SOURCE), samples)["lambda helper"] == 30
+    assert ss.per_line(chains, "k.cuh", 4, 6, executed) == {(5, "math.cuh:9"): 100}
+
+
+def test_a_csv_of_another_kernel_is_refused(tmp_path):
+    path = tmp_path / "k.csv"
+    write_csv(path, [1, 2, 3], [0, 0, 0])
+    with pytest.raises(SystemExit, match="has 3 instructions, the listing's 6"):
+        ss.executed_weights(path, ss.kernel_instructions(LISTING, "the_kernel"))
+
+
 def test_a_missing_kernel_is_named():
     with pytest.raises(SystemExit, match="no kernel section containing 'absent'"):
         ss.kernel_instructions(LISTING, "absent")
