@@ -40,7 +40,6 @@
 #include "../common/align.cuh"
 #include "../common/decay_skip.cuh"
 #include "../common/mma_code_dots.cuh"
-#include "../common/mma_fold.cuh"
 #include "../common/mma_ring_sums.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
@@ -1315,12 +1314,12 @@ struct PersistentVerify {
     const int l = lane % kRowsPerWarp;
     const int rl = warp * kRowsPerWarp + l;
 
-    if constexpr (kFlush) {  // the warp's rows folded in the stage tile, then stored from it
-      fold_rows_mma(ST + warp * 8 * Layout::kRowStride, U, hi, Su + warp * 8, m, lane);
-      __syncwarp();
+    if constexpr (kFlush) {
       float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
       stage_rows(sv, ST, warp, lane);
-      store_rows(sv, vu.slot, h, v0, warp, lane, nullptr);
+      fold_rows(sv, U, hi, Su, m, warp, lane);
+      store_rows(sv, vu.slot, h, v0, warp, lane, ST);
+      __syncwarp();
     }
     const int g = lane / 4, r0 = warp * 8 + 2 * (lane % 4);
     constexpr int kSets = Layout::kCodeMma ? 1 : Layout::kDotSets;
@@ -1473,23 +1472,6 @@ struct PersistentVerify {
           for (int e = 0; e < kV; ++e) sv[s][v][e] = fmaf(uj, kj[v][e], sv[s][v][e]);
       }
     }
-  }
-
-  // A flush of the tensor-core tiles (one warp, its 8 rows S of the stage tile; Su its rows'
-  // columns of the u ring): fold_rows' sum in place, on the fp64 tensor cores (common/mma_fold.cuh).
-  __device__ __forceinline__ void fold_rows_mma(TS* S, const unsigned char* U, int hi, const float* Su, int m,
-                                                int lane) const {
-    static_assert(std::is_same_v<TS, float>, "the tensor-core tiles fold fp32 rows");
-    const float* UR = floats(U, Layout::kKeyRing);
-    const float* fold = floats(U, Layout::kFold) + hi * L;  // (GDN)
-    const float* col = floats(U, Layout::kCol);  // (KDA)
-    const float tot = PerChannelDecay ? 1.f : floats(U, Layout::kTot)[hi];
-    fold_rows8_f64<K, L>(
-        S, Layout::kRowStride,
-        [&](int j, int r) { return PerChannelDecay ? Su[j * ROWS + r] : fold[j] * Su[j * ROWS + r]; },
-        [&](int j, int n) { return UR[j * K + n]; },
-        [&](int n) { return PerChannelDecay ? *reinterpret_cast<const float2*>(col + n) : make_float2(tot, tot); }, m,
-        lane);
   }
 
   // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts

@@ -23,7 +23,6 @@
 #include "../common/align.cuh"
 #include "../common/decay_skip.cuh"
 #include "../common/mma_code_dots.cuh"
-#include "../common/mma_fold.cuh"
 #include "../common/mma_ring_sums.cuh"
 #include "../common/mma_split_dots.cuh"
 #include "../common/persistent.cuh"
@@ -709,22 +708,6 @@ struct PersistentVerify : GroupUnits {
     }
   }
 
-  // A flush of the tensor-core tiles: this warp's 8 rows of the stage tile folded in place,
-  // S' = tot S_c + sum_j w_j x_j B_j^T as load_rows<true> forms it, on the fp64 tensor cores
-  // (common/mma_fold.cuh).
-  __device__ __forceinline__ void fold_rows_mma(const TileView& tv, const unsigned char* U, int m, int warp,
-                                                int lane) const {
-    static_assert(std::is_same_v<TS, float>, "the tensor-core tiles fold fp32 rows");
-    const TI* UR = reinterpret_cast<const TI*>(U + Layout::kBRing.offset);
-    const float* fold = reinterpret_cast<const float*>(U + Layout::kHeadFold.offset) + tv.hi * L;
-    const TI* Sx = tv.Sx + warp * 8;
-    const float tot = tv.hv.tot;
-    fold_rows8_f64<N, L>(
-        tv.ST + warp * 8 * Layout::kRowStride, Layout::kRowStride,
-        [&](int j, int r) { return fold[j] * to_float(Sx[j * ROWS + r]); },
-        [&](int j, int n) { return to_float(UR[j * N + n]); }, [&](int) { return make_float2(tot, tot); }, m, lane);
-  }
-
   // A flush: store the folded rows to the checkpoint and keep what was stored in sv (the drafts
   // read the stored state); `back` (not null): also write it over the stage tile's rows. With a
   // read copy, store_state_row also re-encodes the copy's rows from the same fold.
@@ -774,12 +757,11 @@ struct PersistentVerify : GroupUnits {
 #pragma unroll
         for (int e = 0; e < 2; ++e) dot[k][e] *= cs[lane / 4 + 8 * k] * (RC::kScaled ? rs[r0 + e] : 1.f);
     } else {
-      if constexpr (kFlush) {  // the warp's rows folded in the stage tile, then stored from it
-        fold_rows_mma(tv, U, m, warp, lane);
-        __syncwarp();
+      if constexpr (kFlush) {
         float sv[Tile::kPasses][Tile::kVpl][Tile::kVec];
-        load_rows<false>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
-        store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, nullptr);
+        load_rows<true>(sv, U, tv.hi, tv.hv.tot, tv.ST, tv.Sx, m, warp, lane);
+        store_rows(sv, vu.slot, tv.h, tv.p0, warp, lane, tv.ST);
+        __syncwarp();
       }
       Dots::dots(tv.ST + warp * 8 * Layout::kRowStride, U + Layout::kCFrag.offset, lane, dot);
     }
