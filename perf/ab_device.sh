@@ -34,6 +34,7 @@ while [[ $# -gt 0 && $1 != -- ]]; do specs+=("$1"); shift; done
 [[ ${1:-} == -- ]] && shift
 OUT=${OUT:-/tmp/replayssm_out}
 mkdir -p "$OUT" /tmp/ab
+res=$(mktemp -d /tmp/ab/results.XXXXXX)  # this invocation's result files only (the JIT caches stay shared)
 base_commit=$(cat "$root/.gl/base/COMMIT" 2>/dev/null || echo unknown)
 new_commit=${REPLAYSSM_COMMIT:-$(git -C "$root" rev-parse --short=12 HEAD 2>/dev/null || echo worktree)}
 declare -A dirs=([base]=$root/.gl/base [new]=$root)
@@ -90,17 +91,17 @@ for run in $(seq 1 "${RUNS:-1}"); do
       for a in "${runs[@]}"; do
         # shellcheck disable=SC2086
         (cd "$d" && PYTHONPATH=$d REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_AOT_DIR=${aot[$v]} \
-          REPLAYSSM_COMMIT=$commit python3 "${bench[@]}" $a "$@" --out /tmp/ab) 2>&1 | sed "s/^/$v /" \
+          REPLAYSSM_COMMIT=$commit python3 "${bench[@]}" $a "$@" --out "$res") 2>&1 | sed "s/^/$v /" \
           | tee -a "$OUT/ab.log" | grep -E "B=|rror"
       done
     done
   done
 done
-python3 - "$OUT/ab.json" "$base_commit" "$new_commit" "$*" "${specs[@]}" <<'EOF'
+python3 - "$OUT/ab.json" "$res" "$base_commit" "$new_commit" "$*" "${specs[@]}" <<'EOF'
 import json, pathlib, sys
-out, base, new, args, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:]
+out, res, base, new, args, specs = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5], sys.argv[6:]
 rows, metas = [], {}
-for f in sorted(pathlib.Path("/tmp/ab").glob("ab_*.json")):
+for f in sorted(pathlib.Path(res).glob("ab_*.json")):
     d = json.loads(f.read_text())
     variant = f.stem.rsplit("_", 1)[1]
     run = int(f.stem.rsplit("_r", 1)[1].split("_")[0])
