@@ -212,12 +212,7 @@ struct PersistentVerifyLayout {
   // else two with the default rule. With an fp32 checkpoint's 32-row tiles at four drafts, GDN's
   // unit (18,560 bytes) fits two unit buffers at three CTAs, KDA's (34,816) one; two CTAs with two
   // unit buffers measured slower than three with one (4d747d3, perf/README.md).
-  // Experiment (not measured): GDN also up to eight drafts for the checkpoint alone where one
-  // unit buffer and two stages fit three CTAs.
-  static constexpr bool kThreeCtas =
-      kTileBytes <= 16 * 1024 && (TMAX <= 4 || (TMAX <= 8 && kMmaDots && !PerChannelDecay && !RC::kEnabled &&
-                                                PersistentBudget<kUnitBytes, kStageBytes, 3, 2>::kFits));
-  static constexpr int kCtasPerSm = kThreeCtas ? 3 : 2;
+  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };

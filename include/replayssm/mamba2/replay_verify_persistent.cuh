@@ -132,12 +132,7 @@ struct PersistentVerifyLayout {
   // stages: a unit's start (its coefficient tables) is long, and with one buffer the pipeline
   // drains there (H200, B = 256, T = 4: 428 µs per round with one buffer and three stages, 417
   // with two and two). Two CTAs keep the default rule (not measured otherwise).
-  // Experiment (not measured): three CTAs up to eight drafts for the checkpoint alone where one
-  // unit buffer and two stages fit them (the tensor-core tiles; registers: Mamba-2 108, GDN 128, no spills).
-  static constexpr bool kThreeCtas =
-      kTileBytes <= 16 * 1024 &&
-      (TMAX <= 4 || (TMAX <= 8 && kMmaDots && !RC::kEnabled && PersistentBudget<kUnitBytes, kStageBytes, 3, 2>::kFits));
-  static constexpr int kCtasPerSm = kThreeCtas ? 3 : 2;
+  static constexpr int kCtasPerSm = TMAX <= 4 && kTileBytes <= 16 * 1024 ? 3 : 2;
   using Budget = PersistentBudget<kUnitBytes, kStageBytes, kCtasPerSm, kCtasPerSm == 3 ? 2 : 3>;
   using Pipeline = PersistentPipeline<Budget, kUnitBytes, kStageBytes>;
 };
