@@ -50,6 +50,7 @@ SPECS = {
     "gdn_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16),
     "kda_verify_T16": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=16, T=16, family="kda"),
     "kda_verify_T16_L32": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=32, T=16, family="kda"),
+    "gdn_verify_T16_L32": gdn_decode_spec("replay_verify", 128, 128, F32, BF16, L=32, T=16),
 }
 
 
@@ -338,6 +339,14 @@ class TestDeltaPlan:
         assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 16
         wide = plan(modules["kda_verify_T16_L32"], 256, 32, 32, rows=32, drafts=16)
         assert wide.kernel == "verify" and wide.fallback.startswith("layout")
+
+    def test_gdn_sixteen_drafts_over_32_records(self, modules):
+        """GDN at L = 32 and T = 16: units of at most two value heads (four heads' coefficient tables
+        would leave the 32-row tiles one stage), so the plan keeps the 32-row tensor-core tiles."""
+        s = plan(modules["gdn_verify_T16_L32"], 256, 64, 16, drafts=16)
+        assert s.kernel == "persistent" and s.fallback is None and s.rows_per_cta == 32
+        assert s.heads_per_unit == 2 and s.main.ctas_per_sm == 2
+        assert plan(modules["gdn_verify_T16"], 256, 64, 16, drafts=16).heads_per_unit == 4  # L = 16: four
 
     def test_conventional_verify(self, modules):
         s = plan(modules["gdn_conv_verify"], 8, 32, 16, drafts=4)
