@@ -5,7 +5,7 @@ not spend its time compiling them (about a minute of a whole-suite run on an H10
     python perf/prebuild_modules.py --files test_gdn_decode test_state_formats
     python perf/prebuild_modules.py --list             # the module names only, nothing built
     python perf/prebuild_modules.py --bench-spec "--families kda --drafts 8 16 --trees binary15" \
-        --out .gl/aot                                  # the modules of that perf/bench_spec.py run
+        --bench-spec "--families gdn --drafts 16 --window 32" --out .gl/aot   # those bench_spec.py runs
 
 Then carry ``.gl/aot.tar.xz`` in the device call: ``perf/device_check.sh`` unpacks it and points
 REPLAYSSM_AOT_DIR at it, and says so. The device serves a prebuilt module only when it matches
@@ -65,13 +65,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument(
         "--bench-spec",
         metavar="ARGS",
+        action="append",
         default=None,
-        help="instead of test files: the modules of a perf/bench_spec.py run with these arguments (one string)",
+        help="instead of test files: the modules of a perf/bench_spec.py run with these arguments (one string; "
+        "repeat it for several runs, one archive)",
     )
     args = ap.parse_args(argv)
     if args.bench_spec is not None and args.files is not None:
         ap.error("--bench-spec and --files: expected one of them, got both")
-    specs = bench_spec_specs(args.bench_spec) if args.bench_spec is not None else suite_specs(args.files)
+    if args.bench_spec is None:
+        specs = suite_specs(args.files)
+    else:
+        specs = {name: spec for run in args.bench_spec for name, spec in bench_spec_specs(run).items()}
     if args.list:
         print("\n".join(sorted(specs)))
         return 0

@@ -46,6 +46,25 @@ def test_lists_the_modules_of_a_bench_spec_run(capsys):
     assert not any("conventional" in n for n in capsys.readouterr().out.split())
 
 
+def test_several_bench_spec_runs_make_one_set(capsys):
+    assert (
+        pm.main(
+            [
+                "--bench-spec",
+                "--families kda --drafts 4 --trees",
+                "--bench-spec",
+                "--families gdn --drafts 16 --window 32 --trees --no-conventional",
+                "--list",
+            ]
+        )
+        == 0
+    )
+    names = set(capsys.readouterr().out.split())
+    assert "kda_replay_verify_K128_V128_L16_T4_f32_bf16" in names
+    assert "gdn_replay_verify_K128_V128_L32_T16_f32_bf16" in names
+    assert "gdn_replay_decode_K128_V128_L32_T1_f32_bf16" in names
+
+
 def test_bench_spec_and_files_together_are_refused(capsys):
     with pytest.raises(SystemExit):
         pm.main(["--bench-spec", "--families kda", "--files", "test_gdn_decode", "--list"])

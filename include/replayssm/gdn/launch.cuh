@@ -233,10 +233,12 @@ struct ReplayVerify {
   template <int ROWS>
   static constexpr bool kPersistentOk = persistent_ok<ROWS>();
 
-  // Work units of the persistent verify: a row's value heads in groups of delta_verify_unit_heads.
+  // Work units of the persistent verify: a row's value heads in groups of unit_heads.
+  static int unit_heads(int num_v_heads, int num_k_heads) {
+    return delta_verify_unit_heads(num_v_heads / num_k_heads, delta_verify_max_unit_heads(L, TMAX, PerChannelDecay));
+  }
   static int64_t units(int64_t batch, int num_v_heads, int num_k_heads) {
-    return batch * (num_v_heads / delta_verify_unit_heads(num_v_heads / num_k_heads, PerChannelDecay,
-                                                          delta_verify_max_unit_heads(L, TMAX)));
+    return batch * (num_v_heads / unit_heads(num_v_heads, num_k_heads));
   }
 
   static int plan(PlanQuery q, Schedule* s) {
@@ -273,9 +275,7 @@ struct ReplayVerify {
       return cudaSuccess;
     });
     if (e) return e;
-    e = plan_persistent_launch(
-        q, rows, delta_verify_unit_heads(q.heads / q.groups, PerChannelDecay, delta_verify_max_unit_heads(L, TMAX)),
-        units(q.batch, q.heads, q.groups), f, s);
+    e = plan_persistent_launch(q, rows, unit_heads(q.heads, q.groups), units(q.batch, q.heads, q.groups), f, s);
     if (e || s->main.kernel != kKernelPersistent) return e;
     // The units' terms are computed ahead by a launch of their own where the layout allows it
     // (verify_unit_terms_kernel): the wrapper allocates units x unit_terms_bytes of workspace.

@@ -57,9 +57,13 @@ namespace gdn {
 // up to two with 16 drafts over a 32-record window: four heads' tables (25 KB there) would leave
 // 32-row tiles one stage, and 16-row tiles take their dot products on CUDA cores (3x slower a
 // round on an H100, perf/README.md).
-__host__ __device__ constexpr int delta_verify_max_unit_heads(int L, int TMAX) { return L >= 32 && TMAX >= 16 ? 2 : 4; }
-__host__ __device__ constexpr int delta_verify_unit_heads(int ratio, bool per_channel_decay, int max_heads) {
-  int h = per_channel_decay || ratio < 1 ? 1 : (ratio < max_heads ? ratio : max_heads);
+__host__ __device__ constexpr int delta_verify_max_unit_heads(int L, int TMAX, bool per_channel_decay) {
+  return per_channel_decay ? 1 : (L >= 32 && TMAX >= 16 ? 2 : 4);
+}
+// The value heads of a unit for HV / HK = ratio: the largest divisor of ratio up to max_heads.
+__host__ __device__ constexpr int delta_verify_unit_heads(int ratio, int max_heads) {
+  if (max_heads <= 1) return 1;
+  int h = ratio < 1 ? 1 : (ratio < max_heads ? ratio : max_heads);
   while (h > 1 && ratio % h) --h;
   return h;
 }
@@ -73,7 +77,7 @@ template <typename TS, typename TI, int K, int V, int L, int ROWS, bool PerChann
           class RC = NoReadCopy>
 struct PersistentVerifyLayout {
   static_assert(kDeltaPersistentVerifyFormat<RC, TS>, "a read copy beside an fp32 checkpoint, or none");
-  static constexpr int kUnitHeads = PerChannelDecay ? 1 : delta_verify_max_unit_heads(L, TMAX);
+  static constexpr int kUnitHeads = delta_verify_max_unit_heads(L, TMAX, PerChannelDecay);
   static constexpr int kW = L + TMAX;  // coefficient columns: committed records [0, L), drafts [L, L + TMAX)
   static constexpr int kVecs = 2 * TMAX;  // the tiles' vectors: the drafts' keys, then their queries
   static constexpr int kG = PerChannelDecay ? K : 1;  // log decays per draft and head
@@ -260,8 +264,7 @@ struct PersistentVerify {
         pipe(smem),
         T(params.drafts.T),
         ratio(params.d.num_v_heads / params.d.num_k_heads),
-        heads(
-            delta_verify_unit_heads(params.d.num_v_heads / params.d.num_k_heads, PerChannelDecay, Layout::kUnitHeads)),
+        heads(delta_verify_unit_heads(ratio, Layout::kUnitHeads)),
         units_per_row(params.d.num_v_heads / heads),
         units(static_cast<int64_t>(params.d.batch) * units_per_row) {}
 
