@@ -925,15 +925,10 @@ struct PersistentVerify {
     const float negA = derived ? -expf(scalar_from_word(p.in.A_log, c.h0 * p.in.A_log.stride0, HW[0])) : 0.f;
     bool shallow = true;
     for (int e = tid; e < K; e += kPersistentConsumers) {
+      channel_log_decays_in_place(p, DGw + e, K, BW[e], negA, bt0, c.h0, e, n);  // (kept for the append)
       float g[TMAX];
 #pragma unroll
-      for (int d = 0; d < TMAX; ++d) {
-        g[d] = 0.f;
-        if (d < n) {
-          g[d] = channel_log_decay_from_words(p, DGw[d * K + e], BW[e], negA, bt0 + d, c.h0, e);
-          DGw[d * K + e] = __float_as_uint(g[d]);  // for the append
-        }
-      }
+      for (int d = 0; d < TMAX; ++d) g[d] = d < n ? __uint_as_float(DGw[d * K + e]) : 0.f;
       float sum = 0.f;  // sum_{j<k<m} g_k[e]: this column of the gate ring is read here only
       for (int j = m - 1; j >= 0; --j) {
         UR[j * K + e] *= expf(sum);
