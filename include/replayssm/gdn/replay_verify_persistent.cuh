@@ -935,14 +935,14 @@ struct PersistentVerify {
         sum += UG[j * K + e];
       }
       col[e] = expf(sum);
+      // P_i = P_parent + g_i (the parent: i's deepest ancestor above it; drafts come after their
+      // ancestors), the ancestors' gates added root first, as a sum over the path would.
 #pragma unroll
       for (int i = 0; i < TMAX; ++i) {  // (may overwrite the gate ring's column: Layout::kPathOnGateRing)
         float s = 0.f;
         if (i < n) {
-          const uint32_t anc = dh->anc[i];
-#pragma unroll
-          for (int d = 0; d <= i; ++d)
-            if ((anc >> d) & 1u) s += g[d];
+          const uint32_t above = dh->anc[i] & ((1u << i) - 1u);
+          s = (above != 0u ? path[(31 - __clz(static_cast<int>(above))) * K + e] : 0.f) + g[i];
           shallow = shallow && s >= -Layout::kFactoredLogDecay;  // (false for NaN)
         }
         path[i * K + e] = s;
