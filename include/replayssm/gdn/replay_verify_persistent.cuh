@@ -1107,7 +1107,7 @@ struct PersistentVerify {
           const float P = path[k], key = vec[k], x = expf(P);
           vec[k] = key * x;
           vec[TMAX * K + k] *= x;
-          path[k] = key * expf(-P);
+          path[k] = __fdividef(key, x);  // (2 ulp: x lies in [E(-kFactoredLogDecay), 1])
         }
         Layout::Pipeline::consumer_sync();
         draft_columns_factored(U, dh, vu.n, tid);
