@@ -1463,20 +1463,32 @@ struct PersistentVerify {
     float vrow[TMAX];
 #pragma unroll
     for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
-    release();
 
-    // Row l's sums: vector v at lane (v % 8, l / 2), element l % 2.
+    // Row l's sums (vector v's at lane (v % 8, l / 2), element l % 2), gathered through the warp's
+    // rows of the stage, which its dots have read: lane (g, c) writes vectors 8 j + g at rows 2c
+    // and 2c + 1 of a [8][kGather] scratch (row stride kVecs + 4: the four c's fall in distinct
+    // banks), and row l's lanes read its row back.
+    constexpr int kGather = Layout::kVecs + 4;
+    constexpr size_t kWarpRows = Layout::kCodeMma ? 8 * static_cast<size_t>(CodeDots::kRowBytes)
+                                                  : 8 * static_cast<size_t>(Layout::kRowStride) * sizeof(TS);
+    static_assert(8 * kGather * sizeof(float) <= kWarpRows && Layout::kVecs % 4 == 0,
+                  "the scratch fits the warp's rows");
+    float* scratch = reinterpret_cast<float*>(ST) + warp * (kWarpRows / sizeof(float));
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kSets * kHeldM; ++j)
+#pragma unroll
+      for (int e = 0; e < 2; ++e)
+        if (8 * j + g < Layout::kVecs) scratch[(2 * (lane % 4) + e) * kGather + 8 * j + g] = val[j][e];
+    __syncwarp();
+    float row[Layout::kVecs];
+    load_floats<float, Layout::kVecs>(scratch + l * kGather, row);
+    release();
     float sums[2][TMAX];
 #pragma unroll
     for (int part = 0; part < 2; ++part)
 #pragma unroll
-      for (int d = 0; d < TMAX; ++d) {
-        const int v = part * TMAX + d;
-        const int src = (v % 8) * 4 + l / 2;
-        const float x0 = __shfl_sync(0xffffffffu, val[v / 8][0], src);
-        const float x1 = __shfl_sync(0xffffffffu, val[v / 8][1], src);
-        sums[part][d] = (l & 1) ? x1 : x0;
-      }
+      for (int d = 0; d < TMAX; ++d) sums[part][d] = row[part * TMAX + d];
     draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
   }
 
