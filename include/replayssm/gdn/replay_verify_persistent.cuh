@@ -166,6 +166,10 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kBeta = kFac.then(kUnitHeads * TMAX * 4, 16);
   static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
+  // The tensor-core tiles at 8 or 16 drafts solve their drafts on tensor cores too
+  // (draft_outputs_mma): the solve matrices M and N then lie in the m16n8k8 A-fragment order
+  // (solve_at), the same bytes.
+  static constexpr bool kSolveMma = (kMmaDots || kCodeMma) && (TMAX == 8 || TMAX == 16);
   // GDN's products are read only by head_values, and the solve matrices written after it (a
   // barrier between): they share bytes where the matrices fit.
   static constexpr size_t kSolveBytes = static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4;
@@ -1176,6 +1180,18 @@ struct PersistentVerify {
     }
   }
 
+  // Where entry (i, d) of a solve matrix lies: row-major, or with Layout::kSolveMma in the order
+  // draft_outputs_mma loads its A fragments (m16n8k8: k-step q = d / 8, lane (i % 8) * 4 + d % 4;
+  // per lane the entries (i, d) and (i, d + 4), each for rows i and i + 8 where TMAX = 16).
+  __host__ __device__ static constexpr int solve_at(int i, int d) {
+    if constexpr (Layout::kSolveMma) {
+      constexpr int kRowSets = TMAX / 8;
+      return (((d / 8) * 32 + (i % 8) * 4 + d % 4) * 2 + (d % 8) / 4) * kRowSets + i / 8;
+    } else {
+      return i * TMAX + d;
+    }
+  }
+
   // Head i of the unit (one warp; lane d = column d): the drafts' triangular recursion in closed
   // form. With w_d = v_d - (S~_d k^_d without the drafts' corrections) per row, C the drafts' key
   // coefficients and Q their query coefficients (tree-masked, Q with its diagonal k^_i . q^_i),
@@ -1209,8 +1225,8 @@ struct PersistentVerify {
         for (int e = 0; e <= r; ++e) acc = fmaf(coef[(TMAX + r) * kW + e], mc[e], acc);
       }
       if (d < TMAX) {
-        M[r * TMAX + d] = mc[r];
-        N[r * TMAX + d] = acc;
+        M[solve_at(r, d)] = mc[r];
+        N[solve_at(r, d)] = acc;
       }
     }
   }
@@ -1460,36 +1476,118 @@ struct PersistentVerify {
         }
       }
     }
-    float vrow[TMAX];
+    if constexpr (Layout::kSolveMma) {
+      draft_outputs_mma(vu, c, hi, v0, warp, lane, R, Svd, val, release);
+    } else {
+      float vrow[TMAX];
 #pragma unroll
-    for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
+      for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
 
-    // Row l's sums (vector v's at lane (v % 8, l / 2), element l % 2), gathered through the warp's
-    // rows of the stage, which its dots have read: lane (g, c) writes vectors 8 j + g at rows 2c
-    // and 2c + 1 of a [8][kGather] scratch (row stride kVecs + 4: the four c's fall in distinct
-    // banks), and row l's lanes read its row back.
-    constexpr int kGather = Layout::kVecs + 4;
-    constexpr size_t kWarpRows = Layout::kCodeMma ? 8 * static_cast<size_t>(CodeDots::kRowBytes)
-                                                  : 8 * static_cast<size_t>(Layout::kRowStride) * sizeof(TS);
-    static_assert(8 * kGather * sizeof(float) <= kWarpRows && Layout::kVecs % 4 == 0,
-                  "the scratch fits the warp's rows");
-    float* scratch = reinterpret_cast<float*>(ST) + warp * (kWarpRows / sizeof(float));
-    __syncwarp();
+      // Row l's sums (vector v's at lane (v % 8, l / 2), element l % 2), gathered through the warp's
+      // rows of the stage, which its dots have read: lane (g, c) writes vectors 8 j + g at rows 2c
+      // and 2c + 1 of a [8][kGather] scratch (row stride kVecs + 4: the four c's fall in distinct
+      // banks), and row l's lanes read its row back.
+      constexpr int kGather = Layout::kVecs + 4;
+      constexpr size_t kWarpRows = Layout::kCodeMma ? 8 * static_cast<size_t>(CodeDots::kRowBytes)
+                                                    : 8 * static_cast<size_t>(Layout::kRowStride) * sizeof(TS);
+      static_assert(8 * kGather * sizeof(float) <= kWarpRows && Layout::kVecs % 4 == 0,
+                    "the scratch fits the warp's rows");
+      float* scratch = reinterpret_cast<float*>(ST) + warp * (kWarpRows / sizeof(float));
+      __syncwarp();
 #pragma unroll
-    for (int j = 0; j < kSets * kHeldM; ++j)
+      for (int j = 0; j < kSets * kHeldM; ++j)
 #pragma unroll
-      for (int e = 0; e < 2; ++e)
-        if (8 * j + g < Layout::kVecs) scratch[(2 * (lane % 4) + e) * kGather + 8 * j + g] = val[j][e];
-    __syncwarp();
-    float row[Layout::kVecs];
-    load_floats<float, Layout::kVecs>(scratch + l * kGather, row);
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + g < Layout::kVecs) scratch[(2 * (lane % 4) + e) * kGather + 8 * j + g] = val[j][e];
+      __syncwarp();
+      float row[Layout::kVecs];
+      load_floats<float, Layout::kVecs>(scratch + l * kGather, row);
+      release();
+      float sums[2][TMAX];
+#pragma unroll
+      for (int part = 0; part < 2; ++part)
+#pragma unroll
+        for (int d = 0; d < TMAX; ++d) sums[part][d] = row[part * TMAX + d];
+      draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
+    }
+  }
+
+  // Layout::kSolveMma: the outputs and corrections of the warp's 8 rows (draft_outputs' u = M w and
+  // o = s_q + N w) as split-TF32 m16n8k8 products, drafts as M and K, rows as N. val: the lane's
+  // tile sums (vector v = draft v's key for v < TMAX, else draft v - TMAX's query; val[v / 8][e]
+  // for v % 8 = lane / 4, row 2 (lane % 4) + e). The B operand w_d = v_d - S~ k^_d of row g = lane / 4
+  // at drafts d = 8q + c and 8q + c + 4 (c = lane % 4) comes from the lanes that hold those keys'
+  // sums; the lane's results are then drafts g and g + 8 at rows 2c and 2c + 1, whose query sums it
+  // holds. Drafts past n enter as exact zeros (w_d = 0); M and N are lower triangular, so a draft's
+  // results take only its ancestors' w (a non-finite w of a later draft of the same row would
+  // reach them through a zero entry: rows stay apart).
+  template <class Release>
+  __device__ __forceinline__ void draft_outputs_mma(const VerifyUnit& vu, const UnitCoords& c, int hi, int v0, int warp,
+                                                    int lane, int R, const TI* Svd, const float (&val)[2 * TMAX / 8][2],
+                                                    Release&& release) const {
+    constexpr int kSteps = TMAX / 8;  // k-steps of 8 drafts
+    constexpr int kRowSets = TMAX / 8;  // draft rows g (and g + 8)
+    const int h = c.h0 + hi, m = vu.m, n = vu.n;
+    const int g = lane / 4, cl = lane % 4, rg = warp * 8 + g, r0 = warp * 8 + 2 * cl;
+    const float* M = floats(vu.buffer, Layout::kSolve) + hi * 2 * TMAX * TMAX;
+    const float* N = M + TMAX * TMAX;
+    SplitFragment<2> b[kSteps];
+#pragma unroll
+    for (int q = 0; q < kSteps; ++q)
+#pragma unroll
+      for (int half = 0; half < 2; ++half) {
+        const int d = 8 * q + cl + 4 * half;
+        const int src = (cl + 4 * half) * 4 + g / 2;  // holds key d's sums at rows 2 (g / 2) + e
+        const float s0 = __shfl_sync(0xffffffffu, val[q][0], src);
+        const float s1 = __shfl_sync(0xffffffffu, val[q][1], src);
+        const float w = d < n ? to_float(Svd[d * ROWS + rg]) - ((g & 1) ? s1 : s0) : 0.f;
+        b[q].set(half, w);
+      }
+    float vi[kRowSets][2];  // a read copy's flush input: the drafts' values as given
+#pragma unroll
+    for (int k = 0; k < kRowSets; ++k)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const int i = g + 8 * k;
+        vi[k][e] = RC::kTwoCopy && i < n ? to_float(Svd[i * ROWS + r0 + e]) : 0.f;
+      }
     release();
-    float sums[2][TMAX];
+    float u[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-    for (int part = 0; part < 2; ++part)
+    for (int q = 0; q < kSteps; ++q) {
+      float fm[2 * kRowSets], fn[2 * kRowSets];  // (d, rows g[, g + 8]), then (d + 4, ...)
+      load_floats<float, 2 * kRowSets>(M + (q * 32 + lane) * 2 * kRowSets, fm);
+      load_floats<float, 2 * kRowSets>(N + (q * 32 + lane) * 2 * kRowSets, fn);
+      SplitFragment<4> am, an;
 #pragma unroll
-      for (int d = 0; d < TMAX; ++d) sums[part][d] = row[part * TMAX + d];
-    draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
+      for (int r = 0; r < 4; ++r) {  // m16n8k8 A: a0 (g, c), a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4)
+        const int top = r % 2, col = r / 2;
+        am.set(r, top < kRowSets ? fm[col * kRowSets + top] : 0.f);
+        an.set(r, top < kRowSets ? fn[col * kRowSets + top] : 0.f);
+      }
+      mma_split_tf32(u, am, b[q]);
+      mma_split_tf32(o, an, b[q]);
+    }
+    float* uout = p.ring.u + vu.slot * p.ring.u_stride_slot + h * p.ring.u_stride_head + v0;
+#pragma unroll
+    for (int k = 0; k < kRowSets; ++k) {
+      const int i = g + 8 * k;
+      if (i < n) {
+        TI* out = out_row(c.b, i, h, v0);
+        const int64_t rec = static_cast<int64_t>(vu.phys(m + i, R)) * V;
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          out[r0 + e] = from_float<TI>(o[2 * k + e] + val[kSteps + k][e]);  // + s_q (query i is vector TMAX + i)
+          uout[rec + r0 + e] = u[2 * k + e];
+          if constexpr (RC::kTwoCopy)
+            static_cast<TI*>(p.ring.v)[vu.slot * p.ring.v_stride_slot + h * p.ring.v_stride_head + rec + v0 + r0 + e] =
+                from_float<TI>(vi[k][e]);
+        }
+      } else if (i < T) {
+        TI* out = out_row(c.b, i, h, v0);
+        out[r0] = out[r0 + 1] = from_float<TI>(0.f);
+      }
+    }
   }
 
   // The outputs and corrections of row rl's drafts from its sums (sums[0][d] = S~ k^_d, sums[1][d]
