@@ -965,35 +965,33 @@ struct PersistentVerify {
     return shallow;
   }
 
-  // KDA's draft columns (Layout::kDecaysOnGateRing; every consumer thread): 8-lane group i takes
-  // draft i (i < n; lane gl the channels gl * 8 + 64 j + e, as group8_dot_part) and walks its
-  // path up from itself: at ancestor-or-self d it holds E(P_i - P_d) per channel as the product of
-  // the drafts' decays E(g_c) of the nodes c below d on the path (d = i: 1), and stores
-  //   column L + d: (E(P_i - P_d) . k^_d) . k^_i (0 for d = i) and (E(P_i - P_d) . k^_d) . q^_i;
-  // the columns of drafts off its path are 0. The steps are uniform over the warp (the group sums
-  // shuffle across it).
-  __device__ __forceinline__ void draft_columns_by_path(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
-                                                        int tid) const {
+  // KDA's draft columns (every consumer thread): 8-lane group i takes draft i (i < n; lane gl the
+  // channels gl * 8 + 64 j + e, as group8_dot_part) and walks its path up from itself, deepest
+  // first; at ancestor-or-self d (c: the node visited before, i at the start) weights(d, c, j, w)
+  // gives chunk j's weights w such that column L + d is w . k^_i (stored 0 for d = i) and w . q^_i
+  // (the vectors' values as the caller left them). The columns of drafts off its path are 0. The
+  // steps are uniform over the warp (the group sums shuffle across it).
+  template <class Weights>
+  __device__ __forceinline__ void walk_draft_columns(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
+                                                     int tid, Weights&& weights) const {
     static_assert(TMAX <= kPersistentConsumers / 8, "a group per draft");
     constexpr int kChunks8 = K / 64;  // 8-channel chunks per lane
     const int i = tid / 8, gl = tid % 8;
     const bool live = i < n;
     const float* vec = floats(U, Layout::kVec);
-    const float* eg = floats(U, Layout::kDraftDecays);
     float* coef = floats(U, Layout::kCoef);
-    float xk[kChunks8][8], xq[kChunks8][8], E[kChunks8][8];
+    float xk[kChunks8][8], xq[kChunks8][8];
 #pragma unroll
     for (int j = 0; j < kChunks8; ++j) {
       const int k = gl * 8 + 64 * j;
       load_floats<float, 8>(vec + (live ? i : 0) * K + k, xk[j]);
       load_floats<float, 8>(vec + (TMAX + (live ? i : 0)) * K + k, xq[j]);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) E[j][e] = 1.f;
     }
-    if (live && gl < n) {  // columns off the path stay 0
-      coef[i * kW + L + gl] = 0.f;
-      coef[(TMAX + i) * kW + L + gl] = 0.f;
-    }
+    if (live)
+      for (int d = gl; d < n; d += 8) {  // columns off the path stay 0
+        coef[i * kW + L + d] = 0.f;
+        coef[(TMAX + i) * kW + L + d] = 0.f;
+      }
     __syncwarp();
     uint32_t path = live ? dh->anc[i] : 0u;  // ancestors-or-self not yet visited
     int c = i;  // the node visited last
@@ -1005,19 +1003,12 @@ struct PersistentVerify {
       if (d >= 0) {
 #pragma unroll
         for (int j = 0; j < kChunks8; ++j) {
-          const int k = gl * 8 + 64 * j;
-          float vd[8], f[8];
-          load_floats<float, 8>(vec + d * K + k, vd);
-          if (d != c) {
-            load_floats<float, 8>(eg + c * K + k, f);
-#pragma unroll
-            for (int e = 0; e < 8; ++e) E[j][e] *= f[e];
-          }
+          float w[8];
+          weights(d, c, j, w);
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            const float w = E[j][e] * vd[e];
-            ak = fmaf(w, xk[j][e], ak);
-            aq = fmaf(w, xq[j][e], aq);
+            ak = fmaf(w[e], xk[j][e], ak);
+            aq = fmaf(w[e], xq[j][e], aq);
           }
         }
       }
@@ -1034,63 +1025,44 @@ struct PersistentVerify {
     }
   }
 
-  // KDA's draft columns factored (Layout::kFactoredDraftColumns; every consumer thread, after the
-  // vectors hold E(P_i) . x_i and the path sums' region the keys E(-P_d) . k^_d): 8-lane group i
-  // takes draft i (i < n; lane gl the channels gl * 8 + 64 j + e, as group8_dot_part) and, for
-  // each ancestor-or-self d on its path, stores
-  //   column L + d: (E(-P_d) . k^_d) . (E(P_i) . k^_i) (0 for d = i) and (E(-P_d) . k^_d) . (E(P_i) . q^_i),
-  // the product of E(P_i - P_d) . k^_d with x_i channel by channel; the columns of drafts off its
-  // path are 0. The steps are uniform over the warp (the group sums shuffle across it).
+  // KDA's draft columns by path (Layout::kDecaysOnGateRing), from the undecayed vectors: the
+  // weights E(P_i - P_d) . k^_d per channel, E(P_i - P_d) the product of the drafts' decays E(g_c)
+  // of the nodes c below d on the path (d = i: 1), one multiply per step and channel.
+  __device__ __forceinline__ void draft_columns_by_path(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
+                                                        int tid) const {
+    constexpr int kChunks8 = K / 64;
+    const int gl = tid % 8;
+    const float* vec = floats(U, Layout::kVec);
+    const float* eg = floats(U, Layout::kDraftDecays);
+    float E[kChunks8][8];
+#pragma unroll
+    for (int j = 0; j < kChunks8; ++j)
+#pragma unroll
+      for (int e = 0; e < 8; ++e) E[j][e] = 1.f;
+    walk_draft_columns(U, dh, n, tid, [&](int d, int c, int j, float (&w)[8]) {
+      const int k = gl * 8 + 64 * j;
+      float vd[8], f[8];
+      load_floats<float, 8>(vec + d * K + k, vd);
+      if (d != c) {
+        load_floats<float, 8>(eg + c * K + k, f);
+#pragma unroll
+        for (int e = 0; e < 8; ++e) E[j][e] *= f[e];
+      }
+#pragma unroll
+      for (int e = 0; e < 8; ++e) w[e] = E[j][e] * vd[e];
+    });
+  }
+
+  // KDA's draft columns factored (Layout::kFactoredDraftColumns; after the vectors hold
+  // E(P_i) . x_i and the path sums' region the keys E(-P_d) . k^_d): the weights are those keys,
+  // so that each product is E(P_i - P_d) . k^_d with x_i channel by channel.
   __device__ __forceinline__ void draft_columns_factored(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
                                                          int tid) const {
-    static_assert(TMAX <= kPersistentConsumers / 8, "a group per draft");
-    constexpr int kChunks8 = K / 64;  // 8-channel chunks per lane
-    const int i = tid / 8, gl = tid % 8;
-    const bool live = i < n;
-    const float* vec = floats(U, Layout::kVec);
+    const int gl = tid % 8;
     const float* keys = floats(U, Layout::kPath);
-    float* coef = floats(U, Layout::kCoef);
-    float xk[kChunks8][8], xq[kChunks8][8];
-#pragma unroll
-    for (int j = 0; j < kChunks8; ++j) {
-      const int k = gl * 8 + 64 * j;
-      load_floats<float, 8>(vec + (live ? i : 0) * K + k, xk[j]);
-      load_floats<float, 8>(vec + (TMAX + (live ? i : 0)) * K + k, xq[j]);
-    }
-    if (live)
-      for (int d = gl; d < n; d += 8) {  // columns off the path stay 0
-        coef[i * kW + L + d] = 0.f;
-        coef[(TMAX + i) * kW + L + d] = 0.f;
-      }
-    __syncwarp();
-    uint32_t path = live ? dh->anc[i] : 0u;  // ancestors-or-self not yet visited
-#pragma unroll 1
-    for (int step = 0; step < TMAX; ++step) {
-      if (!__any_sync(0xffffffffu, path != 0u)) break;
-      const int d = path != 0u ? 31 - __clz(static_cast<int>(path)) : -1;
-      float ak = 0.f, aq = 0.f;
-      if (d >= 0) {
-#pragma unroll
-        for (int j = 0; j < kChunks8; ++j) {
-          float kd[8];
-          load_floats<float, 8>(keys + d * K + gl * 8 + 64 * j, kd);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) {
-            ak = fmaf(kd[e], xk[j][e], ak);
-            aq = fmaf(kd[e], xq[j][e], aq);
-          }
-        }
-      }
-      ak = group_sum<8>(ak);
-      aq = group_sum<8>(aq);
-      if (d >= 0) {
-        if (gl == 0) {
-          coef[i * kW + L + d] = d == i ? 0.f : ak;
-          coef[(TMAX + i) * kW + L + d] = aq;
-        }
-        path &= ~(1u << d);
-      }
-    }
+    walk_draft_columns(U, dh, n, tid, [&](int d, int, int j, float (&w)[8]) {
+      load_floats<float, 8>(keys + d * K + gl * 8 + 64 * j, w);
+    });
   }
 
   // KDA: the coefficients of every (draft, record) pair, then the tiles' vectors.
