@@ -10,8 +10,7 @@ from .test_gdn_decode import layer_weights
 
 class DeltaSpec:
     """Inputs q, k [.., HK, K], v [.., HV, V], raw gates a (KDA: [.., HV, K]) and b per token;
-    A_log and dt_bias per layer. cfg: family, HV, HK, K, V, state, io, L; optional gate_shift (added
-    to the raw gates a: their decays deepen)."""
+    A_log and dt_bias per layer. cfg: family, HV, HK, K, V, state, io, L."""
 
     def __init__(self, cfg, gen):
         self.cfg, self.gen = cfg, gen
@@ -49,10 +48,11 @@ class DeltaSpec:
     def inputs(self, batch, T=None):
         c, g = self.cfg, self.gen
         lead = (batch,) if T is None else (batch, T)
-        rnd = lambda *s, shift=0.0: (torch.randn(*lead, *s, device=DEV, generator=g) + shift).to(c["io"])  # noqa: E731
+        rnd = lambda *s: torch.randn(*lead, *s, device=DEV, generator=g).to(c["io"])  # noqa: E731
         gate = (c["HV"], c["K"]) if self.kda else (c["HV"],)
-        a = rnd(*gate, shift=c.get("gate_shift", 0.0))  # a shift > 0: deeper decays
-        return dict(q=rnd(c["HK"], c["K"]), k=rnd(c["HK"], c["K"]), v=rnd(c["HV"], c["V"]), a=a, b=rnd(c["HV"]))
+        return dict(
+            q=rnd(c["HK"], c["K"]), k=rnd(c["HK"], c["K"]), v=rnd(c["HV"], c["V"]), a=rnd(*gate), b=rnd(c["HV"])
+        )
 
     def out_like(self, inp):
         return torch.full_like(inp["v"], float("nan"))

@@ -39,11 +39,6 @@ CONFIGS = [
     KDA,
     {**KDA, "T": 8},
     {**KDA, "T": 16},
-    # Raw gates shifted by +3 (A = exp(A_log) from 1 to 16, dt_bias for dt in [1e-3, 1e-1]): a
-    # 16-draft path sums about -0.3 A (lowest channels) to -21 A (highest), so the heads with A < 4
-    # keep every path sum above -80 (KDA's factored draft columns) and most of the others do not (the
-    # exps per pair and channel): both in nearly every run. Unshifted (kda_T16) they stay well above.
-    {**KDA, "T": 16, "gate_shift": 3.0},
     {**KDA, "io": F32},
     {**KDA, "K": 256, "V": 64, "L": 32, "T": 16},
 ]
@@ -59,7 +54,6 @@ CONFIG_IDS = [
     "kda",
     "kda_T8",
     "kda_T16",
-    "kda_T16_deep_decays",
     "kda_io_f32",
     "kda_K256_V64_L32_T16",
 ]

@@ -261,10 +261,6 @@ struct PersistentPipeline {
   }
 
   __device__ static void consumer_sync() { named_barrier(kConsumerBarrier, kPersistentConsumers); }
-  // consumer_sync, answering whether pred held in every consumer thread.
-  __device__ static bool consumer_sync_all(bool pred) {
-    return named_barrier_all(kConsumerBarrier, kPersistentConsumers, pred);
-  }
 };
 
 // The body of every persistent kernel: thread 0 initialises the pipeline with the launch's hint

@@ -67,15 +67,4 @@ __device__ __forceinline__ void named_barrier(int id, int threads) {
   asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 
-// named_barrier that also answers whether `pred` held in every one of those threads.
-__device__ __forceinline__ bool named_barrier_all(int id, int threads, bool pred) {
-  uint32_t all;
-  asm volatile(
-      "{\n .reg .pred p, q;\n setp.ne.u32 p, %1, 0;\n bar.red.and.pred q, %2, %3, p;\n selp.u32 %0, 1, 0, q;\n}"
-      : "=r"(all)
-      : "r"(static_cast<uint32_t>(pred)), "r"(id), "r"(threads)
-      : "memory");
-  return all != 0u;
-}
-
 }  // namespace replayssm

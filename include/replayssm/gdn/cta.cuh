@@ -79,38 +79,6 @@ __device__ __forceinline__ float channel_log_decay_from_words(const DecodeParams
   return negA * softplus(x);
 }
 
-// channel_log_decay_from_words for the n consecutive rows row0, row0 + 1, ... of channel c, in
-// place of their gate words words[d * ws] (as float bits): the same values, with the dtype dispatch,
-// the half-word offsets and the bias once for all rows, one row after the other (few registers).
-__device__ __forceinline__ void channel_log_decays_in_place(const DecodeParams& p, uint32_t* words, int ws, uint32_t wb,
-                                                            float negA, int64_t row0, int hv, int c, int n) {
-  if (p.in.g.ptr != nullptr) {
-#pragma unroll 1
-    for (int d = 0; d < n; ++d)
-      words[d * ws] = __float_as_uint(channel_log_decay_from_words(p, words[d * ws], wb, negA, row0 + d, hv, c));
-    return;
-  }
-  const float bias =
-      p.in.dt_bias.ptr != nullptr ? scalar_from_word(p.in.dt_bias, hv * p.in.dt_bias.stride0 + c, wb) : 0.f;
-  // A 16-bit element (row0 + d, hv, c) is its word's high half where bit 1 of its byte address is set.
-  const auto lo = [](int64_t v) {
-    return static_cast<uint32_t>(v);
-  };  // (low bits decide bit 1)
-  const uint32_t step = 2u * lo(p.in.a.stride0);
-  uint32_t at = lo(reinterpret_cast<uintptr_t>(p.in.a.ptr)) +
-                2u * (lo(row0) * lo(p.in.a.stride0) + lo(hv) * lo(p.in.a.stride1) + lo(c));
-  const int dtype = p.in.a.dtype;
-#pragma unroll 1
-  for (int d = 0; d < n; ++d, at += step) {
-    const uint32_t w = words[d * ws];
-    const auto bits = static_cast<unsigned short>((at & 2u) ? w >> 16 : w & 0xffffu);
-    const float x = dtype == kFloat32    ? __uint_as_float(w)
-                    : dtype == kBFloat16 ? __bfloat162float(__ushort_as_bfloat16(bits))
-                                         : __half2float(__ushort_as_half(bits));
-    words[d * ws] = __float_as_uint(negA * softplus(x + bias));
-  }
-}
-
 __device__ __forceinline__ float step_beta(const DecodeParams& p, int64_t row, int hv) {
   if (p.in.beta.ptr != nullptr) return load_scalar(p.in.beta, row, hv);
   return 1.f / (1.f + expf(-load_scalar(p.in.b, row, hv)));

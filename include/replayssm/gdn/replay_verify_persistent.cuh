@@ -146,15 +146,6 @@ struct PersistentVerifyLayout {
   static constexpr bool kDecaysOnGateRing = PerChannelDecay && 2 * TMAX <= L && K <= 128 && TMAX >= 8;
   static constexpr SmemRegion kDraftDecays =
       SmemRegion{kGateRing.offset + static_cast<size_t>(TMAX) * K * 4, kDecaysOnGateRing ? TMAX * K * 4 : 0, 16};
-  // KDA's draft columns factored where the drafts' decays do not fit the gate ring (16 drafts
-  // over 16 records): with the vectors E(P_i) . x_i the tiles take anyway and the keys
-  // E(-P_d) . k^_d written over the path sums, column d of draft i is their dot product, with no
-  // exp per pair and channel (draft_columns_factored). Only while every path sum of the unit is
-  // at least -kFactoredLogDecay, so that E(-P_d) stays finite and E(P_i) normal in fp32; a unit
-  // with a deeper decay takes the exps (channel_pairs).
-  static constexpr bool kFactoredDraftColumns =
-      PerChannelDecay && !kDecaysOnGateRing && TMAX >= 8 && TMAX <= kPersistentConsumers / 8;
-  static constexpr float kFactoredLogDecay = 80.f;
   static constexpr SmemRegion kCol = kPathOwn.then(PerChannelDecay ? K * 4 : 0, 16);
   static constexpr SmemRegion kDraftGates = kCol.then(static_cast<size_t>(kUnitHeads) * TMAX * kG * 4, 16);
   static constexpr SmemRegion kDots = kDraftGates.then(PerChannelDecay ? 0 : kVecs * kW * 4, 16);
@@ -166,10 +157,6 @@ struct PersistentVerifyLayout {
   static constexpr SmemRegion kBeta = kFac.then(kUnitHeads * TMAX * 4, 16);
   static constexpr SmemRegion kFold = kBeta.then(PerChannelDecay ? 0 : kUnitHeads * L * 4, 16);
   static constexpr SmemRegion kTot = kFold.then(kUnitHeads * 4, 16);
-  // The tensor-core tiles at 8 or 16 drafts solve their drafts on tensor cores too
-  // (draft_outputs_mma): the solve matrices M and N then lie in the m16n8k8 A-fragment order
-  // (solve_at), the same bytes.
-  static constexpr bool kSolveMma = (kMmaDots || kCodeMma) && (TMAX == 8 || TMAX == 16);
   // GDN's products are read only by head_values, and the solve matrices written after it (a
   // barrier between): they share bytes where the matrices fit.
   static constexpr size_t kSolveBytes = static_cast<size_t>(kUnitHeads) * 2 * TMAX * TMAX * 4;
@@ -549,14 +536,9 @@ struct PersistentVerify {
     if constexpr (Layout::kFragOnVec) raw_fragments(U, vu.n, tid);  // (draft_vectors leaves the vectors' bytes)
     Layout::Pipeline::consumer_sync();
     if constexpr (PerChannelDecay) {
-      const bool shallow = channel_decays(U, dh, vu, c, tid);
-      bool factored = false;
-      if constexpr (Layout::kFactoredDraftColumns) {
-        factored = Layout::Pipeline::consumer_sync_all(shallow);
-      } else {
-        Layout::Pipeline::consumer_sync();
-      }
-      channel_pairs(U, dh, vu, tid, factored);
+      channel_decays(U, dh, vu, c, tid);
+      Layout::Pipeline::consumer_sync();
+      channel_pairs(U, dh, vu, tid);
     } else {
       if constexpr (Layout::kFragOnVec) {
         key_products_mma(U, dh, vu, warp, lane);
@@ -912,9 +894,7 @@ struct PersistentVerify {
   // KDA (one value head), one thread per key channel: the drafts' log decays (in place of their
   // gate words), path sums P_i, the committed keys decayed in place kd_j = E(sum_{j<k<m} g_k) . k_j,
   // E(Gc), and the betas (warp 0).
-  // Returns whether this thread's path sums are all at least -kFactoredLogDecay (draft columns
-  // factored: Layout::kFactoredDraftColumns).
-  __device__ __forceinline__ bool channel_decays(const unsigned char* U, const DraftHeader<TMAX>* dh,
+  __device__ __forceinline__ void channel_decays(const unsigned char* U, const DraftHeader<TMAX>* dh,
                                                  const VerifyUnit& vu, const UnitCoords& c, int tid) const {
     const int m = vu.m, n = vu.n;
     const int64_t bt0 = c.b * T;
@@ -927,27 +907,30 @@ struct PersistentVerify {
     float* col = floats(U, Layout::kCol);
     const bool derived = p.in.g.ptr == nullptr;
     const float negA = derived ? -expf(scalar_from_word(p.in.A_log, c.h0 * p.in.A_log.stride0, HW[0])) : 0.f;
-    bool shallow = true;
     for (int e = tid; e < K; e += kPersistentConsumers) {
-      channel_log_decays_in_place(p, DGw + e, K, BW[e], negA, bt0, c.h0, e, n);  // (kept for the append)
       float g[TMAX];
 #pragma unroll
-      for (int d = 0; d < TMAX; ++d) g[d] = d < n ? __uint_as_float(DGw[d * K + e]) : 0.f;
+      for (int d = 0; d < TMAX; ++d) {
+        g[d] = 0.f;
+        if (d < n) {
+          g[d] = channel_log_decay_from_words(p, DGw[d * K + e], BW[e], negA, bt0 + d, c.h0, e);
+          DGw[d * K + e] = __float_as_uint(g[d]);  // for the append
+        }
+      }
       float sum = 0.f;  // sum_{j<k<m} g_k[e]: this column of the gate ring is read here only
       for (int j = m - 1; j >= 0; --j) {
         UR[j * K + e] *= expf(sum);
         sum += UG[j * K + e];
       }
       col[e] = expf(sum);
-      // P_i = P_parent + g_i (the parent: i's deepest ancestor above it; drafts come after their
-      // ancestors), the ancestors' gates added root first, as a sum over the path would.
 #pragma unroll
       for (int i = 0; i < TMAX; ++i) {  // (may overwrite the gate ring's column: Layout::kPathOnGateRing)
         float s = 0.f;
         if (i < n) {
-          const uint32_t above = dh->anc[i] & ((1u << i) - 1u);
-          s = (above != 0u ? path[(31 - __clz(static_cast<int>(above))) * K + e] : 0.f) + g[i];
-          shallow = shallow && s >= -Layout::kFactoredLogDecay;  // (false for NaN)
+          const uint32_t anc = dh->anc[i];
+#pragma unroll
+          for (int d = 0; d <= i; ++d)
+            if ((anc >> d) & 1u) s += g[d];
         }
         path[i * K + e] = s;
       }
@@ -962,36 +945,37 @@ struct PersistentVerify {
       float* fac = floats(U, Layout::kFac);
       fac[tid] = fac[TMAX + tid] = 1.f;  // the decays are in the vectors
     }
-    return shallow;
   }
 
-  // KDA's draft columns (every consumer thread): 8-lane group i takes draft i (i < n; lane gl the
-  // channels gl * 8 + 64 j + e, as group8_dot_part) and walks its path up from itself, deepest
-  // first; at ancestor-or-self d (c: the node visited before, i at the start) weights(d, c, j, w)
-  // gives chunk j's weights w such that column L + d is w . k^_i (stored 0 for d = i) and w . q^_i
-  // (the vectors' values as the caller left them). The columns of drafts off its path are 0. The
-  // steps are uniform over the warp (the group sums shuffle across it).
-  template <class Weights>
-  __device__ __forceinline__ void walk_draft_columns(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
-                                                     int tid, Weights&& weights) const {
+  // KDA's draft columns (Layout::kDecaysOnGateRing; every consumer thread): 8-lane group i takes
+  // draft i (i < n; lane gl the channels gl * 8 + 64 j + e, as group8_dot_part) and walks its
+  // path up from itself: at ancestor-or-self d it holds E(P_i - P_d) per channel as the product of
+  // the drafts' decays E(g_c) of the nodes c below d on the path (d = i: 1), and stores
+  //   column L + d: (E(P_i - P_d) . k^_d) . k^_i (0 for d = i) and (E(P_i - P_d) . k^_d) . q^_i;
+  // the columns of drafts off its path are 0. The steps are uniform over the warp (the group sums
+  // shuffle across it).
+  __device__ __forceinline__ void draft_columns_by_path(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
+                                                        int tid) const {
     static_assert(TMAX <= kPersistentConsumers / 8, "a group per draft");
     constexpr int kChunks8 = K / 64;  // 8-channel chunks per lane
     const int i = tid / 8, gl = tid % 8;
     const bool live = i < n;
     const float* vec = floats(U, Layout::kVec);
+    const float* eg = floats(U, Layout::kDraftDecays);
     float* coef = floats(U, Layout::kCoef);
-    float xk[kChunks8][8], xq[kChunks8][8];
+    float xk[kChunks8][8], xq[kChunks8][8], E[kChunks8][8];
 #pragma unroll
     for (int j = 0; j < kChunks8; ++j) {
       const int k = gl * 8 + 64 * j;
       load_floats<float, 8>(vec + (live ? i : 0) * K + k, xk[j]);
       load_floats<float, 8>(vec + (TMAX + (live ? i : 0)) * K + k, xq[j]);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) E[j][e] = 1.f;
     }
-    if (live)
-      for (int d = gl; d < n; d += 8) {  // columns off the path stay 0
-        coef[i * kW + L + d] = 0.f;
-        coef[(TMAX + i) * kW + L + d] = 0.f;
-      }
+    if (live && gl < n) {  // columns off the path stay 0
+      coef[i * kW + L + gl] = 0.f;
+      coef[(TMAX + i) * kW + L + gl] = 0.f;
+    }
     __syncwarp();
     uint32_t path = live ? dh->anc[i] : 0u;  // ancestors-or-self not yet visited
     int c = i;  // the node visited last
@@ -1003,12 +987,19 @@ struct PersistentVerify {
       if (d >= 0) {
 #pragma unroll
         for (int j = 0; j < kChunks8; ++j) {
-          float w[8];
-          weights(d, c, j, w);
+          const int k = gl * 8 + 64 * j;
+          float vd[8], f[8];
+          load_floats<float, 8>(vec + d * K + k, vd);
+          if (d != c) {
+            load_floats<float, 8>(eg + c * K + k, f);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) E[j][e] *= f[e];
+          }
 #pragma unroll
           for (int e = 0; e < 8; ++e) {
-            ak = fmaf(w[e], xk[j][e], ak);
-            aq = fmaf(w[e], xq[j][e], aq);
+            const float w = E[j][e] * vd[e];
+            ak = fmaf(w, xk[j][e], ak);
+            aq = fmaf(w, xq[j][e], aq);
           }
         }
       }
@@ -1025,72 +1016,17 @@ struct PersistentVerify {
     }
   }
 
-  // KDA's draft columns by path (Layout::kDecaysOnGateRing), from the undecayed vectors: the
-  // weights E(P_i - P_d) . k^_d per channel, E(P_i - P_d) the product of the drafts' decays E(g_c)
-  // of the nodes c below d on the path (d = i: 1), one multiply per step and channel.
-  __device__ __forceinline__ void draft_columns_by_path(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
-                                                        int tid) const {
-    constexpr int kChunks8 = K / 64;
-    const int gl = tid % 8;
-    const float* vec = floats(U, Layout::kVec);
-    const float* eg = floats(U, Layout::kDraftDecays);
-    float E[kChunks8][8];
-#pragma unroll
-    for (int j = 0; j < kChunks8; ++j)
-#pragma unroll
-      for (int e = 0; e < 8; ++e) E[j][e] = 1.f;
-    walk_draft_columns(U, dh, n, tid, [&](int d, int c, int j, float (&w)[8]) {
-      const int k = gl * 8 + 64 * j;
-      float vd[8], f[8];
-      load_floats<float, 8>(vec + d * K + k, vd);
-      if (d != c) {
-        load_floats<float, 8>(eg + c * K + k, f);
-#pragma unroll
-        for (int e = 0; e < 8; ++e) E[j][e] *= f[e];
-      }
-#pragma unroll
-      for (int e = 0; e < 8; ++e) w[e] = E[j][e] * vd[e];
-    });
-  }
-
-  // KDA's draft columns factored (Layout::kFactoredDraftColumns; after the vectors hold
-  // E(P_i) . x_i and the path sums' region the keys E(-P_d) . k^_d): the weights are those keys,
-  // so that each product is E(P_i - P_d) . k^_d with x_i channel by channel.
-  __device__ __forceinline__ void draft_columns_factored(const unsigned char* U, const DraftHeader<TMAX>* dh, int n,
-                                                         int tid) const {
-    const int gl = tid % 8;
-    const float* keys = floats(U, Layout::kPath);
-    walk_draft_columns(U, dh, n, tid, [&](int d, int, int j, float (&w)[8]) {
-      load_floats<float, 8>(keys + d * K + gl * 8 + 64 * j, w);
-    });
-  }
-
   // KDA: the coefficients of every (draft, record) pair, then the tiles' vectors.
   //   draft d in anc(i): ((E(P_i - P_d) . k^_d) . x_i) (x_i = k^_i, whose own column is 0, or q^_i);
   //   committed j < me: kd_j . (E(P_i) . x_i);
   // the vectors become E(P_i) . x_i, times E(Gc) without a flush (a flush's tiles hold the folded
   // state). Every consumer thread calls it (barriers inside).
-  // factored (Layout::kFactoredDraftColumns, every path sum of the unit shallow enough): the
-  // vectors first, then the draft columns from them (draft_columns_factored).
   __device__ __forceinline__ void channel_pairs(const unsigned char* U, const DraftHeader<TMAX>* dh,
-                                                const VerifyUnit& vu, int tid, bool factored) const {
+                                                const VerifyUnit& vu, int tid) const {
     float* vec = floats(U, Layout::kVec);
-    float* path = floats(U, Layout::kPath);
-    if constexpr (Layout::kFactoredDraftColumns) {
-      if (factored) {
-        // The vectors E(P_i) . x_i and, over the path sums, the draft keys E(-P_d) . k^_d.
-        for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
-          const float P = path[k], key = vec[k], x = expf(P);
-          vec[k] = key * x;
-          vec[TMAX * K + k] *= x;
-          path[k] = __fdividef(key, x);  // (2 ulp: x lies in [E(-kFactoredLogDecay), 1])
-        }
-        Layout::Pipeline::consumer_sync();
-        draft_columns_factored(U, dh, vu.n, tid);
-        committed_columns(U, dh, vu, tid);  // (it reads no column draft_columns_factored writes)
-        return;
-      }
-    }
+    const float* UR = floats(U, Layout::kKeyRing);
+    const float* path = floats(U, Layout::kPath);
+    const float* col = floats(U, Layout::kCol);
     float* coef = floats(U, Layout::kCoef);
     auto store = [&](int i, int cl, int d, float ak, float aq) {
       coef[i * kW + cl] = d == i ? 0.f : ak;
@@ -1122,45 +1058,20 @@ struct PersistentVerify {
       vec[TMAX * K + k] *= x;
     }
     Layout::Pipeline::consumer_sync();
-    committed_columns(U, dh, vu, tid);
-  }
-
-  // KDA, after the vectors hold E(P_i) . x_i: the committed columns kd_j . (E(P_i) . x_i), then
-  // (without a flush: a flush's tiles hold the folded state) the vectors times E(Gc).
-  __device__ __forceinline__ void committed_columns(const unsigned char* U, const DraftHeader<TMAX>* dh,
-                                                    const VerifyUnit& vu, int tid) const {
-    float* vec = floats(U, Layout::kVec);
-    const float* UR = floats(U, Layout::kKeyRing);
-    const float* col = floats(U, Layout::kCol);
-    float* coef = floats(U, Layout::kCoef);
+    // Committed columns from the decayed keys and vectors.
     for_each_pair(
         dh, vu, tid, 0, vu.me,
         [&](int i, int j, int, int gl, float* ak, float* aq) {
           *ak = group8_dot_part<float, K>(UR + j * K, vec + i * K, gl);
           *aq = group8_dot_part<float, K>(UR + j * K, vec + (TMAX + i) * K, gl);
         },
-        [&](int i, int cl, int d, float ak, float aq) {
-          coef[i * kW + cl] = d == i ? 0.f : ak;
-          coef[(TMAX + i) * kW + cl] = aq;
-        });
+        store);
     if (!vu.flush) {
       Layout::Pipeline::consumer_sync();
       for (int k = tid; k < vu.n * K; k += kPersistentConsumers) {
         vec[k] *= col[k % K];
         vec[TMAX * K + k] *= col[k % K];
       }
-    }
-  }
-
-  // Where entry (i, d) of a solve matrix lies: row-major, or with Layout::kSolveMma in the order
-  // draft_outputs_mma loads its A fragments (m16n8k8: k-step q = d / 8, lane (i % 8) * 4 + d % 4;
-  // per lane the entries (i, d) and (i, d + 4), each for rows i and i + 8 where TMAX = 16).
-  __host__ __device__ static constexpr int solve_at(int i, int d) {
-    if constexpr (Layout::kSolveMma) {
-      constexpr int kRowSets = TMAX / 8;
-      return (((d / 8) * 32 + (i % 8) * 4 + d % 4) * 2 + (d % 8) / 4) * kRowSets + i / 8;
-    } else {
-      return i * TMAX + d;
     }
   }
 
@@ -1197,8 +1108,8 @@ struct PersistentVerify {
         for (int e = 0; e <= r; ++e) acc = fmaf(coef[(TMAX + r) * kW + e], mc[e], acc);
       }
       if (d < TMAX) {
-        M[solve_at(r, d)] = mc[r];
-        N[solve_at(r, d)] = acc;
+        M[r * TMAX + d] = mc[r];
+        N[r * TMAX + d] = acc;
       }
     }
   }
@@ -1448,118 +1359,24 @@ struct PersistentVerify {
         }
       }
     }
-    if constexpr (Layout::kSolveMma) {
-      draft_outputs_mma(vu, c, hi, v0, warp, lane, R, Svd, val, release);
-    } else {
-      float vrow[TMAX];
+    float vrow[TMAX];
 #pragma unroll
-      for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
-
-      // Row l's sums (vector v's at lane (v % 8, l / 2), element l % 2), gathered through the warp's
-      // rows of the stage, which its dots have read: lane (g, c) writes vectors 8 j + g at rows 2c
-      // and 2c + 1 of a [8][kGather] scratch (row stride kVecs + 4: the four c's fall in distinct
-      // banks), and row l's lanes read its row back.
-      constexpr int kGather = Layout::kVecs + 4;
-      constexpr size_t kWarpRows = Layout::kCodeMma ? 8 * static_cast<size_t>(CodeDots::kRowBytes)
-                                                    : 8 * static_cast<size_t>(Layout::kRowStride) * sizeof(TS);
-      static_assert(8 * kGather * sizeof(float) <= kWarpRows && Layout::kVecs % 4 == 0,
-                    "the scratch fits the warp's rows");
-      float* scratch = reinterpret_cast<float*>(ST) + warp * (kWarpRows / sizeof(float));
-      __syncwarp();
-#pragma unroll
-      for (int j = 0; j < kSets * kHeldM; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (8 * j + g < Layout::kVecs) scratch[(2 * (lane % 4) + e) * kGather + 8 * j + g] = val[j][e];
-      __syncwarp();
-      float row[Layout::kVecs];
-      load_floats<float, Layout::kVecs>(scratch + l * kGather, row);
-      release();
-      float sums[2][TMAX];
-#pragma unroll
-      for (int part = 0; part < 2; ++part)
-#pragma unroll
-        for (int d = 0; d < TMAX; ++d) sums[part][d] = row[part * TMAX + d];
-      draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
-    }
-  }
-
-  // Layout::kSolveMma: the outputs and corrections of the warp's 8 rows (draft_outputs' u = M w and
-  // o = s_q + N w) as split-TF32 m16n8k8 products, drafts as M and K, rows as N. val: the lane's
-  // tile sums (vector v = draft v's key for v < TMAX, else draft v - TMAX's query; val[v / 8][e]
-  // for v % 8 = lane / 4, row 2 (lane % 4) + e). The B operand w_d = v_d - S~ k^_d of row g = lane / 4
-  // at drafts d = 8q + c and 8q + c + 4 (c = lane % 4) comes from the lanes that hold those keys'
-  // sums; the lane's results are then drafts g and g + 8 at rows 2c and 2c + 1, whose query sums it
-  // holds. Drafts past n enter as exact zeros (w_d = 0); M and N are lower triangular, so a draft's
-  // results take only its ancestors' w (a non-finite w of a later draft of the same row would
-  // reach them through a zero entry: rows stay apart).
-  template <class Release>
-  __device__ __forceinline__ void draft_outputs_mma(const VerifyUnit& vu, const UnitCoords& c, int hi, int v0, int warp,
-                                                    int lane, int R, const TI* Svd, const float (&val)[2 * TMAX / 8][2],
-                                                    Release&& release) const {
-    constexpr int kSteps = TMAX / 8;  // k-steps of 8 drafts
-    constexpr int kRowSets = TMAX / 8;  // draft rows g (and g + 8)
-    const int h = c.h0 + hi, m = vu.m, n = vu.n;
-    const int g = lane / 4, cl = lane % 4, rg = warp * 8 + g, r0 = warp * 8 + 2 * cl;
-    const float* M = floats(vu.buffer, Layout::kSolve) + hi * 2 * TMAX * TMAX;
-    const float* N = M + TMAX * TMAX;
-    SplitFragment<2> b[kSteps];
-#pragma unroll
-    for (int q = 0; q < kSteps; ++q)
-#pragma unroll
-      for (int half = 0; half < 2; ++half) {
-        const int d = 8 * q + cl + 4 * half;
-        const int src = (cl + 4 * half) * 4 + g / 2;  // holds key d's sums at rows 2 (g / 2) + e
-        const float s0 = __shfl_sync(0xffffffffu, val[q][0], src);
-        const float s1 = __shfl_sync(0xffffffffu, val[q][1], src);
-        const float w = d < n ? to_float(Svd[d * ROWS + rg]) - ((g & 1) ? s1 : s0) : 0.f;
-        b[q].set(half, w);
-      }
-    float vi[kRowSets][2];  // a read copy's flush input: the drafts' values as given
-#pragma unroll
-    for (int k = 0; k < kRowSets; ++k)
-#pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        const int i = g + 8 * k;
-        vi[k][e] = RC::kTwoCopy && i < n ? to_float(Svd[i * ROWS + r0 + e]) : 0.f;
-      }
+    for (int i = 0; i < TMAX; ++i) vrow[i] = i < n ? to_float(Svd[i * ROWS + rl]) : 0.f;
     release();
-    float u[4] = {0.f, 0.f, 0.f, 0.f}, o[4] = {0.f, 0.f, 0.f, 0.f};
+
+    // Row l's sums: vector v at lane (v % 8, l / 2), element l % 2.
+    float sums[2][TMAX];
 #pragma unroll
-    for (int q = 0; q < kSteps; ++q) {
-      float fm[2 * kRowSets], fn[2 * kRowSets];  // (d, rows g[, g + 8]), then (d + 4, ...)
-      load_floats<float, 2 * kRowSets>(M + (q * 32 + lane) * 2 * kRowSets, fm);
-      load_floats<float, 2 * kRowSets>(N + (q * 32 + lane) * 2 * kRowSets, fn);
-      SplitFragment<4> am, an;
+    for (int part = 0; part < 2; ++part)
 #pragma unroll
-      for (int r = 0; r < 4; ++r) {  // m16n8k8 A: a0 (g, c), a1 (g + 8, c), a2 (g, c + 4), a3 (g + 8, c + 4)
-        const int top = r % 2, col = r / 2;
-        am.set(r, top < kRowSets ? fm[col * kRowSets + top] : 0.f);
-        an.set(r, top < kRowSets ? fn[col * kRowSets + top] : 0.f);
+      for (int d = 0; d < TMAX; ++d) {
+        const int v = part * TMAX + d;
+        const int src = (v % 8) * 4 + l / 2;
+        const float x0 = __shfl_sync(0xffffffffu, val[v / 8][0], src);
+        const float x1 = __shfl_sync(0xffffffffu, val[v / 8][1], src);
+        sums[part][d] = (l & 1) ? x1 : x0;
       }
-      mma_split_tf32(u, am, b[q]);
-      mma_split_tf32(o, an, b[q]);
-    }
-    float* uout = p.ring.u + vu.slot * p.ring.u_stride_slot + h * p.ring.u_stride_head + v0;
-#pragma unroll
-    for (int k = 0; k < kRowSets; ++k) {
-      const int i = g + 8 * k;
-      if (i < n) {
-        TI* out = out_row(c.b, i, h, v0);
-        const int64_t rec = static_cast<int64_t>(vu.phys(m + i, R)) * V;
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          out[r0 + e] = from_float<TI>(o[2 * k + e] + val[kSteps + k][e]);  // + s_q (query i is vector TMAX + i)
-          uout[rec + r0 + e] = u[2 * k + e];
-          if constexpr (RC::kTwoCopy)
-            static_cast<TI*>(p.ring.v)[vu.slot * p.ring.v_stride_slot + h * p.ring.v_stride_head + rec + v0 + r0 + e] =
-                from_float<TI>(vi[k][e]);
-        }
-      } else if (i < T) {
-        TI* out = out_row(c.b, i, h, v0);
-        out[r0] = out[r0 + 1] = from_float<TI>(0.f);
-      }
-    }
+    draft_outputs(vu, c, hi, v0, rl, lane, R, vrow, sums);
   }
 
   // The outputs and corrections of row rl's drafts from its sums (sums[0][d] = S~ k^_d, sums[1][d]
