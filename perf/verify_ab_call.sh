@@ -21,8 +21,9 @@ T0=$(date +%s)
 el() { echo $(($(date +%s) - T0)); }
 left() { echo $((${DEADLINE:-585} - $(el))); }
 FINAL=${OUT:-/tmp/replayssm_out}
-export OUT=/tmp/verify_ab_call
-mkdir -p "$FINAL" "$OUT"
+mkdir -p "$FINAL"
+OUT=$(mktemp -d /tmp/verify_ab_call.XXXXXX)  # what the phases write, packed into $FINAL/all.tgz
+export OUT
 export PYTHONUNBUFFERED=1
 pack() { tar -czf "$FINAL/all.tgz" -C "$OUT" .; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
