@@ -41,7 +41,7 @@ declare -A dirs=([base]=$root/.gl/base [new]=$root)
 declare -A aot=([base]= [new]=)
 for v in base new; do
   if [[ -f ${dirs[$v]}/.gl/aot.tar.xz ]]; then
-    mkdir -p /tmp/ab/aot_$v && tar -xJf "${dirs[$v]}/.gl/aot.tar.xz" -C /tmp/ab/aot_$v && aot[$v]=/tmp/ab/aot_$v
+    aot[$v]=$(bash "$root/perf/unpack_aot.sh" "${dirs[$v]}/.gl/aot.tar.xz")
   fi
 done
 case ${BENCH:-decode} in

@@ -22,9 +22,9 @@ fi
 # modules built here beforehand (perf/prebuild_modules.py; carry .gl/aot.tar.xz): served where
 # they match this tree's sources, so the suite's pre-warm compiles only what they lack
 if [[ -f .gl/aot.tar.xz ]]; then
-  mkdir -p /tmp/replayssm_aot && tar -xJf .gl/aot.tar.xz -C /tmp/replayssm_aot \
-    && export REPLAYSSM_AOT_DIR=/tmp/replayssm_aot${REPLAYSSM_AOT_DIR:+:$REPLAYSSM_AOT_DIR} \
-    && echo "prebuilt modules: $(ls /tmp/replayssm_aot/90a | wc -l) from .gl/aot.tar.xz (REPLAYSSM_AOT_DIR)"
+  aot=$(bash perf/unpack_aot.sh .gl/aot.tar.xz) \
+    && export REPLAYSSM_AOT_DIR=$aot${REPLAYSSM_AOT_DIR:+:$REPLAYSSM_AOT_DIR} \
+    && echo "prebuilt modules: $(ls "$aot/90a" | wc -l) from .gl/aot.tar.xz (REPLAYSSM_AOT_DIR)"
 fi
 rc=0
 if [[ $what == tests || $what == all ]]; then

@@ -17,7 +17,7 @@ tree=$(cd "${TREE:-.}" && pwd)
 cache=/tmp/replayssm_cache$([[ -n ${TREE:-} ]] && echo "_$(basename "$tree")")
 export REPLAYSSM_CACHE_DIR=${REPLAYSSM_CACHE_DIR:-$cache}
 if [[ -n ${TREE:-} && -f $tree/.gl/aot.tar.xz ]]; then
-  mkdir -p "$cache.aot" && tar -xJf "$tree/.gl/aot.tar.xz" -C "$cache.aot" && export REPLAYSSM_AOT_DIR=$cache.aot
+  REPLAYSSM_AOT_DIR=$(bash "$(dirname "${BASH_SOURCE[0]}")/unpack_aot.sh" "$tree/.gl/aot.tar.xz") && export REPLAYSSM_AOT_DIR
 fi
 if [[ ${BANDWIDTH:-1} == 1 ]]; then
   nvcc -std=c++17 -O3 -arch=sm_90a -o /tmp/bandwidth_probe perf/bandwidth_probe.cu && /tmp/bandwidth_probe | tee "$OUT/bandwidth.txt"

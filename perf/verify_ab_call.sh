@@ -28,15 +28,18 @@ export PYTHONUNBUFFERED=1
 pack() { tar -czf "$FINAL/all.tgz" -C "$OUT" .; }
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem --format=csv,noheader | tee "$OUT/gpu.txt"
 root=$PWD base=$PWD/.gl/base
+# Each tree's prebuilt modules (unpacked once: perf/ab_device.sh serves the same folders) and JIT
+# cache (ab_device.sh's, so a module either builds is built once).
+declare -A aot=([new]= [base]=)
 for v in new base; do
   d=$root && [[ $v == base ]] && d=$base
-  mkdir -p "/tmp/aot_$v" && [[ -f $d/.gl/aot.tar.xz ]] && tar -xJf "$d/.gl/aot.tar.xz" -C "/tmp/aot_$v"
+  [[ -f $d/.gl/aot.tar.xz ]] && aot[$v]=$(bash perf/unpack_aot.sh "$d/.gl/aot.tar.xz")
+  echo "prebuilt modules, $v: $(ls "${aot[$v]:-/nonexistent}/90a" 2> /dev/null | wc -l)"
 done
-echo "prebuilt modules: new $(ls /tmp/aot_new/90a 2> /dev/null | wc -l), base $(ls /tmp/aot_base/90a 2> /dev/null | wc -l)"
 pytest_in() {  # tree, variant, time limit, log name, pytest args
   local tree=$1 v=$2 t=$3 log=$4
   shift 4
-  (cd "$tree" && eval "PYTHONPATH=$tree REPLAYSSM_CACHE_DIR=/tmp/rc_$v REPLAYSSM_AOT_DIR=/tmp/aot_$v timeout $t \
+  (cd "$tree" && eval "PYTHONPATH=$tree REPLAYSSM_CACHE_DIR=/tmp/ab/cache_$v REPLAYSSM_AOT_DIR=${aot[$v]} timeout $t \
     python3 -m pytest -m gpu $* -q -rs -o faulthandler_timeout=60 -p no:cacheprovider" > "$OUT/$log" 2>&1)
   echo "$log: rc=$? at $(el)s"
   tail -3 "$OUT/$log"
@@ -73,7 +76,7 @@ fi
 if [[ -n ${PROFILE:-} ]] && (($(left) > 60)); then
   mkdir -p "$OUT/profile"
   # shellcheck disable=SC2086
-  (OUT=$OUT/profile REPLAYSSM_AOT_DIR=/tmp/aot_new KERNEL=${KERNEL:-replay_verify_persistent} SKIP=${SKIP:-6} \
+  (OUT=$OUT/profile REPLAYSSM_CACHE_DIR=/tmp/ab/cache_new REPLAYSSM_AOT_DIR=${aot[new]} KERNEL=${KERNEL:-replay_verify_persistent} SKIP=${SKIP:-6} \
     LAUNCHES=1 BANDWIDTH=0 timeout $(left) bash perf/profile_device.sh $PROFILE > "$OUT/profile/stdout.log" 2>&1)
   echo "profile: rc=$? at $(el)s"
   ls "$OUT/profile"

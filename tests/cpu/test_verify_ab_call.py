@@ -9,6 +9,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import uuid
 from pathlib import Path
 
 import pytest
@@ -33,6 +34,7 @@ def stand_in_tree(tmp: Path) -> tuple[Path, Path, dict[str, str]]:
     (tree / "perf").mkdir(parents=True)
     (tree / ".gl" / "base").mkdir(parents=True)
     shutil.copy(DRIVER, tree / "perf" / "verify_ab_call.sh")
+    shutil.copy(ROOT / "perf" / "unpack_aot.sh", tree / "perf" / "unpack_aot.sh")
     (tree / "perf" / "ab_device.sh").write_text(AB_DEVICE)
     (tree / "perf" / "profile_device.sh").write_text(RECORDER)
     bin_dir = tmp / "bin"
@@ -116,3 +118,14 @@ class TestVerifyAbCall:
         run_driver(tree, env)
         assert [x.split()[0] for x in calls.read_text().splitlines()] == ["nvidia-smi"]
         assert (tmp_path / "out" / "all.tgz").is_file()
+
+    def test_each_trees_modules_are_counted(self, tmp_path):
+        """A tree's .gl/aot.tar.xz is unpacked (perf/unpack_aot.sh) and its modules counted."""
+        tree, _, env = stand_in_tree(tmp_path)
+        mod = tmp_path / "m" / "90a" / uuid.uuid4().hex
+        mod.mkdir(parents=True)
+        (mod / "x.so").write_text("x")
+        with tarfile.open(tree / ".gl" / "aot.tar.xz", "w:xz") as t:
+            t.add(mod.parent, arcname="90a")
+        out = run_driver(tree, env).stdout
+        assert "prebuilt modules, new: 1" in out and "prebuilt modules, base: 0" in out
